@@ -1,0 +1,1 @@
+"""Pure analysis over stored results: functions of (manifest, workloads, cells) dicts, no engine."""

@@ -1,0 +1,73 @@
+"""Start-up and KV-pool tables."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .cells import BASELINE_KV, pool_tokens
+
+
+def startup_table(cells: dict[str, dict]) -> pd.DataFrame:
+    rows = []
+    for name, facts in cells.items():
+        failure = facts.get("failure") or {}
+        capacity = facts.get("capacity") or {}
+        logged = facts.get("logged_capacity") or {}
+        rows.append({
+            "cell": name,
+            "kv_cache_dtype": facts.get("kv_cache_dtype"),
+            "max_model_len": facts.get("max_model_len"),
+            "started": bool(facts.get("started")),
+            "startup_s": facts.get("startup_seconds"),
+            "kv_pool_tokens": capacity.get("kv_pool_tokens"),
+            "max_concurrency": capacity.get("max_concurrency"),
+            # Sized by vLLM before it gave up (e.g. FP8 refused by the attention backend afterwards).
+            "logged_pool_tokens": None if facts.get("started") else logged.get("kv_pool_tokens"),
+            "reason": failure.get("reason"),
+            "message": failure.get("message"),
+            "estimated_max_model_len": failure.get("estimated_max_model_len"),
+            "attention_backend": (facts.get("info") or {}).get("attention_backend"),
+            "crash": (facts.get("crash") or {}).get("message"),
+        })
+    return pd.DataFrame(rows)
+
+
+def pool_by_length(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+    """One row per (max_model_len, non-baseline dtype): both pools and their ratio."""
+    by_length: dict[int, dict[str, dict]] = {}
+    for facts in cells.values():
+        by_length.setdefault(facts.get("max_model_len"), {})[facts.get("kv_cache_dtype")] = facts
+    rows = []
+    for length in sorted(by_length):
+        dtypes = by_length[length]
+        base = dtypes.get(baseline_kv)
+        others = [kv for kv in dtypes if kv != baseline_kv] or [None]
+        for kv in others:
+            other = dtypes.get(kv) if kv else None
+            base_tokens = pool_tokens(base) if base else None
+            other_tokens = pool_tokens(other) if other else None
+            base_logged = _logged(base)
+            other_logged = _logged(other)
+            ratio = other_tokens / base_tokens if base_tokens and other_tokens else None
+            rows.append({
+                "max_model_len": length,
+                "kv_cache_dtype": kv,
+                "baseline_pool_tokens": base_tokens,
+                "pool_tokens": other_tokens,
+                "ratio": ratio,
+                # When a cell did not start, the pool vLLM logged before failing still tells the ratio.
+                "logged_ratio": (other_tokens or other_logged) / (base_tokens or base_logged)
+                if ratio is None and (other_tokens or other_logged) and (base_tokens or base_logged) else None,
+                "baseline_logged_pool_tokens": base_logged,
+                "logged_pool_tokens": other_logged,
+                "not_started": ", ".join(
+                    f"{f['cell']} ({(f.get('failure') or {}).get('reason', '?')})"
+                    for f in (base, other) if f is not None and not f.get("started")
+                ),
+            })
+    return pd.DataFrame(rows)
+
+
+def _logged(facts: dict | None) -> int | None:
+    if not facts or facts.get("started"):
+        return None
+    return (facts.get("logged_capacity") or {}).get("kv_pool_tokens")

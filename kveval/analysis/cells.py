@@ -1,0 +1,26 @@
+"""Small shared readers over stored cell dicts."""
+from __future__ import annotations
+
+BASELINE_KV = "auto"
+
+
+def generation_records(facts: dict | None) -> dict[str, dict]:
+    """prompt_id -> generation record, or {} when the cell has none."""
+    if not facts:
+        return {}
+    phase = (facts.get("phases") or {}).get("generation") or {}
+    return {record["prompt_id"]: record for record in phase.get("records", [])}
+
+
+def pool_tokens(facts: dict) -> int | None:
+    return ((facts.get("capacity") or {}).get("kv_pool_tokens")) if facts.get("started") else None
+
+
+def baseline_for(cells: dict[str, dict], facts: dict, baseline_kv: str = BASELINE_KV) -> dict | None:
+    """The baseline cell at the same max_model_len (None when it is this cell or absent)."""
+    if facts.get("kv_cache_dtype") == baseline_kv:
+        return None
+    for other in cells.values():
+        if other.get("kv_cache_dtype") == baseline_kv and other.get("max_model_len") == facts.get("max_model_len"):
+            return other
+    return None

@@ -1,0 +1,45 @@
+"""Speed at concurrency 1, with the change against the baseline cell at the same max_model_len."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .cells import BASELINE_KV
+
+
+def speed_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+    rows = []
+    for name, facts in cells.items():
+        phase = (facts.get("phases") or {}).get("speed") or {}
+        for entry in phase.get("workloads", []):
+            rows.append({
+                "workload": entry["workload"], "cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"),
+                "max_model_len": facts.get("max_model_len"), "prompt_tokens": entry.get("prompt_tokens"),
+                "max_tokens": entry.get("max_tokens"), "runs": (entry.get("ttft_s") or {}).get("n", 0),
+                "ttft_ms": _ms((entry.get("ttft_s") or {}).get("median")),
+                "ttft_ms_min": _ms((entry.get("ttft_s") or {}).get("min")),
+                "ttft_ms_max": _ms((entry.get("ttft_s") or {}).get("max")),
+                "decode_tok_s": (entry.get("decode_tok_s") or {}).get("median"),
+                "decode_tok_s_min": (entry.get("decode_tok_s") or {}).get("min"),
+                "decode_tok_s_max": (entry.get("decode_tok_s") or {}).get("max"),
+                "throughput_tok_s": (entry.get("throughput_tok_s") or {}).get("median"),
+                "rejected": entry.get("rejection"),
+            })
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    base = table[table.kv_cache_dtype == baseline_kv].set_index(["workload", "max_model_len"])
+    for column, delta in (("ttft_ms", "ttft_delta_pct"), ("decode_tok_s", "decode_delta_pct")):
+        def change(row, column=column):
+            key = (row.workload, row.max_model_len)
+            if row.kv_cache_dtype == baseline_kv or key not in base.index:
+                return None
+            reference = base.loc[key, column]
+            if reference is None or pd.isna(reference) or row[column] is None or pd.isna(row[column]) or not reference:
+                return None
+            return 100.0 * (row[column] - reference) / reference
+        table[delta] = table.apply(change, axis=1)
+    return table
+
+
+def _ms(seconds):
+    return None if seconds is None else 1000.0 * seconds

@@ -1,0 +1,240 @@
+"""The Python API. The CLI is a thin shell over `compare`, `report` and `load_run`.
+
+    import kveval
+    result = kveval.compare(kv=["fp8", "auto"], max_model_len=[2048, 8192], kv_cache_memory="150MiB")
+    print(result.review_path)
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import environment
+from .models import ModelError, resolve_model
+from .phases import DEFAULT_PHASES, PHASES
+from .runner import CellPlan, run_cell_process
+from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, write_json_atomic, write_text_atomic
+from .suites import get_suite, scale_max_tokens, speed_workloads
+from .units import parse_size
+from .workloads import PromptFileError, build_workloads, load_user_prompts
+
+
+class KvevalError(Exception):
+    """A user-facing error: the CLI prints the message, never a traceback."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    manifest: dict
+    cells: dict[str, dict]
+    review_path: Path | None = None
+
+    def cell(self, kv_cache_dtype: str, max_model_len: int) -> dict | None:
+        return self.cells.get(cell_id(kv_cache_dtype, max_model_len))
+
+    @property
+    def started(self) -> list[str]:
+        return [name for name, facts in self.cells.items() if facts.get("started")]
+
+
+@dataclass
+class CompareOptions:
+    model: str | None = None
+    kv: Sequence[str] = ("fp8", "auto")
+    max_model_len: Sequence[int] = (2048, 8192, 32768)
+    out: str | Path | None = None
+    kv_cache_memory: str | int | None = None
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = False
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    prompts: str | Path | None = None
+    suite: str = "standard"
+    counts: dict[str, int] | None = None
+    speed_runs: int | None = None
+    speed_warmup: int | None = None
+    speed_max_tokens: int | None = None
+    phases: Sequence[str] = DEFAULT_PHASES
+    cell_timeout: float | None = 3600.0
+    command: str | None = None
+
+
+_KV_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def _validate(options: CompareOptions) -> None:
+    if not options.kv:
+        raise KvevalError("--kv needs at least one KV-cache dtype (e.g. --kv fp8 auto)")
+    for kv in options.kv:
+        if not _KV_NAME.match(kv):
+            raise KvevalError(f"--kv {kv!r} is not a KV-cache dtype name (e.g. auto, fp8, fp8_e4m3, fp8_e5m2)")
+    if not options.max_model_len:
+        raise KvevalError("--max-model-len needs at least one value (e.g. --max-model-len 2048 8192)")
+    for length in options.max_model_len:
+        if int(length) < 64:
+            raise KvevalError(f"--max-model-len {length} is too small (at least 64)")
+    unknown = [p for p in options.phases if p not in PHASES]
+    if unknown:
+        raise KvevalError(f"unknown phase(s) {', '.join(unknown)}; known: {', '.join(PHASES)}")
+    if options.gpu_memory_utilization is not None and not 0 < options.gpu_memory_utilization <= 1:
+        raise KvevalError("--gpu-memory-utilization must be in (0, 1]")
+    for name in ("speed_runs", "speed_max_tokens"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            raise KvevalError(f"--{name.replace('_', '-')} must be at least 1")
+    if options.speed_warmup is not None and options.speed_warmup < 0:
+        raise KvevalError("--speed-warmup must be 0 or more")
+
+
+def _default_out(model_name: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-").lower() or "model"
+    return Path("runs") / f"{slug}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _load_tokenizer(model_path: str):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception as error:  # noqa: BLE001 - hub/network/format errors all mean "cannot read it"
+        raise KvevalError(f"cannot load the tokenizer of {model_path!r}: {type(error).__name__}: {error}") from None
+
+
+def plan_cells(options: CompareOptions, model_path: str, phase_options: dict) -> list[CellPlan]:
+    """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length."""
+    kv_order = sorted(dict.fromkeys(options.kv), key=lambda kv: (kv != "auto", list(options.kv).index(kv)))
+    kv_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
+    plans = []
+    for length in sorted(dict.fromkeys(int(x) for x in options.max_model_len)):
+        for kv in kv_order:
+            plans.append(CellPlan(
+                id=cell_id(kv, length), kv_cache_dtype=kv, max_model_len=length,
+                engine={"model": model_path, "kv_cache_dtype": kv, "max_model_len": length, "seed": options.seed,
+                        "kv_cache_memory_bytes": kv_bytes, "gpu_memory_utilization": options.gpu_memory_utilization,
+                        "enforce_eager": options.enforce_eager, "extra": dict(options.engine_args)},
+                phases=list(options.phases), phase_options=phase_options,
+            ))
+    return plans
+
+
+def _settings_fingerprint(manifest: dict) -> dict:
+    # What must match for a re-run into the same directory to reuse finished cells.
+    return {key: manifest.get(key) for key in ("model", "options", "prompt_ids")}
+
+
+def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
+            max_model_len: Sequence[int] = (2048, 8192, 32768), *, progress: Any = None, **kwargs) -> RunResult:
+    """Run the (kv dtype x max_model_len) matrix, store every fact, write review.md."""
+    options = CompareOptions(model=model, kv=tuple(kv), max_model_len=tuple(int(x) for x in max_model_len), **kwargs)
+    _validate(options)
+    try:
+        suite = get_suite(options.suite)
+        kv_cache_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
+    except ValueError as error:
+        raise KvevalError(str(error)) from None
+    from .progress import ConsoleProgress
+
+    show = progress if progress is not None else ConsoleProgress()
+    try:
+        model_info = resolve_model(options.model, progress=show.note)
+        user_prompts = load_user_prompts(options.prompts) if options.prompts else []
+    except (ModelError, PromptFileError) as error:
+        raise KvevalError(str(error)) from None
+    tokenizer = _load_tokenizer(model_info.path)
+    try:
+        prompts = build_workloads(tokenizer, options.max_model_len, seed=options.seed,
+                                  counts=options.counts if options.counts is not None else suite.counts,
+                                  user_prompts=user_prompts)
+    except (ValueError, PromptFileError) as error:
+        raise KvevalError(f"cannot build the workloads: {error}") from None
+    prompts = scale_max_tokens(prompts, suite.max_tokens_scale)
+
+    phase_options = {"speed": {
+        "runs": options.speed_runs or suite.speed_runs,
+        "warmup": options.speed_warmup if options.speed_warmup is not None else suite.speed_warmup,
+        "workloads": speed_workloads(prompts, suite.speed_workloads),
+        "max_tokens": options.speed_max_tokens or suite.speed_max_tokens,
+    }}
+    run_dir = RunDir(options.out or _default_out(model_info.name))
+    plans = plan_cells(options, model_info.path, phase_options)
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "kveval",
+        "command": options.command or f"kveval.compare(model={options.model!r}, kv={list(options.kv)!r}, "
+                                      f"max_model_len={list(options.max_model_len)!r}, ...)",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": model_info.to_dict(),
+        "options": {
+            "kv": list(options.kv), "max_model_len": list(options.max_model_len), "seed": options.seed,
+            "kv_cache_memory_bytes": kv_cache_bytes, "gpu_memory_utilization": options.gpu_memory_utilization,
+            "enforce_eager": options.enforce_eager, "engine_args": options.engine_args, "suite": suite.name,
+            "counts": options.counts, "phases": list(options.phases), "phase_options": phase_options,
+            "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
+        },
+        "prompt_ids": [p.id for p in prompts],
+        "cells": [plan.to_dict() for plan in plans],
+        **environment.describe(),
+    }
+    reuse = _prepare_run_dir(run_dir, manifest)
+    write_json_atomic(run_dir.manifest_path, manifest)
+    write_json_atomic(run_dir.workloads_path, [p.to_dict() for p in prompts])
+    show.note(f"Run directory: {run_dir.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
+
+    for plan in plans:
+        previous = run_dir.load_cell(plan.id) if reuse else None
+        if previous is not None and previous.get("complete") and not previous.get("crash"):
+            show.cell_reused(plan.id, previous)
+            continue
+        show.cell_started(plan.id)
+        facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
+                                 on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
+        show.cell_finished(plan.id, facts)
+    return report(run_dir.path, progress=show)
+
+
+def _prepare_run_dir(run_dir: RunDir, manifest: dict) -> bool:
+    """True when finished cells of an earlier, identical run in this directory can be reused."""
+    if run_dir.path.exists() and not run_dir.path.is_dir():
+        raise KvevalError(f"--out {run_dir.path} exists and is not a directory")
+    if not run_dir.exists():
+        if run_dir.path.is_dir() and any(run_dir.path.iterdir()):
+            raise KvevalError(f"--out {run_dir.path} is not empty and is not a kveval run; choose another directory")
+        return False
+    try:
+        earlier = run_dir.load_manifest()
+    except StoreError as error:
+        raise KvevalError(f"--out {run_dir.path}: {error}") from None
+    if _settings_fingerprint(earlier) != _settings_fingerprint(manifest):
+        raise KvevalError(
+            f"--out {run_dir.path} holds a run with different settings; give another --out "
+            "(kveval never overwrites measured results)"
+        )
+    return True
+
+
+def load_run(run_dir: str | Path) -> RunResult:
+    store = RunDir(run_dir)
+    try:
+        manifest = store.load_manifest()
+        cells = store.load_cells(manifest)
+    except StoreError as error:
+        raise KvevalError(str(error)) from None
+    return RunResult(store.path, manifest, cells, store.review_path if store.review_path.exists() else None)
+
+
+def report(run_dir: str | Path, *, progress: Any = None) -> RunResult:
+    """Re-render review.md from the stored files alone (no engine)."""
+    from .report import render_review
+
+    result = load_run(run_dir)
+    store = RunDir(run_dir)
+    text = render_review(result.manifest, store.load_workloads(), result.cells)
+    write_text_atomic(store.review_path, text)
+    result.review_path = store.review_path
+    if progress is not None:
+        progress.note(f"Review written: {store.review_path}")
+    return result

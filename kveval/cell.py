@@ -1,0 +1,123 @@
+"""One cell = one child process = one vLLM engine: start it, then run the phases in order.
+
+Run as `python -m kveval.cell SPEC.json`. The parent (runner.py) sends this process's stdout and
+stderr to the cell's log, where vLLM writes its own words; a start-up failure is classified from
+that log. The result file is rewritten atomically after start-up and after every phase, so a crash
+in a late phase keeps what the earlier phases measured.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .failures import classify_startup_failure, detect_backend
+from .logfacts import kv_pool_from_log
+from .phases.context import CellContext
+from .store import read_json, write_json_atomic
+from .workloads import PromptSpec
+
+
+class _Events:
+    """Progress events, one JSON line each, appended to a file the parent polls."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, **event) -> None:
+        event["t"] = time.time()
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(event) + "\n")
+
+
+def _log_text(spec: dict) -> str:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        return Path(spec["log_path"]).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def run_cell(spec: dict) -> dict:
+    from . import engine as engine_module  # the only vLLM import; after the env is set up
+    from .phases import PHASES
+
+    result_path = Path(spec["result_path"])
+    emit = _Events(Path(spec["events_path"]))
+    settings = engine_module.EngineSettings(**spec["engine"])
+    facts: dict = {
+        "cell": spec["cell_id"],
+        "kv_cache_dtype": settings.kv_cache_dtype,
+        "max_model_len": settings.max_model_len,
+        "engine_settings": settings.llm_kwargs(),
+        "complete": False,
+        "phases": {},
+    }
+    emit(event="phase", phase="engine_start")
+    began = time.perf_counter()
+    try:
+        engine = engine_module.Engine.start(settings)
+    except BaseException as error:  # noqa: BLE001 - every way of failing to start is a finding
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        traceback.print_exc()
+        log = _log_text(spec)
+        failure = classify_startup_failure(
+            log, exception_text=f"{type(error).__name__}: {error}", kv_cache_dtype=settings.kv_cache_dtype
+        )
+        facts.update(
+            started=False,
+            startup_seconds=time.perf_counter() - began,
+            failure=failure.to_dict(),
+            # vLLM may have sized the pool before failing (e.g. an FP8 backend check comes later).
+            logged_capacity=kv_pool_from_log(log),
+            info={"vllm_version": engine_module.vllm_version(), "platform": engine_module.platform_name(),
+                  "attention_backend": failure.backend},
+            complete=True,
+        )
+        write_json_atomic(result_path, facts)
+        emit(event="outcome", started=False, reason=failure.reason)
+        return facts
+
+    facts.update(started=True, startup_seconds=engine.startup_seconds, capacity=engine.capacity(), info=engine.info())
+    if facts["info"].get("attention_backend") is None:
+        facts["info"]["attention_backend"] = detect_backend(_log_text(spec))
+    facts["logged_capacity"] = kv_pool_from_log(_log_text(spec))
+    write_json_atomic(result_path, facts)
+    emit(event="outcome", started=True, kv_pool_tokens=facts["capacity"]["kv_pool_tokens"])
+
+    prompts = [PromptSpec.from_dict(item) for item in read_json(Path(spec["workloads_path"]))]
+    context = CellContext(
+        cell_id=spec["cell_id"], kv_cache_dtype=settings.kv_cache_dtype, max_model_len=settings.max_model_len,
+        prompts=prompts, options=spec.get("phase_options", {}), emit=emit,
+    )
+    for name in spec["phases"]:
+        emit(event="phase", phase=name)
+        began = time.perf_counter()
+        try:
+            outcome = PHASES[name](engine, context)
+            outcome["seconds"] = time.perf_counter() - began
+        except Exception as error:  # noqa: BLE001 - one broken phase must not lose the others
+            traceback.print_exc()
+            outcome = {"error": f"{type(error).__name__}: {error}", "seconds": time.perf_counter() - began}
+        facts["phases"][name] = outcome
+        write_json_atomic(result_path, facts)
+    facts["complete"] = True
+    write_json_atomic(result_path, facts)
+    emit(event="phase", phase="done")
+    return facts
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m kveval.cell SPEC.json", file=sys.stderr)
+        return 2
+    run_cell(read_json(Path(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

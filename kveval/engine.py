@@ -1,0 +1,189 @@
+"""The one module that imports vLLM.
+
+An `Engine` wraps `vllm.LLM` for one cell: start it with the cell's KV dtype and max_model_len,
+read what it holds, and submit prompts one at a time so that a refused prompt is recorded with
+vLLM's own message instead of sinking a batch. Everything returned is plain data (dicts, lists),
+so the rest of kveval never touches vLLM objects.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# A cell is already its own process, so run vLLM's engine core in-process: the real start-up
+# exception reaches us (instead of "Engine core initialization failed") and no third process is
+# spawned. Must be set before vLLM is imported.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import vllm  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402
+
+try:  # moved between releases
+    from vllm.inputs import TokensPrompt  # noqa: E402
+except ImportError:  # pragma: no cover
+    from vllm.inputs.data import TokensPrompt  # type: ignore  # noqa: E402
+
+# The prompt-too-long texts of vLLM 0.26 and 0.32 ("This model's maximum context length is ...").
+_TOO_LONG = re.compile(r"maximum context length|prompt .*(too long|longer than)|exceeds this limit", re.I)
+
+
+@dataclass
+class EngineSettings:
+    """What one cell asks of vLLM. `extra` passes straight through to `vllm.LLM`."""
+
+    model: str
+    kv_cache_dtype: str
+    max_model_len: int
+    seed: int = 0
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "max_model_len": self.max_model_len,
+            "seed": self.seed,
+            "enforce_eager": self.enforce_eager,
+            # Per-request timing (TTFT, decode) only exists with stats on.
+            "disable_log_stats": False,
+            # Repeated speed runs of the same prompt must not be served from the prefix cache.
+            "enable_prefix_caching": False,
+        }
+        if self.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        kwargs.update(self.extra)
+        return kwargs
+
+
+def vllm_version() -> str:
+    return vllm.__version__
+
+
+def platform_name() -> str:
+    from vllm.platforms import current_platform
+
+    return str(getattr(current_platform, "device_type", "") or type(current_platform).__name__)
+
+
+class Engine:
+    """A started vLLM engine for one cell."""
+
+    def __init__(self, llm: LLM, settings: EngineSettings, startup_seconds: float):
+        self.llm = llm
+        self.settings = settings
+        self.startup_seconds = startup_seconds
+
+    @classmethod
+    def start(cls, settings: EngineSettings) -> "Engine":
+        """Start vLLM; any exception is left to the caller, who classifies it with the log."""
+        began = time.perf_counter()
+        llm = LLM(**settings.llm_kwargs())
+        return cls(llm, settings, time.perf_counter() - began)
+
+    # -- what the engine holds -------------------------------------------------------------
+    def capacity(self) -> dict[str, Any]:
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        blocks = getattr(cache, "num_gpu_blocks", None)
+        block_size = getattr(cache, "block_size", None)
+        tokens = getattr(cache, "kv_cache_size_tokens", None)  # vLLM >= 0.24
+        source = "cache_config.kv_cache_size_tokens"
+        if tokens is None and blocks and block_size:
+            tokens, source = blocks * block_size, "num_gpu_blocks x block_size"
+        concurrency = getattr(cache, "kv_cache_max_concurrency", None)
+        if concurrency is None and tokens:
+            concurrency = tokens / self.settings.max_model_len
+        return {
+            "kv_pool_tokens": int(tokens) if tokens is not None else None,
+            "kv_pool_tokens_source": source if tokens is not None else None,
+            "max_concurrency": float(concurrency) if concurrency is not None else None,
+            "num_blocks": blocks,
+            "block_size": block_size,
+            "cache_dtype": str(getattr(cache, "cache_dtype", self.settings.kv_cache_dtype)),
+        }
+
+    def info(self) -> dict[str, Any]:
+        model_config = self.llm.llm_engine.vllm_config.model_config
+        return {
+            "vllm_version": vllm_version(),
+            "platform": platform_name(),
+            "attention_backend": self._attention_backend(),
+            "model_dtype": str(getattr(model_config, "dtype", "")).replace("torch.", ""),
+            "model_max_model_len": getattr(model_config, "max_model_len", None),
+        }
+
+    def _attention_backend(self) -> str | None:
+        # Reachable only with the in-process engine core; the log is the fallback (see cell.py).
+        try:
+            runner = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+            for groups in runner.attn_groups:
+                for group in groups:
+                    return group.backend.get_name()
+        except Exception:  # noqa: BLE001 - internals differ between releases
+            return None
+        return None
+
+    def tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    # -- running prompts ---------------------------------------------------------------------
+    def generate(self, token_ids: list[int], max_tokens: int, *, ignore_eos: bool = False) -> dict[str, Any]:
+        """Greedy-generate for one prompt. A refused prompt comes back as `accepted: False`."""
+        params = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, seed=self.settings.seed, ignore_eos=ignore_eos
+        )
+        began = time.perf_counter()
+        try:
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False)
+        except Exception as error:  # noqa: BLE001 - vLLM's validation error class moved between releases
+            text = f"{type(error).__name__}: {error}"
+            if _TOO_LONG.search(str(error)):
+                return {"accepted": False, "rejection": text, "error": None}
+            return {"accepted": False, "rejection": None, "error": text}
+        wall = time.perf_counter() - began
+        request = outputs[0]
+        completion = request.outputs[0]
+        return {
+            "accepted": True,
+            "rejection": None,
+            "error": None,
+            "text": completion.text,
+            "token_ids": list(completion.token_ids),
+            "finish_reason": completion.finish_reason,
+            "prompt_tokens": len(request.prompt_token_ids or token_ids),
+            "output_tokens": len(completion.token_ids),
+            "wall_seconds": wall,
+            "timing": _timing(request.metrics, wall),
+        }
+
+
+def _timing(metrics: Any, wall: float) -> dict[str, Any]:
+    """TTFT and decode speed from vLLM's per-request stats (engine monotonic clock)."""
+    if metrics is None:
+        return {"ttft_s": None, "decode_tok_s": None, "source": "unavailable"}
+    first = getattr(metrics, "first_token_ts", None)
+    last = getattr(metrics, "last_token_ts", None)
+    scheduled = getattr(metrics, "scheduled_ts", None)
+    queued = getattr(metrics, "queued_ts", None)
+    generated = getattr(metrics, "num_generation_tokens", None)
+    ttft = getattr(metrics, "first_token_latency", None)
+    if ttft is None and first and queued:
+        ttft = first - queued
+    decode = None
+    if first and last and generated and generated > 1 and last > first:
+        decode = (generated - 1) / (last - first)
+    return {
+        "ttft_s": ttft,
+        "decode_tok_s": decode,
+        "queue_s": (scheduled - queued) if scheduled and queued else None,
+        "generation_tokens": generated,
+        "preemptions": getattr(metrics, "num_preemptions", None),
+        "source": "vllm RequestStateStats",
+    }

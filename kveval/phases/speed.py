@@ -1,0 +1,67 @@
+"""Speed at concurrency 1: TTFT and decode tok/s per workload, warm-up runs then measured runs.
+
+One representative prompt per workload (its first), decoded to exactly its max_tokens
+(ignore_eos) so every cell times the same amount of work. The prefix cache is off in every cell
+(engine.py), so repeated runs really prefill.
+"""
+from __future__ import annotations
+
+import statistics
+
+
+def _summary(values: list[float]) -> dict:
+    clean = [v for v in values if v is not None]
+    if not clean:
+        return {"median": None, "min": None, "max": None, "stdev": None, "n": 0}
+    return {
+        "median": statistics.median(clean),
+        "min": min(clean),
+        "max": max(clean),
+        "stdev": statistics.stdev(clean) if len(clean) > 1 else 0.0,
+        "n": len(clean),
+    }
+
+
+def _representatives(cell, workloads: list[str] | None) -> list:
+    chosen, seen = [], set()
+    for prompt in cell.prompts:
+        if prompt.workload in seen or prompt.kind == "over_limit":
+            continue
+        if workloads is not None and prompt.workload not in workloads:
+            continue
+        seen.add(prompt.workload)
+        chosen.append(prompt)
+    return chosen
+
+
+def run(engine, cell) -> dict:
+    options = cell.phase_options("speed")
+    runs = int(options.get("runs", 3))
+    warmup = int(options.get("warmup", 1))
+    max_tokens_cap = options.get("max_tokens")
+    prompts = _representatives(cell, options.get("workloads"))
+    results = []
+    for index, prompt in enumerate(prompts):
+        cell.emit(event="step", phase="speed", done=index, total=len(prompts), item=prompt.workload)
+        max_tokens = min(prompt.max_tokens, max_tokens_cap) if max_tokens_cap else prompt.max_tokens
+        entry = {"workload": prompt.workload, "prompt_id": prompt.id, "prompt_tokens": len(prompt.token_ids),
+                 "max_tokens": max_tokens, "runs": []}
+        for attempt in range(warmup + runs):
+            outcome = engine.generate(list(prompt.token_ids), max_tokens, ignore_eos=True)
+            if not outcome["accepted"]:
+                entry["rejection"] = outcome["rejection"] or outcome["error"]
+                break
+            if attempt < warmup:
+                continue
+            entry["runs"].append({
+                **outcome["timing"],
+                "output_tokens": outcome["output_tokens"],
+                "wall_seconds": outcome["wall_seconds"],
+                "throughput_tok_s": outcome["output_tokens"] / outcome["wall_seconds"],
+            })
+        entry["ttft_s"] = _summary([r["ttft_s"] for r in entry["runs"]])
+        entry["decode_tok_s"] = _summary([r["decode_tok_s"] for r in entry["runs"]])
+        entry["throughput_tok_s"] = _summary([r["throughput_tok_s"] for r in entry["runs"]])
+        results.append(entry)
+    cell.emit(event="step", phase="speed", done=len(prompts), total=len(prompts))
+    return {"concurrency": 1, "warmup_runs": warmup, "measured_runs": runs, "workloads": results}

@@ -1,0 +1,153 @@
+"""Run the planned cells, one child process each, and keep every result on disk.
+
+The parent never imports vLLM. It writes a spec for the cell, starts `python -m kveval.cell`
+with the cell's log as stdout/stderr, follows its progress events, and — if the child dies
+without finishing (segfault, OOM kill, timeout) — classifies the death from the log and stores
+it, merged with whatever the child had already written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .failures import classify_startup_failure
+from .logfacts import kv_pool_from_log
+from .store import RunDir, write_json_atomic
+
+
+@dataclass
+class CellPlan:
+    id: str
+    kv_cache_dtype: str
+    max_model_len: int
+    engine: dict[str, Any]            # EngineSettings fields
+    phases: list[str]
+    phase_options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "kv_cache_dtype": self.kv_cache_dtype, "max_model_len": self.max_model_len}
+
+
+def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
+    try:
+        with path.open("r", encoding="utf-8") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+    except FileNotFoundError:
+        return [], offset
+    complete, _, _rest = chunk.rpartition("\n")  # a line still being written waits for next poll
+    events = []
+    for line in complete.splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events, offset + len(complete) + (1 if complete else 0)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # so the log is complete when the child is killed
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return env
+
+
+def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None,
+                     on_event: Callable[[dict], None]) -> dict:
+    """Run one cell in its own process and return its stored facts."""
+    spec = {
+        "cell_id": plan.id,
+        "engine": plan.engine,
+        "phases": plan.phases,
+        "phase_options": plan.phase_options,
+        "workloads_path": str(run_dir.workloads_path.resolve()),
+        "result_path": str(run_dir.cell_path(plan.id).resolve()),
+        "events_path": str(run_dir.cell_events_path(plan.id).resolve()),
+        "log_path": str(run_dir.cell_log_path(plan.id).resolve()),
+    }
+    for stale in (run_dir.cell_path(plan.id), run_dir.cell_events_path(plan.id)):
+        stale.unlink(missing_ok=True)
+    write_json_atomic(run_dir.cell_spec_path(plan.id), spec)
+    began = time.monotonic()
+    timed_out = False
+    with run_dir.cell_log_path(plan.id).open("w", encoding="utf-8") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "kveval.cell", str(run_dir.cell_spec_path(plan.id).resolve())],
+            stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True,
+        )
+        offset = 0
+        try:
+            while child.poll() is None:
+                events, offset = _read_events(run_dir.cell_events_path(plan.id), offset)
+                for event in events:
+                    on_event(event)
+                if timeout_s is not None and time.monotonic() - began > timeout_s:
+                    timed_out = True
+                    _kill_group(child)
+                    break
+                time.sleep(0.3)
+        except KeyboardInterrupt:
+            _kill_group(child)
+            raise
+        child.wait()
+    events, offset = _read_events(run_dir.cell_events_path(plan.id), offset)
+    for event in events:
+        on_event(event)
+    return _finish(run_dir, plan, child.returncode, timed_out, timeout_s, time.monotonic() - began)
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    # The engine may have spawned helpers of its own: end the whole process group.
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int, timed_out: bool, timeout_s, seconds: float) -> dict:
+    facts = run_dir.load_cell(plan.id)
+    if facts is not None and facts.get("complete"):
+        facts["process"] = {"exit_code": exit_code, "seconds": seconds}
+        write_json_atomic(run_dir.cell_path(plan.id), facts)
+        return facts
+    log = run_dir.cell_log_path(plan.id).read_text(encoding="utf-8", errors="replace")
+    if timed_out:
+        death = f"kveval stopped the cell after its timeout of {timeout_s:.0f} s"
+    else:
+        death = f"cell process exited with code {exit_code} before finishing"
+    if facts is None:
+        # Died before the engine was up: a start-up failure, in vLLM's words if it left any.
+        failure = classify_startup_failure(
+            log, exception_text="" if timed_out else death, kv_cache_dtype=plan.kv_cache_dtype, exit_code=exit_code
+        ).to_dict()
+        if timed_out:
+            failure = {**failure, "reason": "other" if failure["reason"] == "other" else failure["reason"],
+                       "message": f"{death}. {failure['message']}".strip()}
+        facts = {
+            "cell": plan.id, "kv_cache_dtype": plan.kv_cache_dtype, "max_model_len": plan.max_model_len,
+            "started": False, "failure": failure, "logged_capacity": kv_pool_from_log(log),
+            "phases": {}, "info": {"attention_backend": failure.get("backend")},
+        }
+    else:
+        # Started, then died in a phase: keep every finished phase, mark the rest as lost.
+        facts["crash"] = {"message": death, "last_log_line": _last_line(log)}
+    facts["complete"] = True
+    facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out}
+    write_json_atomic(run_dir.cell_path(plan.id), facts)
+    return facts
+
+
+def _last_line(log: str) -> str:
+    lines = [line for line in log.strip().splitlines() if line.strip()]
+    return lines[-1][-500:] if lines else ""

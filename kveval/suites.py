@@ -1,0 +1,76 @@
+"""Named presets: how many prompts, how long the answers, how many speed runs.
+
+`standard` is shaped like the published field study (3+2 short chats with 256/512 new tokens,
+~1K-token contexts, 25 %/90 % contexts, an over-limit prompt per cell; 1 warm-up + 3 speed runs).
+`quick` keeps every workload kind but one prompt each and shorter answers, so the whole demo runs
+in minutes on a 2-core CPU. Presets only set defaults; explicit options win.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from .workloads import PromptSpec
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    counts: dict[str, int] | None = None          # None: the workloads module's defaults
+    max_tokens_scale: float = 1.0                 # shorter answers for every built-in prompt
+    speed_runs: int = 3
+    speed_warmup: int = 1
+    speed_workloads: tuple[str, ...] | None = None  # None: every workload except over-limit ones
+    speed_max_tokens: int | None = None
+    description: str = ""
+
+
+SUITES: dict[str, Suite] = {
+    "standard": Suite("standard", description="field-study shape: 3+2 short chats (256/512 new tokens), "
+                      "2 x ~1K-token contexts, 25 %/90 % contexts, over-limit prompts; 1 warm-up + 3 speed runs"),
+    "quick": Suite(
+        "quick", counts={"short_256": 1, "short_512": 1, "ctx_1k": 1, "ctx_pct": 1, "over": 1},
+        max_tokens_scale=0.25, speed_runs=2, speed_warmup=1, speed_workloads=("short", "ctx_1k"), speed_max_tokens=32,
+        description="one prompt per workload, answers a quarter as long (64/128 tokens), 1 warm-up + 2 speed runs on the "
+                    "short and ~1K prompts (32 tokens): minutes on a 2-core CPU",
+    ),
+}
+
+_SHORT = re.compile(r"^short_\d+$")
+
+
+def get_suite(name: str) -> Suite:
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise ValueError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)}") from None
+
+
+def scale_max_tokens(prompts: list[PromptSpec], scale: float) -> list[PromptSpec]:
+    """Shorten built-in answers; a short_N workload is renamed after its new length so names stay true."""
+    if scale == 1.0:
+        return prompts
+    scaled = []
+    for prompt in prompts:
+        if prompt.kind == "user":
+            scaled.append(prompt)
+            continue
+        max_tokens = max(1, round(prompt.max_tokens * scale))
+        workload = f"short_{max_tokens}" if _SHORT.match(prompt.workload) else prompt.workload
+        index = prompt.id.rsplit("-", 1)[-1]
+        scaled.append(dataclasses.replace(prompt, max_tokens=max_tokens, workload=workload, id=f"{workload}-{index}"))
+    return scaled
+
+
+def speed_workloads(prompts: list[PromptSpec], selectors: tuple[str, ...] | None) -> list[str] | None:
+    """Expand selectors ("short" = every short_N workload, or exact names) to workload names."""
+    if selectors is None:
+        return None
+    names = []
+    for prompt in prompts:
+        if prompt.workload in names:
+            continue
+        if prompt.workload in selectors or (prompt.kind in selectors):
+            names.append(prompt.workload)
+    return names
