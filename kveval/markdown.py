@@ -33,13 +33,21 @@ def fmt_pct(value, digits: int = 1) -> str:
     return "" if value is None or pd.isna(value) else f"{value:+.{digits}f} %"
 
 
-def table(frame: pd.DataFrame) -> str:
-    """A GitHub-flavoured pipe table; every value is escaped as text."""
+def _plain(value) -> str:
+    """Our own labels: keep markdown (bold, code) but never let a value break the table row."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def table(frame: pd.DataFrame, untrusted: tuple[str, ...] = ()) -> str:
+    """A GitHub-flavoured pipe table. Columns named in `untrusted` (model output, engine messages)
+    are fully escaped; everything else is treated as kveval's own text."""
     if frame.empty:
         return "_(nothing to show)_"
     safe = frame.copy()
     for column in safe.columns:
-        safe[column] = safe[column].map(lambda v: escape_cell(v, limit=None) if isinstance(v, str) else
-                                        ("" if v is None or (isinstance(v, float) and math.isnan(v)) else v))
-    safe.columns = [escape_cell(c, limit=None) for c in safe.columns]
+        escape = escape_cell if column in untrusted else (lambda v, limit=None: _plain(v))
+        safe[column] = safe[column].map(
+            lambda v, escape=escape: "" if v is None or (isinstance(v, float) and math.isnan(v)) else escape(v, limit=None)
+        )
+    safe.columns = [_plain(c) for c in safe.columns]
     return safe.to_markdown(index=False, disable_numparse=True)

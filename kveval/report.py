@@ -191,7 +191,7 @@ def _samples_section(workloads: list[dict], cells: dict[str, dict]) -> str:
                          "output (start)": _shorten(record.get("text") or "", 240)})
     if not rows:
         return ""
-    return "\n".join([f"## Sample outputs — `{first['id']}`", "", table(pd.DataFrame(rows))])
+    return "\n".join([f"## Sample outputs — `{first['id']}`", "", table(pd.DataFrame(rows), untrusted=("output (start)",))])
 
 
 def _shorten(text: str, limit: int) -> str:

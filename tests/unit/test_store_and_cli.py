@@ -1,0 +1,76 @@
+"""Run-directory round trip and the CLI's handling of bad input (clean messages, no tracebacks)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kveval.cli import cli
+from kveval.store import RunDir, StoreError, write_json_atomic
+
+
+def test_cell_round_trip_and_planned_order(tmp_path):
+    store = RunDir(tmp_path)
+    manifest = {"schema_version": 1, "cells": [{"id": "auto-1024"}, {"id": "fp8-1024"}]}
+    write_json_atomic(store.manifest_path, manifest)
+    write_json_atomic(store.cell_path("fp8-1024"), {"cell": "fp8-1024", "text": "ünïcode ⏎"})
+    assert store.load_cells() == {"fp8-1024": {"cell": "fp8-1024", "text": "ünïcode ⏎"}}
+    assert not list(store.cells_dir.glob(".*"))  # no temp files left behind
+
+
+def test_wrong_schema_is_refused(tmp_path):
+    write_json_atomic(RunDir(tmp_path).manifest_path, {"schema_version": 99})
+    with pytest.raises(StoreError, match="schema_version"):
+        RunDir(tmp_path).load_manifest()
+
+
+def _clean_error(result, fragment):
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    assert fragment in result.output
+
+
+def test_report_on_missing_or_foreign_directory(tmp_path):
+    runner = CliRunner()
+    _clean_error(runner.invoke(cli, ["report", str(tmp_path / "nope")]), "no such run directory")
+    _clean_error(runner.invoke(cli, ["report", str(tmp_path)]), "not a kveval run directory")
+    (tmp_path / "manifest.json").write_text("{broken")
+    _clean_error(runner.invoke(cli, ["report", str(tmp_path)]), "not valid JSON")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--kv"], "requires"),
+    (["--max-model-len", "abc"], "abc"),
+    (["--max-model-len", "32"], "too small"),
+    (["--kv", "fp 8"], "not a KV-cache dtype"),
+    (["--kv-cache-memory", "lots"], "lots"),
+    (["--engine-arg", "novalue"], "novalue"),
+    (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
+    (["--suite", "huge"], "huge"),
+])
+def test_compare_rejects_bad_options_cleanly(args, fragment, tmp_path):
+    result = CliRunner().invoke(cli, ["compare", "--out", str(tmp_path / "o"), *args])
+    _clean_error(result, fragment)
+
+
+def test_compare_bad_prompt_file_and_model(tmp_path, default_model_dir):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json}\n')
+    result = CliRunner().invoke(cli, ["compare", "--prompts", str(bad), "--out", str(tmp_path / "o")])
+    _clean_error(result, "p.jsonl:2")
+    result = CliRunner().invoke(cli, ["compare", "--model", str(tmp_path), "--out", str(tmp_path / "o2")])
+    _clean_error(result, "config.json")
+
+
+def test_compare_refuses_to_overwrite_a_different_run(tmp_path, default_model_dir):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(cli, ["compare", "--out", str(out)])
+    _clean_error(result, "not empty")
+    write_json_atomic(RunDir(out).manifest_path, {"schema_version": 1, "model": {"name": "other"}, "cells": []})
+    (out / "notes.txt").unlink()
+    result = CliRunner().invoke(cli, ["compare", "--out", str(out)])
+    _clean_error(result, "different settings")
+    assert json.loads(RunDir(out).manifest_path.read_text())["model"] == {"name": "other"}
