@@ -26,6 +26,15 @@ class KvevalError(Exception):
     """A user-facing error: the CLI prints the message, never a traceback."""
 
 
+class RunInterrupted(KvevalError):
+    """Ctrl-C or SIGTERM during a run: finished cells are kept and a partial review is written."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        super().__init__(f"interrupted; finished cells are kept in {run_dir} (partial review: {run_dir / 'review.md'}). "
+                         "Run the same command again to resume.")
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -104,6 +113,19 @@ def _load_tokenizer(model_path: str):
         raise KvevalError(f"cannot load the tokenizer of {model_path!r}: {type(error).__name__}: {error}") from None
 
 
+def model_length_limit(model_path: str) -> int | None:
+    """The model's own maximum context (max_position_embeddings), if its config says."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+    except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
+        return None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text_config, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, (int, float)) and limit > 0 else None
+
+
 def plan_cells(options: CompareOptions, model_path: str, phase_options: dict) -> list[CellPlan]:
     """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length."""
     kv_order = sorted(dict.fromkeys(options.kv), key=lambda kv: (kv != "auto", list(options.kv).index(kv)))
@@ -145,10 +167,11 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
     except (ModelError, PromptFileError) as error:
         raise KvevalError(str(error)) from None
     tokenizer = _load_tokenizer(model_info.path)
+    model_limit = model_length_limit(model_info.path)
     try:
         prompts = build_workloads(tokenizer, options.max_model_len, seed=options.seed,
                                   counts=options.counts if options.counts is not None else suite.counts,
-                                  user_prompts=user_prompts)
+                                  user_prompts=user_prompts, context_basis=model_limit)
     except (ValueError, PromptFileError) as error:
         raise KvevalError(f"cannot build the workloads: {error}") from None
     prompts = scale_max_tokens(prompts, suite.max_tokens_scale)
@@ -167,7 +190,7 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
         "command": options.command or f"kveval.compare(model={options.model!r}, kv={list(options.kv)!r}, "
                                       f"max_model_len={list(options.max_model_len)!r}, ...)",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": model_info.to_dict(),
+        "model": {**model_info.to_dict(), "max_position_embeddings": model_limit},
         "options": {
             "kv": list(options.kv), "max_model_len": list(options.max_model_len), "seed": options.seed,
             "kv_cache_memory_bytes": kv_cache_bytes, "gpu_memory_utilization": options.gpu_memory_utilization,
@@ -181,18 +204,23 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
     }
     reuse = _prepare_run_dir(run_dir, manifest)
     write_json_atomic(run_dir.manifest_path, manifest)
-    write_json_atomic(run_dir.workloads_path, [p.to_dict() for p in prompts])
+    write_json_atomic(run_dir.workloads_path, [p.to_dict() for p in prompts], compact=True)
     show.note(f"Run directory: {run_dir.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
 
-    for plan in plans:
-        previous = run_dir.load_cell(plan.id) if reuse else None
-        if previous is not None and previous.get("complete") and not previous.get("crash"):
-            show.cell_reused(plan.id, previous)
-            continue
-        show.cell_started(plan.id)
-        facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
-                                 on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
-        show.cell_finished(plan.id, facts)
+    try:
+        for plan in plans:
+            previous = run_dir.load_cell(plan.id) if reuse else None
+            if previous is not None and previous.get("complete") and not previous.get("crash"):
+                show.cell_reused(plan.id, previous)
+                continue
+            show.cell_started(plan.id)
+            facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
+                                     on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
+            show.cell_finished(plan.id, facts)
+    except KeyboardInterrupt:
+        # Finished cells are on disk already; render what exists so the user has a review now.
+        report(run_dir.path)
+        raise RunInterrupted(run_dir.path) from None
     return report(run_dir.path, progress=show)
 
 

@@ -78,7 +78,7 @@ def run_cell(spec: dict) -> dict:
                   "attention_backend": failure.backend},
             complete=True,
         )
-        write_json_atomic(result_path, facts)
+        write_json_atomic(result_path, facts, compact=True)
         emit(event="outcome", started=False, reason=failure.reason)
         return facts
 
@@ -86,7 +86,7 @@ def run_cell(spec: dict) -> dict:
     if facts["info"].get("attention_backend") is None:
         facts["info"]["attention_backend"] = detect_backend(_log_text(spec))
     facts["logged_capacity"] = kv_pool_from_log(_log_text(spec))
-    write_json_atomic(result_path, facts)
+    write_json_atomic(result_path, facts, compact=True)
     emit(event="outcome", started=True, kv_pool_tokens=facts["capacity"]["kv_pool_tokens"])
 
     prompts = [PromptSpec.from_dict(item) for item in read_json(Path(spec["workloads_path"]))]
@@ -104,9 +104,9 @@ def run_cell(spec: dict) -> dict:
             traceback.print_exc()
             outcome = {"error": f"{type(error).__name__}: {error}", "seconds": time.perf_counter() - began}
         facts["phases"][name] = outcome
-        write_json_atomic(result_path, facts)
+        write_json_atomic(result_path, facts, compact=True)
     facts["complete"] = True
-    write_json_atomic(result_path, facts)
+    write_json_atomic(result_path, facts, compact=True)
     emit(event="phase", phase="done")
     return facts
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 
 import click
@@ -43,7 +44,7 @@ def cli() -> None:
 def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilization, enforce_eager, engine_args, seed,
             prompts, suite, speed_runs, speed_warmup, cell_timeout) -> None:
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell."""
-    from .api import KvevalError, compare as run_compare
+    from .api import KvevalError, RunInterrupted, compare as run_compare
 
     lengths = parse_int_list(max_model_len, "--max-model-len")
     try:
@@ -54,6 +55,9 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
             speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout,
             command=shlex.join(["kveval", *sys.argv[1:]]),
         )
+    except RunInterrupted as error:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(130)
     except KvevalError as error:
         raise click.ClickException(str(error)) from None
     click.echo(str(result.review_path))
@@ -91,7 +95,14 @@ def models(prepare) -> None:
     click.echo(f"cache (KVEVAL_HOME): {kveval_home()}")
 
 
+def _terminate(signum, frame):
+    # SIGTERM (e.g. a CI timeout) takes the same path as Ctrl-C: cell processes are stopped and
+    # what was measured is kept.
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     cli(prog_name="kveval")
 
 

@@ -69,15 +69,12 @@ def _startup_section(cells: dict[str, dict]) -> str:
             "did not start": pools.not_started,
         })
         out += [table(view), ""]
-        logged = pools[pools.logged_ratio.notna()] if "logged_ratio" in pools else pools.iloc[0:0]
-        for row in logged.itertuples():
-            base = row.baseline_pool_tokens if row.baseline_pool_tokens and not pd.isna(row.baseline_pool_tokens) \
-                else row.baseline_logged_pool_tokens
-            mine = row.pool_tokens if row.pool_tokens and not pd.isna(row.pool_tokens) else row.logged_pool_tokens
-            out.append(f"- At max_model_len {row.max_model_len:,}, vLLM sized the KV pool before a cell failed: "
-                       f"{BASELINE_KV} {fmt_int(base)} vs {row.kv_cache_dtype} {fmt_int(mine)} tokens "
-                       f"({row.logged_ratio:.2f}×, from the engine log).")
-        if not logged.empty:
+        fallback = pools[pools.fallback_ratio.notna()]
+        for row in fallback.itertuples():
+            out.append(f"- At max_model_len {row.max_model_len:,} a cell did not start, but its pool is known from "
+                       f"{row.fallback_sources}: {BASELINE_KV} {fmt_int(row.baseline_fallback_tokens)} vs "
+                       f"{row.kv_cache_dtype} {fmt_int(row.fallback_tokens)} tokens ({row.fallback_ratio:.2f}×).")
+        if not fallback.empty:
             out.append("")
     startup = startup_table(cells)
     view = pd.DataFrame({
@@ -94,8 +91,8 @@ def _startup_section(cells: dict[str, dict]) -> str:
     failed = startup[~startup.started]
     if not failed.empty:
         out += ["", "Why cells did not start, in vLLM's own words:", ""]
-        for row in failed.itertuples():
-            out.append(f"- **{row.cell}** — `{row.reason}`: {escape_cell(row.message, 600)}")
+        for (reason, message), group in failed.groupby(["reason", "message"], sort=False, dropna=False):
+            out.append(f"- **{', '.join(group.cell)}** — `{reason}`: {escape_cell(message, 600)}")
     crashed = startup[startup.crash.notna()]
     for row in crashed.itertuples():
         out.append(f"- **{row.cell}** started, then its process died: {escape_cell(row.crash, 300)} "
@@ -118,14 +115,11 @@ def _acceptance_section(workloads: list[dict], cells: dict[str, dict]) -> str:
            "(nothing is predicted or truncated).", "", table(view)]
     refused = rejections({n: cells[n] for n in started})
     if not refused.empty:
-        out += ["", "Engine messages:", ""]
-        seen = set()
-        for row in refused.itertuples():
-            key = (row.cell, row.message)
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append(f"- {row.cell} / {row.prompt} ({row.kind}): {escape_cell(row.message, 400)}")
+        out += ["", "Engine messages (the first refusal of each cell; every message is in the cell files):", ""]
+        for cell, group in refused.groupby("cell", sort=False):
+            first = group.iloc[0]
+            others = f" (+{len(group) - 1} more: {', '.join(group.prompt.iloc[1:])})" if len(group) > 1 else ""
+            out.append(f"- {cell} / {first.prompt} ({first.kind}){others}: {escape_cell(first.message, 400)}")
     return "\n".join(out)
 
 

@@ -119,7 +119,7 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int, timed_out: bool, ti
     facts = run_dir.load_cell(plan.id)
     if facts is not None and facts.get("complete"):
         facts["process"] = {"exit_code": exit_code, "seconds": seconds}
-        write_json_atomic(run_dir.cell_path(plan.id), facts)
+        write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
         return facts
     log = run_dir.cell_log_path(plan.id).read_text(encoding="utf-8", errors="replace")
     if timed_out:
@@ -144,7 +144,7 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int, timed_out: bool, ti
         facts["crash"] = {"message": death, "last_log_line": _last_line(log)}
     facts["complete"] = True
     facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out}
-    write_json_atomic(run_dir.cell_path(plan.id), facts)
+    write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
     return facts
 
 

@@ -25,13 +25,16 @@ class StoreError(Exception):
     """A run directory is missing, unreadable, or not a kveval run."""
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
+    """Write JSON via a temp file + rename. `compact` for bulky data (token id lists)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1, ensure_ascii=False, default=str)
+            json.dump(data, handle, indent=None if compact else 1, ensure_ascii=False, default=str,
+                      separators=(",", ":") if compact else None)
             handle.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; run directories are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -44,6 +47,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

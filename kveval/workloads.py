@@ -292,9 +292,11 @@ def _check_max_model_lens(max_model_lens: Sequence[int]) -> list[int]:
 
 
 def _plan(lens: list[int], context_fractions: Sequence[float],
-          counts: Mapping[str, int] | None) -> list[_Workload]:
+          counts: Mapping[str, int] | None, context_basis: int | None = None) -> list[_Workload]:
     """The built-in workloads with their final counts (zero-count workloads dropped)."""
-    largest = lens[-1]
+    # Context prompts are sized against the largest length a cell can actually have: a
+    # max_model_len above the model's own limit never starts, so sizing to it tests nothing.
+    largest = min(lens[-1], context_basis) if context_basis else lens[-1]
     plan = [_Workload(name, "short", max_tokens, DEFAULT_COUNTS[name])
             for name, max_tokens in SHORT_WORKLOADS.items()]
     # A 1k prompt is only useful if at least the largest cell accepts it (vLLM refuses
@@ -420,13 +422,14 @@ def build_workloads(tokenizer, max_model_lens: Sequence[int], *, seed: int = 0,
                     data_dir: Path = DATA_DIR, counts: Mapping[str, int] | None = None,
                     user_prompts: Sequence[Mapping[str, Any]] = (),
                     context_fractions: Sequence[float] = DEFAULT_CONTEXT_FRACTIONS,
-                    ) -> list[PromptSpec]:
+                    context_basis: int | None = None) -> list[PromptSpec]:
     """All prompts for one run, in a fixed order: short, context, over-limit, user.
 
     Built-in workloads (default counts in DEFAULT_COUNTS):
       short_256 / short_512   questions from data/questions.jsonl, max_tokens 256 / 512;
       ctx_1k                  exactly 1000 tokens (only if the largest max_model_len is above it);
-      ctx_{f*100}pct          exactly floor(f * largest max_model_len) tokens, per context fraction;
+      ctx_{f*100}pct          exactly floor(f * largest max_model_len) tokens, per context fraction
+                              (largest capped at `context_basis`, e.g. the model's own limit);
       over_{L}                exactly L + 1 tokens for every distinct L, max_tokens 64.
     `counts` overrides counts by workload name, or by group: "ctx_pct" sets every ctx_*pct and
     "over" every over_L (an exact name wins over its group). A count of 0 drops the workload.
@@ -434,10 +437,10 @@ def build_workloads(tokenizer, max_model_lens: Sequence[int], *, seed: int = 0,
     """
     lens = _check_max_model_lens(max_model_lens)
     data_dir = Path(data_dir)
-    plan = _plan(lens, context_fractions, counts)
+    plan = _plan(lens, context_fractions, counts, context_basis)
     prompts = _short_prompts(tokenizer, [w for w in plan if w.kind == "short"], data_dir, seed)
     prompts += _context_prompts(tokenizer, [w for w in plan if w.kind != "short"], data_dir, seed)
-    all_builtin = [w.name for w in _plan(lens, context_fractions, None)] + ["ctx_pct", "over"]
+    all_builtin = [w.name for w in _plan(lens, context_fractions, None, context_basis)] + ["ctx_pct", "over"]
     prompts += _user_prompt_specs(tokenizer, user_prompts, all_builtin)
 
     seen: set[str] = set()

@@ -45,20 +45,22 @@ def pool_by_length(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd
             other = dtypes.get(kv) if kv else None
             base_tokens = pool_tokens(base) if base else None
             other_tokens = pool_tokens(other) if other else None
-            base_logged = _logged(base)
-            other_logged = _logged(other)
+            base_fallback, base_source = _unstarted_pool(base)
+            other_fallback, other_source = _unstarted_pool(other)
             ratio = other_tokens / base_tokens if base_tokens and other_tokens else None
+            mine, theirs = other_tokens or other_fallback, base_tokens or base_fallback
             rows.append({
                 "max_model_len": length,
                 "kv_cache_dtype": kv,
                 "baseline_pool_tokens": base_tokens,
                 "pool_tokens": other_tokens,
                 "ratio": ratio,
-                # When a cell did not start, the pool vLLM logged before failing still tells the ratio.
-                "logged_ratio": (other_tokens or other_logged) / (base_tokens or base_logged)
-                if ratio is None and (other_tokens or other_logged) and (base_tokens or base_logged) else None,
-                "baseline_logged_pool_tokens": base_logged,
-                "logged_pool_tokens": other_logged,
+                # A cell that did not start may still tell its pool: vLLM logged it before failing,
+                # or (kv_capacity) its estimated maximum model length is what the budget holds.
+                "fallback_ratio": mine / theirs if ratio is None and mine and theirs else None,
+                "fallback_sources": ", ".join(sorted({s for s in (base_source, other_source) if s})),
+                "baseline_fallback_tokens": theirs if ratio is None else None,
+                "fallback_tokens": mine if ratio is None else None,
                 "not_started": ", ".join(
                     f"{f['cell']} ({(f.get('failure') or {}).get('reason', '?')})"
                     for f in (base, other) if f is not None and not f.get("started")
@@ -67,7 +69,13 @@ def pool_by_length(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd
     return pd.DataFrame(rows)
 
 
-def _logged(facts: dict | None) -> int | None:
+def _unstarted_pool(facts: dict | None) -> tuple[int | None, str | None]:
     if not facts or facts.get("started"):
-        return None
-    return (facts.get("logged_capacity") or {}).get("kv_pool_tokens")
+        return None, None
+    logged = (facts.get("logged_capacity") or {}).get("kv_pool_tokens")
+    if logged:
+        return logged, "the engine log"
+    failure = facts.get("failure") or {}
+    if failure.get("reason") == "kv_capacity" and failure.get("estimated_max_model_len"):
+        return failure["estimated_max_model_len"], "vLLM's estimated maximum model length"
+    return None, None

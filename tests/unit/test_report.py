@@ -81,9 +81,9 @@ def test_logged_pool_ratio_for_cells_that_failed_after_sizing():
     cells = {"auto-1024": _started("auto", 1024, 1792, [1]),
              "fp8-1024": _failed("fp8", 1024, reason="unsupported_dtype", logged=3584)}
     pools = pool_by_length(cells)
-    assert pools.iloc[0].logged_ratio == 2.0
+    assert pools.iloc[0].fallback_ratio == 2.0
     review = render_review(MANIFEST | {"cells": [{"id": c} for c in cells]}, WORKLOADS, cells)
-    assert "2.00×, from the engine log" in review
+    assert "known from the engine log" in review and "(2.00×)" in review
 
 
 def test_speed_deltas_against_auto_at_same_length():
