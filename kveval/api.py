@@ -19,7 +19,7 @@ from .runner import CellPlan, run_cell_process
 from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, write_json_atomic, write_text_atomic
 from .suites import get_suite, scale_max_tokens, speed_workloads
 from .units import parse_size
-from .workloads import PromptFileError, build_workloads, load_user_prompts
+from .workloads import PromptFileError, build_workloads, document_tokens, load_user_prompts
 
 
 class KvevalError(Exception):
@@ -126,6 +126,19 @@ def model_length_limit(model_path: str) -> int | None:
     return int(limit) if isinstance(limit, (int, float)) and limit > 0 else None
 
 
+def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_limit: int | None,
+                      seed: int) -> list[dict]:
+    """Plain documents for teacher-forced scoring, one per max_model_len (capped at the model's limit)."""
+    documents, seen = [], set()
+    for length in sorted(set(int(x) for x in lengths)):
+        size = int(fraction * min(length, model_limit or length))
+        if size < 16 or size in seen:
+            continue
+        seen.add(size)
+        documents.append({"id": f"doc:{size}", "kind": "document", "token_ids": document_tokens(tokenizer, size, seed=seed)})
+    return documents
+
+
 def plan_cells(options: CompareOptions, model_path: str, phase_options: dict) -> list[CellPlan]:
     """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length."""
     kv_order = sorted(dict.fromkeys(options.kv), key=lambda kv: (kv != "auto", list(options.kv).index(kv)))
@@ -145,7 +158,7 @@ def plan_cells(options: CompareOptions, model_path: str, phase_options: dict) ->
 
 def _settings_fingerprint(manifest: dict) -> dict:
     # What must match for a re-run into the same directory to reuse finished cells.
-    return {key: manifest.get(key) for key in ("model", "options", "prompt_ids")}
+    return {key: manifest.get(key) for key in ("model", "options", "prompt_ids", "scoring_ids")}
 
 
 def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
@@ -176,7 +189,9 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
         raise KvevalError(f"cannot build the workloads: {error}") from None
     prompts = scale_max_tokens(prompts, suite.max_tokens_scale)
 
-    phase_options = {"speed": {
+    documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_doc_fraction, model_limit,
+                                  options.seed)
+    phase_options = {"scoring": {"top_k": suite.scoring_top_k, "noise": True}, "speed": {
         "runs": options.speed_runs or suite.speed_runs,
         "warmup": options.speed_warmup if options.speed_warmup is not None else suite.speed_warmup,
         "workloads": speed_workloads(prompts, suite.speed_workloads),
@@ -199,12 +214,14 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
             "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
         },
         "prompt_ids": [p.id for p in prompts],
+        "scoring_ids": [d["id"] for d in documents],
         "cells": [plan.to_dict() for plan in plans],
         **environment.describe(),
     }
     reuse = _prepare_run_dir(run_dir, manifest)
     write_json_atomic(run_dir.manifest_path, manifest)
     write_json_atomic(run_dir.workloads_path, [p.to_dict() for p in prompts], compact=True)
+    write_json_atomic(run_dir.scoring_path, documents, compact=True)
     show.note(f"Run directory: {run_dir.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
 
     try:

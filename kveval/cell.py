@@ -92,7 +92,8 @@ def run_cell(spec: dict) -> dict:
     prompts = [PromptSpec.from_dict(item) for item in read_json(Path(spec["workloads_path"]))]
     context = CellContext(
         cell_id=spec["cell_id"], kv_cache_dtype=settings.kv_cache_dtype, max_model_len=settings.max_model_len,
-        prompts=prompts, options=spec.get("phase_options", {}), emit=emit,
+        prompts=prompts, options=spec.get("phase_options", {}), emit=emit, facts=facts,
+        run_dir=Path(spec["result_path"]).parent.parent,
     )
     for name in spec["phases"]:
         emit(event="phase", phase=name)

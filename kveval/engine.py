@@ -164,6 +164,53 @@ class Engine:
         }
 
 
+    def score(self, sequences: list[list[int]], top_k: int, *, together: bool = False) -> list[dict[str, Any]]:
+        """Teacher-forced log-probabilities of every position of each sequence (prompt_logprobs).
+
+        Returns, per sequence, `positions[i-1]` for i = 1..len-1: the logprob of token i given
+        tokens[:i] and the top-k candidates there. `together=True` submits all sequences in one
+        batch (another batch composition: used to measure the noise floor); a refusal then falls
+        back to one request at a time so one long sequence cannot hide the others.
+        """
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, seed=self.settings.seed)
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in sequences]
+        if together and len(prompts) > 1:
+            try:
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
+                return [_positions(output, top_k) for output in outputs]
+            except Exception:  # noqa: BLE001 - fall back to one at a time, which records refusals
+                pass
+        results = []
+        for prompt in prompts:
+            try:
+                output = self.llm.generate([prompt], params, use_tqdm=False)[0]
+            except Exception as error:  # noqa: BLE001
+                text = f"{type(error).__name__}: {error}"
+                results.append({"accepted": False, "rejection": text if _TOO_LONG.search(str(error)) else None,
+                                "error": None if _TOO_LONG.search(str(error)) else text})
+                continue
+            results.append(_positions(output, top_k))
+        return results
+
+
+def _positions(output: Any, top_k: int) -> dict[str, Any]:
+    """Plain-data prompt logprobs: position 0 has none (nothing precedes it)."""
+    ids = list(output.prompt_token_ids)
+    positions = []
+    for index, entry in enumerate(output.prompt_logprobs or []):
+        if index == 0 or entry is None:
+            continue
+        token = ids[index]
+        ranked = sorted(((tok, lp) for tok, lp in entry.items() if lp.rank is not None and lp.rank <= top_k),
+                        key=lambda item: item[1].rank)
+        positions.append({
+            "token": token,
+            "logprob": float(entry[token].logprob) if token in entry else None,
+            "top": [[int(tok), float(lp.logprob)] for tok, lp in ranked],
+        })
+    return {"accepted": True, "rejection": None, "error": None, "positions": positions}
+
+
 def _timing(metrics: Any, wall: float) -> dict[str, Any]:
     """TTFT and decode speed from vLLM's per-request stats (engine monotonic clock)."""
     if metrics is None:

@@ -262,7 +262,7 @@ _OOM = [
     re.compile(r"\bCUDA error: out of memory\b", _I),
     re.compile(r"\bCannot allocate memory\b", _I),
     re.compile(r"Failed to load model - not enough GPU memory", _I),
-    re.compile(r"is less than desired GPU memory utilization", _I),
+    re.compile(r"is less than desired (?:GPU|CPU) memory utilization", _I),
     re.compile(r"std::bad_alloc"),
 ]
 _RULES: list[tuple[str, list[re.Pattern[str]]]] = [

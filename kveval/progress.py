@@ -5,7 +5,7 @@ import time
 
 from rich.console import Console
 
-_PHASE_LABELS = {"engine_start": "starting engine", "generation": "greedy generation", "speed": "speed runs",
+_PHASE_LABELS = {"engine_start": "starting engine", "generation": "greedy generation", "speed": "speed runs", "scoring": "teacher-forced scoring",
                  "done": "done"}
 
 

@@ -6,6 +6,7 @@ Ctrl-C never leaves a half-written result and never loses a finished cell. The l
 
     DIR/manifest.json           command, model, versions, hardware, options, planned cells
     DIR/workloads.json          every prompt (text + token ids) sent to every cell
+    DIR/scoring.json            documents every cell scores teacher-forced (token ids)
     DIR/cells/<cell>.json       one cell's facts (start-up, capacity, phases)
     DIR/cells/<cell>.log        that cell's process output (vLLM's own words)
     DIR/review.md               the rendered review
@@ -75,6 +76,10 @@ class RunDir:
     @property
     def workloads_path(self) -> Path:
         return self.path / "workloads.json"
+
+    @property
+    def scoring_path(self) -> Path:
+        return self.path / "scoring.json"
 
     @property
     def review_path(self) -> Path:

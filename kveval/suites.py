@@ -23,6 +23,8 @@ class Suite:
     speed_warmup: int = 1
     speed_workloads: tuple[str, ...] | None = None  # None: every workload except over-limit ones
     speed_max_tokens: int | None = None
+    scoring_doc_fraction: float = 0.9              # teacher-forced documents: this share of each max_model_len
+    scoring_top_k: int = 20
     description: str = ""
 
 
@@ -32,6 +34,7 @@ SUITES: dict[str, Suite] = {
     "quick": Suite(
         "quick", counts={"short_256": 1, "short_512": 1, "ctx_1k": 1, "ctx_pct": 1, "over": 1},
         max_tokens_scale=0.25, speed_runs=2, speed_warmup=1, speed_workloads=("short", "ctx_1k"), speed_max_tokens=32,
+        scoring_doc_fraction=0.5,
         description="one prompt per workload, answers a quarter as long (64/128 tokens), 1 warm-up + 2 speed runs on the "
                     "short and ~1K prompts (32 tokens): minutes on a 2-core CPU",
     ),

@@ -262,6 +262,19 @@ class _DocumentStream:
         return self._tokens[start:start + n_tokens]
 
 
+def document_tokens(tokenizer, n_tokens: int, *, seed: int = 0, data_dir: Path = DATA_DIR) -> list[int]:
+    """Exactly n_tokens of plain corpus text (no chat template), for teacher-forced scoring.
+
+    Starts with the tokenizer's own special prefix (e.g. BOS) when it adds one to plain text, so
+    the model sees a normal document start.
+    """
+    prefix = [t for t in _encode(tokenizer, "x", add_special_tokens=True) if t not in _encode(tokenizer, "x")]
+    stream = _DocumentStream(tokenizer, load_corpus(Path(data_dir)), seed)
+    first = random.Random(f"{seed}:document:{n_tokens}").randrange(stream.paragraphs_per_pass)
+    body = stream.take(first, max(0, n_tokens - len(prefix)))
+    return (prefix + body)[:n_tokens]
+
+
 # --------------------------------------------------------------------------- the suite
 
 @dataclass(frozen=True)

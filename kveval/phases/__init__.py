@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import generation, speed
+from . import generation, scoring, speed
 
 PHASES: dict[str, Callable] = {
     "generation": generation.run,
+    "scoring": scoring.run,
     "speed": speed.run,
 }
 
-DEFAULT_PHASES: tuple[str, ...] = ("generation", "speed")
+DEFAULT_PHASES: tuple[str, ...] = ("generation", "scoring", "speed")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from ..workloads import PromptSpec
@@ -15,6 +16,8 @@ class CellContext:
     prompts: list[PromptSpec]
     options: dict[str, Any] = field(default_factory=dict)  # phase settings, e.g. {"speed": {"runs": 3}}
     emit: Callable[..., None] = lambda **event: None        # progress events for the parent
+    facts: dict[str, Any] = field(default_factory=dict)     # this cell's facts so far (earlier phases)
+    run_dir: Path | None = None                             # to read cells that finished before this one
 
     def phase_options(self, phase: str) -> dict[str, Any]:
         return dict(self.options.get(phase, {}))

