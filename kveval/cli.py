@@ -41,8 +41,10 @@ def cli() -> None:
 @click.option("--speed-runs", type=int, default=None, help="Measured speed runs per workload (default: suite's).")
 @click.option("--speed-warmup", type=int, default=None, help="Warm-up runs before them (default: suite's).")
 @click.option("--cell-timeout", type=float, default=3600, show_default=True, help="Seconds before a cell is stopped.")
+@click.option("--phases", cls=MultiValueOption, default=("generation", "scoring", "speed"),
+              show_default="generation scoring speed", help="Phases to run in each cell, in order.")
 def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilization, enforce_eager, engine_args, seed,
-            prompts, suite, speed_runs, speed_warmup, cell_timeout) -> None:
+            prompts, suite, speed_runs, speed_warmup, cell_timeout, phases) -> None:
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell."""
     from .api import KvevalError, RunInterrupted, compare as run_compare
 
@@ -52,7 +54,7 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
             model=model, kv=split_values(kv), max_model_len=lengths, out=out, kv_cache_memory=kv_cache_memory,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             engine_args=parse_key_value(engine_args, "--engine-arg"), seed=seed, prompts=prompts, suite=suite,
-            speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout,
+            speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout, phases=split_values(phases),
             command=shlex.join(["kveval", *sys.argv[1:]]),
         )
     except RunInterrupted as error:
