@@ -28,17 +28,22 @@ class GateConfigError(ValueError):
 
 @dataclass
 class Thresholds:
-    """Limits of the gate. Defaults are calibrated on FACTS.md's measurements (SmolLM2-135M, one
-    1,499-token document): healthy fp8 vs auto KL mean 0.0034 / p99 0.037 / top-1 96.9 % on H200 and
-    0.0078 / 0.124 / 96.3 % on CPU; a genuinely harmed cache (K×100, Q÷100) 0.41 / 4.3 / 80 %.
+    """Limits of the gate. Defaults are calibrated on measured figures (SmolLM2-135M):
+    FACTS.md, one 1,499-token document: healthy fp8 vs auto KL mean 0.0034 / p99 0.037 / top-1
+    96.9 % on H200, 0.0078 / 0.124 / 96.3 % on CPU; harmed (K×100, Q÷100) 0.41 / 4.3 / 80 %.
+    kveval's own H200 runs (vLLM 0.26, FA3, 2,421 scored positions: a 2,048-token document plus
+    reference continuations; reports/h200-planted): healthy 0.0115 / 0.082 / 92.2 %; harmed K×128
+    0.595 / 4.38 / 47.9 %; V×128 on layers 0-9 and K×16 (values stay inside the e4m3 range, so not
+    actually harmed) 0.0118 and 0.0121; batch-composition noise floor 0.0010 / 0.005 / 97.5 %.
     """
 
-    kl_mean_max: float = 0.02
+    kl_mean_max: float = 0.03
     """Mean per-position KL (nats) allowed before widening by the noise floor. The deciding
     statistic: it averages every position, so it is stable where a p99 over ~15 tail positions is
-    not. InferPilot uses 0.01; healthy CPU measured 0.0078, which leaves only 1.3x headroom on a
-    single document, so the default is 0.02 (2.5x over healthy CPU, 6x over healthy H200). Harmed
-    (0.41) fails by 20x; a milder, systematic 0.05 still fails. Set 0.01 for InferPilot's rule."""
+    not. InferPilot uses 0.01, but healthy SmolLM2 measured 0.0078 (CPU) and 0.0115 (H200, kveval's
+    mixed sequences) — 0.01 would fail a healthy model. 0.03 leaves 2.6x headroom over the highest
+    healthy figure while harmed caches (0.41-0.60) fail by 14-20x; a milder, systematic 0.05 still
+    fails. Set 0.01 for InferPilot's rule on larger models, which drift less."""
 
     kl_p99_max: float = 0.5
     """99th-percentile per-position KL allowed before widening. Catches damage concentrated in
@@ -50,9 +55,10 @@ class Thresholds:
     so a platform whose baseline already disagrees with itself is not held to an unreachable limit.
     Top-1 uses min(top1_agreement_min, 1 − multiplier × floor disagreement)."""
 
-    top1_agreement_min: float = 0.90
+    top1_agreement_min: float = 0.85
     """Share of positions whose most likely token is the same in both cells. Healthy measured
-    96.3-96.9 % (tiny models have many near-ties, so larger models sit higher); harmed 80 %."""
+    92.2-96.9 % (tiny models have many near-ties, so larger models sit higher; the batch-noise floor
+    alone is 97.5 % on H200); harmed 47.9-80 %. 0.90 would leave a healthy run 2 points of margin."""
 
     max_new_degenerate_share: float = 0.05
     """Share of a cell's outputs allowed to show degeneration (loops, runaway length) that the

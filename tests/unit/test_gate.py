@@ -70,8 +70,8 @@ def test_harmed_model_fails_every_kl_check_by_a_wide_margin():
     assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_p99", "top1_agreement"}
     assert check(verdict, "kl_mean").value / check(verdict, "kl_mean").limit > 10
     messages = [r.message for r in verdict.reasons if r.level == "FAIL"]
-    assert "fp8-8192: KL mean 0.41 > budget 0.02 (threshold 0.02, no noise floor measured)" in messages
-    assert "fp8-8192: top-1 agreement 80.0 % < 90.0 % (n 1499)" in messages
+    assert "fp8-8192: KL mean 0.41 > budget 0.03 (threshold 0.03, no noise floor measured)" in messages
+    assert "fp8-8192: top-1 agreement 80.0 % < 85.0 % (n 1499)" in messages
 
 
 def test_milder_systematic_damage_fails_on_mean_alone():
@@ -81,25 +81,25 @@ def test_milder_systematic_damage_fails_on_mean_alone():
 
 
 def test_noise_floor_widens_budget_and_is_named():
-    floor = {"kl_mean": 0.01, "kl_p99": 0.2, "top1_disagreement": 0.04, "source": []}
-    figures = {"kl_mean": 0.025, "kl_p99": 0.55, "top1_agreement": 0.89}
+    floor = {"kl_mean": 0.015, "kl_p99": 0.2, "top1_disagreement": 0.06, "source": []}
+    figures = {"kl_mean": 0.04, "kl_p99": 0.55, "top1_agreement": 0.83}
     verdict = evaluate(evidence(figures, floor=floor), Thresholds())
     assert verdict.status == "PASS"
-    assert check(verdict, "kl_mean").limit == pytest.approx(0.03)
+    assert check(verdict, "kl_mean").limit == pytest.approx(0.045)
     assert check(verdict, "kl_p99").limit == pytest.approx(0.6)
-    assert check(verdict, "top1_agreement").limit == pytest.approx(0.88)
-    assert any("widens the KL mean budget to 0.03" in r.message for r in verdict.reasons if r.level == "NOTE")
+    assert check(verdict, "top1_agreement").limit == pytest.approx(0.82)
+    assert any("widens the KL mean budget to 0.045" in r.message for r in verdict.reasons if r.level == "NOTE")
 
     harmed = evaluate(evidence(HARMED_H200, floor=floor), Thresholds())
-    assert "fp8-8192: KL mean 0.41 > budget 0.03 (max(0.02, 3 × noise floor 0.01))" in [r.message for r in harmed.reasons]
+    assert "fp8-8192: KL mean 0.41 > budget 0.045 (max(0.03, 3 × noise floor 0.015))" in [r.message for r in harmed.reasons]
 
 
 def test_small_noise_floor_does_not_lower_the_threshold():
     floor = {"kl_mean": 0.001, "kl_p99": 0.01, "top1_disagreement": 0.0, "source": []}
     verdict = evaluate(evidence(HEALTHY_CPU, floor=floor), Thresholds())
     assert verdict.status == "PASS"
-    assert check(verdict, "kl_mean").limit == 0.02
-    assert check(verdict, "top1_agreement").limit == 0.90
+    assert check(verdict, "kl_mean").limit == 0.03
+    assert check(verdict, "top1_agreement").limit == 0.85
 
 
 # --- inconclusive and not-started ---------------------------------------------------------------
@@ -206,7 +206,7 @@ def test_verdict_to_dict_is_json():
     verdict = evaluate(evidence(HARMED_H200, degeneration=degeneration(10, 5)), Thresholds())
     data = json.loads(json.dumps(verdict.to_dict(), allow_nan=False))
     assert data["status"] == "FAIL" and data["exit_code"] == 1
-    assert data["thresholds"]["kl_mean_max"] == 0.02
+    assert data["thresholds"]["kl_mean_max"] == 0.03
     assert {"name", "cell", "value", "limit", "passed", "detail"} <= set(data["checks"][0])
 
 
