@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(BIN)/kveval models --prepare
+	@# Exit codes 0 / 1 / 3 are the verdict (PASS / FAIL / INCONCLUSIVE): the review was written either way.
 	$(BIN)/kveval compare --kv fp8 auto --max-model-len 1024 2048 --kv-cache-memory 40MiB \
-		--suite quick --enforce-eager --out $(DEMO_OUT)
+		--suite quick --enforce-eager --out $(DEMO_OUT); rc=$$?; \
+		case $$rc in 0|1|3) echo "verdict exit code $$rc (0 PASS, 1 FAIL, 3 INCONCLUSIVE; see the review)";; *) exit $$rc;; esac
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

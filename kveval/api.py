@@ -1,8 +1,8 @@
-"""The Python API. The CLI is a thin shell over `compare`, `report` and `load_run`.
+"""The Python API. The CLI is a thin shell over `compare`, `report`, `gate` and `load_run`.
 
     import kveval
     result = kveval.compare(kv=["fp8", "auto"], max_model_len=[2048, 8192], kv_cache_memory="150MiB")
-    print(result.review_path)
+    print(result.verdict.status, result.review_path)
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import environment
+from .gate import GateConfigError, Thresholds, Verdict, load_thresholds
 from .models import ModelError, resolve_model
 from .phases import DEFAULT_PHASES, PHASES
 from .runner import CellPlan, run_cell_process
@@ -41,6 +42,9 @@ class RunResult:
     manifest: dict
     cells: dict[str, dict]
     review_path: Path | None = None
+    verdict: Verdict | None = None
+    evidence: dict | None = None
+    results_path: Path | None = None
 
     def cell(self, kv_cache_dtype: str, max_model_len: int) -> dict | None:
         return self.cells.get(cell_id(kv_cache_dtype, max_model_len))
@@ -70,6 +74,8 @@ class CompareOptions:
     phases: Sequence[str] = DEFAULT_PHASES
     cell_timeout: float | None = 3600.0
     command: str | None = None
+    gate_config: str | Path | None = None
+    gate_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 _KV_NAME = re.compile(r"^[A-Za-z0-9_]+$")
@@ -97,6 +103,19 @@ def _validate(options: CompareOptions) -> None:
             raise KvevalError(f"--{name.replace('_', '-')} must be at least 1")
     if options.speed_warmup is not None and options.speed_warmup < 0:
         raise KvevalError("--speed-warmup must be 0 or more")
+
+
+def resolve_thresholds(thresholds: Thresholds | None = None, gate_config: str | Path | None = None,
+                       gate_overrides: dict | None = None) -> Thresholds:
+    """Thresholds given as such, else defaults < YAML file `gate_config` < `gate_overrides`."""
+    if thresholds is not None:
+        if gate_config is not None or gate_overrides:
+            raise KvevalError("give either thresholds or gate_config/gate_overrides, not both")
+        return thresholds
+    try:
+        return load_thresholds(gate_config, gate_overrides or {})
+    except GateConfigError as error:
+        raise KvevalError(str(error)) from None
 
 
 def _default_out(model_name: str) -> Path:
@@ -166,6 +185,8 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
     """Run the (kv dtype x max_model_len) matrix, store every fact, write review.md."""
     options = CompareOptions(model=model, kv=tuple(kv), max_model_len=tuple(int(x) for x in max_model_len), **kwargs)
     _validate(options)
+    # Before any engine starts: a bad thresholds file must not cost a run.
+    thresholds = resolve_thresholds(None, options.gate_config, options.gate_overrides)
     try:
         suite = get_suite(options.suite)
         kv_cache_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
@@ -236,9 +257,9 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
             show.cell_finished(plan.id, facts)
     except KeyboardInterrupt:
         # Finished cells are on disk already; render what exists so the user has a review now.
-        report(run_dir.path)
+        report(run_dir.path, thresholds=thresholds)
         raise RunInterrupted(run_dir.path) from None
-    return report(run_dir.path, progress=show)
+    return report(run_dir.path, progress=show, thresholds=thresholds)
 
 
 def _prepare_run_dir(run_dir: RunDir, manifest: dict) -> bool:
@@ -271,15 +292,34 @@ def load_run(run_dir: str | Path) -> RunResult:
     return RunResult(store.path, manifest, cells, store.review_path if store.review_path.exists() else None)
 
 
-def report(run_dir: str | Path, *, progress: Any = None) -> RunResult:
-    """Re-render review.md from the stored files alone (no engine)."""
+def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds | None = None,
+           gate_config: str | Path | None = None, gate_overrides: dict | None = None) -> RunResult:
+    """Recompute the evidence and the verdict from the stored files alone (no engine); write
+    results.json, tables/*.csv and review.md. Thresholds: `thresholds`, or defaults < the YAML file
+    `gate_config` < `gate_overrides`."""
+    from .evidence import build_evidence, write_results
+    from .gate import evaluate
     from .report import render_review
 
+    limits = resolve_thresholds(thresholds, gate_config, gate_overrides)
     result = load_run(run_dir)
     store = RunDir(run_dir)
-    text = render_review(result.manifest, store.load_workloads(), result.cells)
-    write_text_atomic(store.review_path, text)
-    result.review_path = store.review_path
+    try:
+        workloads = store.load_workloads()
+    except StoreError as error:
+        raise KvevalError(str(error)) from None
+    evidence = build_evidence(result.manifest, workloads, result.cells)
+    verdict = evaluate(evidence, limits)
+    result.results_path = write_results(store.path, evidence, verdict, result.manifest)
+    write_text_atomic(store.review_path, render_review(result.manifest, workloads, result.cells, evidence, verdict))
+    result.review_path, result.evidence, result.verdict = store.review_path, evidence, verdict
     if progress is not None:
         progress.note(f"Review written: {store.review_path}")
+        progress.note(f"Verdict: {verdict.status}")
     return result
+
+
+def gate(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_config: str | Path | None = None,
+         gate_overrides: dict | None = None) -> Verdict:
+    """The verdict for a stored run (no engine); results.json and review.md are rewritten with it."""
+    return report(run_dir, thresholds=thresholds, gate_config=gate_config, gate_overrides=gate_overrides).verdict

@@ -1,6 +1,11 @@
-"""The `kveval` command: a thin click shell over kveval.api. User errors print one clean line."""
+"""The `kveval` command: a thin click shell over kveval.api. User errors print one clean line.
+
+Exit codes (kveval.gate): 0 PASS, 1 FAIL, 2 usage error or unusable input, 3 INCONCLUSIVE;
+130 when a compare is interrupted.
+"""
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import signal
 import sys
@@ -9,8 +14,47 @@ import click
 
 from . import __version__
 from .cli_options import MultiValueOption, parse_int_list, parse_key_value, split_values
+from .gate import EXIT_USAGE, Thresholds, exit_code
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+EXIT_INTERRUPTED = 130
+
+
+class UsageFailure(click.ClickException):
+    """A bad input (option value, run directory, thresholds file): one line, exit code 2 (EXIT_USAGE),
+    like click's own usage errors, so it never reads as FAIL (1) or INCONCLUSIVE (3)."""
+
+    exit_code = EXIT_USAGE
+
+
+def gate_options(command):
+    """--gate-config and --threshold, shared by compare, report and gate."""
+    command = click.option(
+        "--threshold", "thresholds", multiple=True, metavar="KEY=VALUE",
+        help="Override one gate threshold, e.g. --threshold kl_mean_max=0.01 (repeatable). Keys: "
+             + ", ".join(f.name for f in dataclasses.fields(Thresholds)) + ".",
+    )(command)
+    return click.option("--gate-config", default=None, metavar="FILE.yaml",
+                        help="Gate thresholds from a YAML mapping (threshold: value); --threshold wins over it.")(command)
+
+
+def parse_thresholds(items) -> dict[str, str]:
+    """("kl_mean_max=0.01", ...) -> {"kl_mean_max": "0.01"}; keys and values are checked by kveval.gate."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key or not value.strip():
+            raise UsageFailure(f"--threshold {item!r} is not of the form KEY=VALUE (e.g. kl_mean_max=0.01)")
+        overrides[key] = value.strip()
+    return overrides
+
+
+def _finish(result) -> None:
+    """Print the review path (stdout), the verdict (stderr), and exit with the verdict's code."""
+    click.echo(str(result.review_path))
+    click.echo(f"Verdict: {result.verdict.status}", err=True)
+    sys.exit(exit_code(result.verdict))
 
 
 @click.group(context_settings=CONTEXT)
@@ -43,39 +87,86 @@ def cli() -> None:
 @click.option("--cell-timeout", type=float, default=3600, show_default=True, help="Seconds before a cell is stopped.")
 @click.option("--phases", cls=MultiValueOption, default=("generation", "scoring", "speed"),
               show_default="generation scoring speed", help="Phases to run in each cell, in order.")
+@gate_options
 def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilization, enforce_eager, engine_args, seed,
-            prompts, suite, speed_runs, speed_warmup, cell_timeout, phases) -> None:
-    """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell."""
+            prompts, suite, speed_runs, speed_warmup, cell_timeout, phases, gate_config, thresholds) -> None:
+    """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell.
+
+    Exits 0 on PASS, 1 on FAIL, 3 on INCONCLUSIVE, 2 on a usage error, 130 when interrupted."""
     from .api import KvevalError, RunInterrupted, compare as run_compare
 
     lengths = parse_int_list(max_model_len, "--max-model-len")
+    overrides = parse_thresholds(thresholds)
     try:
         result = run_compare(
             model=model, kv=split_values(kv), max_model_len=lengths, out=out, kv_cache_memory=kv_cache_memory,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             engine_args=parse_key_value(engine_args, "--engine-arg"), seed=seed, prompts=prompts, suite=suite,
             speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout, phases=split_values(phases),
-            command=shlex.join(["kveval", *sys.argv[1:]]),
+            command=shlex.join(["kveval", *sys.argv[1:]]), gate_config=gate_config, gate_overrides=overrides,
         )
     except RunInterrupted as error:
         click.echo(f"Error: {error}", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except KvevalError as error:
-        raise click.ClickException(str(error)) from None
-    click.echo(str(result.review_path))
+        raise UsageFailure(str(error)) from None
+    _finish(result)
+
+
+def _recompute(run_dir, gate_config, thresholds):
+    from .api import KvevalError, report as run_report
+
+    overrides = parse_thresholds(thresholds)
+    try:
+        return run_report(run_dir, gate_config=gate_config, gate_overrides=overrides)
+    except KvevalError as error:
+        raise UsageFailure(str(error)) from None
 
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("run_dir", type=click.Path(file_okay=False))
-def report(run_dir) -> None:
-    """Re-render RUN_DIR/review.md from the stored results (no engine)."""
-    from .api import KvevalError, report as run_report
+@gate_options
+def report(run_dir, gate_config, thresholds) -> None:
+    """Recompute RUN_DIR's verdict, results.json, tables/ and review.md from the stored results (no engine).
 
-    try:
-        result = run_report(run_dir)
-    except KvevalError as error:
-        raise click.ClickException(str(error)) from None
-    click.echo(str(result.review_path))
+    Prints the review's path; exits with the verdict's code (0 PASS, 1 FAIL, 3 INCONCLUSIVE; 2 usage error)."""
+    _finish(_recompute(run_dir, gate_config, thresholds))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@gate_options
+def gate(run_dir, gate_config, thresholds) -> None:
+    """Judge a stored run (no engine): print the verdict and its reasons, exit with its code.
+
+    0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error (bad run directory, thresholds file or --threshold).
+    results.json and review.md are rewritten with the verdict."""
+    result = _recompute(run_dir, gate_config, thresholds)
+    _echo_verdict(result.verdict)
+    click.echo(f"results: {result.results_path}")
+    click.echo(f"review: {result.review_path}")
+    sys.exit(exit_code(result.verdict))
+
+
+def _echo_verdict(verdict) -> None:
+    """Status first; then what decided it (for PASS: every passed check), then the notes."""
+    click.echo(verdict.status)
+    if verdict.status == "PASS":
+        for check in verdict.checks:
+            if check.passed:
+                click.echo(f"- ok {check.cell}: {check.name} {_short(check.value)} (limit {_short(check.limit)})")
+    deciding = [r for r in verdict.reasons if r.level == verdict.status]
+    for reason in deciding + [r for r in verdict.reasons if r.level != verdict.status]:
+        prefix = "" if reason.level == verdict.status else f"({reason.level.lower()}) "
+        click.echo(f"- {prefix}{reason.message}")
+    floor = verdict.noise_floor
+    click.echo("noise floor: " + ("not measured" if not floor else
+                                  f"KL mean {_short(floor.get('kl_mean'))}, KL p99 {_short(floor.get('kl_p99'))}, "
+                                  f"top-1 disagreement {_short(floor.get('top1_disagreement'))}"))
+
+
+def _short(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
 
 
 @cli.command(context_settings=CONTEXT)
@@ -88,7 +179,7 @@ def models(prepare) -> None:
         try:
             prepare_default_model(progress=lambda m: click.echo(m, err=True))
         except ModelError as error:
-            raise click.ClickException(str(error)) from None
+            raise UsageFailure(str(error)) from None
     info = default_model_info()
     click.echo(f"default model: {info.name}")
     click.echo(f"  path:   {info.path}")

@@ -29,6 +29,22 @@ def fmt_float(value, digits: int = 2) -> str:
     return "" if value is None or pd.isna(value) else f"{value:,.{digits}f}"
 
 
+def fmt_sig(value, digits: int = 3) -> str:
+    """Small statistics (KL in nats, probabilities): significant digits, e.g. 0.00341, 0.41, 4.3."""
+    if value is None or pd.isna(value):
+        return ""
+    if value == 0:
+        return "0"
+    if abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}" if abs(value) >= 1e-4 else f"{value:.{max(digits - 1, 0)}e}"
+
+
+def fmt_share(value, digits: int = 1) -> str:
+    """A share in [0, 1] as a percentage: 0.969 -> 96.9 %."""
+    return "" if value is None or pd.isna(value) else f"{100 * value:.{digits}f} %"
+
+
 def fmt_pct(value, digits: int = 1) -> str:
     return "" if value is None or pd.isna(value) else f"{value:+.{digits}f} %"
 

@@ -1,4 +1,9 @@
-"""review.md from stored results (pure: manifest, workloads and cell dicts in, markdown out)."""
+"""review.md from stored results (pure: manifest, workloads and cell dicts in, markdown out).
+
+The verdict leads; then start-up, acceptance and speed; then the quality evidence (output diff,
+degeneration, teacher-forced divergence). Model output and engine messages are untrusted text:
+always escaped with `markdown.escape_cell` (or a table's `untrusted` columns).
+"""
 from __future__ import annotations
 
 import pandas as pd
@@ -6,25 +11,107 @@ import pandas as pd
 from .analysis.acceptance import acceptance_matrix, rejections
 from .analysis.capacity import pool_by_length, startup_table
 from .analysis.cells import BASELINE_KV
-from .analysis.identity import identity_pairs, identity_summary
+from .analysis.degeneration import DETECTORS, FINDING_COLUMNS, INFORMATIONAL_DETECTORS
+from .analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
 from .analysis.speed import speed_table
-from .markdown import escape_cell, fmt_float, fmt_int, fmt_pct, table
+from .evidence import build_evidence
+from .gate import NOTE, PASS, Verdict, evaluate
+from .markdown import escape_cell, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
+
+MAX_FINDING_ROWS = 30
+MAX_EXAMPLES = 24
 
 
-def render_review(manifest: dict, workloads: list[dict], cells: dict[str, dict]) -> str:
+def render_review(manifest: dict, workloads: list[dict], cells: dict[str, dict], evidence: dict | None = None,
+                  verdict: Verdict | None = None) -> str:
+    """The whole review. Without `evidence`/`verdict` they are computed here (default thresholds)."""
+    if evidence is None:
+        evidence = build_evidence(manifest, workloads, cells)
+    if verdict is None:
+        verdict = evaluate(evidence)
     sections = [
-        _header(manifest, cells),
+        _title(manifest),
+        _verdict_section(verdict),
+        _run_section(manifest, cells),
         _startup_section(cells),
         _acceptance_section(workloads, cells),
         _speed_section(cells),
-        _identity_section(workloads, cells),
+        _diff_section(evidence),
+        _diff_examples_section(evidence),
+        _degeneration_section(evidence),
+        _divergence_section(evidence),
         _samples_section(workloads, cells),
         _footer(manifest),
     ]
     return "\n\n".join(s for s in sections if s).rstrip() + "\n"
 
 
-def _header(manifest: dict, cells: dict[str, dict]) -> str:
+def _title(manifest: dict) -> str:
+    return f"# kveval review — {escape_cell(manifest.get('model', {}).get('name'), None)}"
+
+
+# --- verdict ---------------------------------------------------------------------------------------
+
+def _bullet(text: str) -> str:
+    """A verdict reason: kveval's own sentence (cell names are validated dtype names), one line."""
+    return "- " + " ".join(str(text).split())
+
+
+def _check_phrase(check) -> str:
+    """A passed check in a few words, e.g. "KL mean 0.0034 ≤ 0.02"."""
+    if check.name in ("kl_mean", "kl_p99"):
+        return f"{'KL mean' if check.name == 'kl_mean' else 'KL p99'} {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
+    if check.name == "top1_agreement":
+        return f"top-1 agreement {fmt_share(check.value)} ≥ {fmt_share(check.limit)}"
+    if check.name == "new_degenerate_share":
+        return check.detail
+    if check.name == "task_recovery":
+        return f"task recovery {fmt_share(check.value)} ({check.detail})"
+    return f"{check.name} {fmt_sig(check.value)} (limit {fmt_sig(check.limit)})"
+
+
+def _passed_lines(verdict: Verdict) -> list[str]:
+    by_cell: dict[str, list[str]] = {}
+    for check in verdict.checks:
+        if check.passed:
+            by_cell.setdefault(check.cell or "run", []).append(_check_phrase(check))
+    return [_bullet(f"{cell}: {'; '.join(phrases)}") for cell, phrases in by_cell.items()]
+
+
+def _thresholds_line(thresholds: dict) -> str:
+    pairs = " ".join(f"{key}={value:g}" if isinstance(value, (int, float)) else f"{key}={value}"
+                     for key, value in thresholds.items())
+    return (f"Thresholds: `{pairs}` (change with `--threshold KEY=VALUE` or `--gate-config FILE.yaml`; "
+            "see the README).")
+
+
+def _noise_floor_line(floor: dict | None) -> str:
+    if not floor:
+        return (f"Noise floor: not measured (no `{BASELINE_KV}` cell scored twice or at two max_model_len values), "
+                "so the thresholds apply unwidened.")
+    sources = ", ".join(
+        f"{s['cell']} re-scored in another batch (n {s['n']:,})" if s["kind"] == "noise_batch"
+        else f"{s['cell']} vs {s['reference']} (n {s['n']:,})" for s in floor.get("source", []))
+    return (f"Noise floor ({BASELINE_KV} vs itself, worst of: {sources}): KL mean {fmt_sig(floor.get('kl_mean'))}, "
+            f"KL p99 {fmt_sig(floor.get('kl_p99'))}, top-1 disagreement {fmt_share(floor.get('top1_disagreement'))}. "
+            "Budgets are max(threshold, noise_multiplier × floor).")
+
+
+def _verdict_section(verdict: Verdict) -> str:
+    out = [f"## Verdict: **{verdict.status}**", ""]
+    if verdict.status == PASS:
+        out += ["Every check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]
+    else:
+        out += ["Why:", "", *(_bullet(r.message) for r in verdict.reasons if r.level == verdict.status)]
+    others = [r for r in verdict.reasons if r.level != verdict.status]
+    if others:
+        out += ["", "Also noted:", ""]
+        out += [_bullet(r.message if r.level == NOTE else f"({r.level.lower()}) {r.message}") for r in others]
+    out += ["", _thresholds_line(verdict.thresholds), "", _noise_floor_line(verdict.noise_floor)]
+    return "\n".join(out)
+
+
+def _run_section(manifest: dict, cells: dict[str, dict]) -> str:
     versions = manifest.get("versions", {})
     hardware = manifest.get("hardware", {})
     options = manifest.get("options", {})
@@ -32,7 +119,7 @@ def _header(manifest: dict, cells: dict[str, dict]) -> str:
     planned = len(manifest.get("cells", []))
     missing = planned - len(cells)
     lines = [
-        f"# kveval review — {escape_cell(manifest.get('model', {}).get('name'), None)}",
+        "## Run",
         "",
         f"- **Command:** `{manifest.get('command', '').replace('`', '')}`",
         f"- **Model:** {escape_cell(manifest.get('model', {}).get('path'), None)} "
@@ -58,6 +145,8 @@ def _header(manifest: dict, cells: dict[str, dict]) -> str:
 
 def _startup_section(cells: dict[str, dict]) -> str:
     out = ["## Start-up and KV pool", ""]
+    if not cells:
+        return "\n".join(out + ["_No cell has a result yet._"])
     pools = pool_by_length(cells)
     if not pools.empty:
         view = pd.DataFrame({
@@ -152,21 +241,204 @@ def _speed_section(cells: dict[str, dict]) -> str:
     ])
 
 
-def _identity_section(workloads: list[dict], cells: dict[str, dict]) -> str:
-    pairs = identity_pairs(workloads, cells)
-    out = ["## Output identity vs `auto`", "",
-           "Greedy outputs compared token by token with the `auto` cell at the same max_model_len."]
-    if pairs.empty:
-        out += ["", "_No pair to compare: a non-`auto` cell and its `auto` baseline must both have started._"]
-        return "\n".join(out)
-    summary = identity_summary(pairs)
-    view = pd.DataFrame({
-        "workload": summary.workload, "cell": summary.cell, "vs": summary.baseline,
+# --- output diff -----------------------------------------------------------------------------------
+
+def _diff_view(summary: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "workload": summary.workload, "cell": summary.cell, "vs": summary.reference,
         "identical": [f"{int(i)}/{int(c)}" for i, c in zip(summary.identical, summary.compared)],
+        "exact match": summary.exact_match_rate.map(fmt_share),
+        "median similarity": summary.median_similarity.map(lambda v: fmt_float(v, 3)),
+        "median length ratio": summary.median_length_ratio.map(lambda v: fmt_float(v, 2)),
         "earliest divergent token": summary.earliest_divergence.map(fmt_int),
     })
-    total, same = len(pairs), int(pairs.identical.sum())
-    out += ["", f"**{same} of {total}** outputs identical.", "", table(view)]
+
+
+def _identical_sentence(pairs: pd.DataFrame) -> str:
+    return f"**{int(pairs.identical.astype(bool).sum())} of {len(pairs)}** outputs identical."
+
+
+def _diff_section(evidence: dict) -> str:
+    summary = pd.DataFrame(evidence["diff"]["summary"], columns=SUMMARY_COLUMNS)
+    pairs = pd.DataFrame(evidence["diff"]["pairs"], columns=PAIR_COLUMNS)
+    out = [f"## Output diff vs `{BASELINE_KV}`", "",
+           f"Greedy outputs compared token by token with the `{BASELINE_KV}` cell at the same max_model_len. "
+           "Similarity: character-level ratio of the two texts (1 = same text); length ratio: output tokens / "
+           "reference output tokens; earliest divergent token: the first differing token index in the workload."]
+    kv = summary[summary.comparison == "kv"]
+    if kv.empty:
+        out += ["", f"_No pair to compare: a non-`{BASELINE_KV}` cell and its `{BASELINE_KV}` baseline at the same "
+                    "max_model_len must both have started._"]
+    else:
+        out += ["", _identical_sentence(pairs[pairs.comparison == "kv"]), "",
+                table(_diff_view(kv), untrusted=("workload",))]
+    out += ["", f"### Noise reference: `{BASELINE_KV}` vs `{BASELINE_KV}` at another max_model_len", "",
+            "Same KV dtype, a different engine shape: how much greedy outputs move without any KV-dtype change."]
+    length = summary[summary.comparison == "length"]
+    if length.empty:
+        out += ["", f"_No reference: it needs two started `{BASELINE_KV}` cells that accepted the same prompt._"]
+    else:
+        out += ["", _identical_sentence(pairs[pairs.comparison == "length"]), "",
+                table(_diff_view(length), untrusted=("workload",))]
+    return "\n".join(out)
+
+
+def _excerpt_rows(example: dict) -> pd.DataFrame:
+    excerpt = example.get("excerpt") or {}
+    before = excerpt.get("before") or ""
+    lead = "…" if (excerpt.get("char_offset") or 0) > len(before) else ""
+    column = "text around the divergence (▸ marks where the outputs part)"
+    return pd.DataFrame([
+        {"cell": example["reference"], column: f"{lead}{before} ▸ {excerpt.get('reference') or '(ends)'}"},
+        {"cell": example["cell"], column: f"{lead}{before} ▸ {excerpt.get('candidate') or '(ends)'}"},
+    ])
+
+
+def _diff_examples_section(evidence: dict) -> str:
+    examples = [e for e in evidence["diff"]["examples"] if e.get("comparison") == "kv"]
+    if not examples:
+        return ""
+    out = [f"### First diverging output per workload and cell (vs `{BASELINE_KV}`)"]
+    for example in examples[:MAX_EXAMPLES]:
+        excerpt = example.get("excerpt") or {}
+        out += ["", f"**{escape_cell(example['workload'], None)} · {example['cell']} vs {example['reference']}** — "
+                    f"prompt {escape_cell(example['prompt'], None)}, first differing token "
+                    f"{fmt_int(example.get('first_divergent_token'))}, character {fmt_int(excerpt.get('char_offset'))}, "
+                    f"similarity {fmt_float(example.get('similarity'), 3)}",
+                "", table(_excerpt_rows(example), untrusted=tuple(_excerpt_rows(example).columns))]
+    if len(examples) > MAX_EXAMPLES:
+        out += ["", f"_{len(examples) - MAX_EXAMPLES} more in `tables/diff_examples.csv`._"]
+    return "\n".join(out)
+
+
+# --- degeneration ----------------------------------------------------------------------------------
+
+def _new_findings_table(new: pd.DataFrame) -> str:
+    view = pd.DataFrame({"cell": new.cell, "workload": new.workload, "prompt": new.prompt, "detector": new.detector,
+                         "detail": new.detail, "excerpt": new.excerpt.map(lambda t: _shorten(t or "", 160))})
+    text = table(view.head(MAX_FINDING_ROWS), untrusted=("workload", "prompt", "detail", "excerpt"))
+    if len(view) > MAX_FINDING_ROWS:
+        text += f"\n\n_{len(view) - MAX_FINDING_ROWS} more in `tables/degeneration_findings.csv`._"
+    return text
+
+
+def _already_table(old: pd.DataFrame) -> str:
+    counts = old.groupby(["cell", "detector"], sort=False)["prompt"].nunique().reset_index(name="outputs")
+    return table(counts.assign(outputs=counts.outputs.map(fmt_int)))
+
+
+def _already_section(old: pd.DataFrame, nothing_new: bool) -> str:
+    if old.empty:
+        return ("None: no detector fired on any output, the baseline's included." if nothing_new else
+                f"None: the `{BASELINE_KV}` outputs show no finding.")
+    return (f"Findings in `{BASELINE_KV}` cells, and findings in other cells that the `{BASELINE_KV}` output for the "
+            "same prompt shows too (not counted against the cell), as outputs per detector:\n\n" + _already_table(old))
+
+
+def _degeneration_cells_table(cells: dict) -> str:
+    rows = []
+    for cell, entry in cells.items():
+        fired = ", ".join(f"{d} {n}" for d, n in entry["detectors"].items() if n and d not in INFORMATIONAL_DETECTORS)
+        rows.append({"cell": cell, "outputs": fmt_int(entry["outputs"]),
+                     "with findings": fmt_int(entry["outputs_with_findings"]),
+                     f"new vs {BASELINE_KV}": "—" if entry["kv_cache_dtype"] == BASELINE_KV else fmt_int(entry["new_degenerate"]),
+                     "findings by detector": fired or "none",
+                     "stopped at the token limit": fmt_share(entry["token_limit_rate"])})
+    return table(pd.DataFrame(rows))
+
+
+def _degeneration_section(evidence: dict) -> str:
+    degeneration = evidence["degeneration"]
+    findings = pd.DataFrame(degeneration["findings"], columns=FINDING_COLUMNS)
+    failing = findings[~findings.detector.isin(INFORMATIONAL_DETECTORS)]
+    new = failing[failing.new_vs_baseline.astype(bool)]
+    old = failing[~failing.new_vs_baseline.astype(bool)]
+    detectors = ", ".join(d for d in DETECTORS if d not in INFORMATIONAL_DETECTORS)
+    out = ["## Degeneration", "",
+           f"Every accepted output is scanned by: {detectors} (hit_token_limit is informational). A finding counts "
+           f"against a cell only when the `{BASELINE_KV}` output for the same prompt does not show the same detector.",
+           "", f"### New in non-`{BASELINE_KV}` cells", ""]
+    if not degeneration["cells"]:
+        out.append("_No started cell produced an output to scan._")
+        return "\n".join(out)
+    scanned = any(e["outputs"] for e in degeneration["cells"].values() if e["kv_cache_dtype"] != BASELINE_KV)
+    out.append(_new_findings_table(new) if not new.empty else
+               f"Nothing new: no detector fired on a non-`{BASELINE_KV}` output that the `{BASELINE_KV}` output for "
+               "the same prompt does not also show." if scanned else
+               f"Nothing to scan: no non-`{BASELINE_KV}` cell produced an output.")
+    out += ["", "### Already in the baseline", "", _already_section(old, nothing_new=new.empty)]
+    out += ["", "### Per cell", "", _degeneration_cells_table(degeneration["cells"])]
+    return "\n".join(out)
+
+
+# --- teacher-forced divergence ---------------------------------------------------------------------
+
+_KIND_LABELS = {"kv": "KV dtype", "noise_batch": "noise: another batch", "noise_length": "noise: another max_model_len"}
+
+
+def _figures(s: dict) -> dict:
+    se = f" ± {100 * s['top1_agreement_se']:.1f}" if s.get("top1_agreement_se") is not None else ""
+    return {"n": fmt_int(s.get("n")), "KL mean": fmt_sig(s.get("kl_mean")), "KL median": fmt_sig(s.get("kl_median")),
+            "KL p90": fmt_sig(s.get("kl_p90")), "KL p99": fmt_sig(s.get("kl_p99")), "KL max": fmt_sig(s.get("kl_max")),
+            "top-1 agreement": fmt_share(s.get("top1_agreement")) + se,
+            "|Δp| mean": fmt_sig(s.get("abs_dp_mean")), "|Δp| p99": fmt_sig(s.get("abs_dp_p99"))}
+
+
+def _comparison_label(comp: dict) -> str:
+    return comp["cell"] if comp["kind"] == "noise_batch" else f"{comp['cell']} vs {comp['reference']}"
+
+
+def _divergence_table(divergence: dict) -> str:
+    rows = [{"comparison": _comparison_label(c), "kind": _KIND_LABELS.get(c["kind"], c["kind"]), **_figures(c["summary"])}
+            for c in divergence["comparisons"]]
+    floor = divergence.get("noise_floor")
+    if floor:
+        disagreement = floor.get("top1_disagreement")
+        rows.append({"comparison": "**noise floor** (worst noise row)", "kind": "noise",
+                     **_figures({"kl_mean": floor.get("kl_mean"), "kl_p99": floor.get("kl_p99"),
+                                 "top1_agreement": None if disagreement is None else 1 - disagreement})})
+    return table(pd.DataFrame(rows))
+
+
+def _bucket_table(divergence: dict) -> str:
+    rows = []
+    for comp in divergence["comparisons"]:
+        for bucket in comp.get("buckets", []):
+            figures = _figures(bucket)
+            rows.append({"comparison": _comparison_label(comp), "kind": _KIND_LABELS.get(comp["kind"], comp["kind"]),
+                         "positions": bucket["bucket"], **figures})
+    return table(pd.DataFrame(rows))
+
+
+def _top_k_text(top_k: list) -> str:
+    return f"k={', '.join(str(k) for k in top_k)}" if top_k else "k unknown: no cell scored"
+
+
+def _divergence_section(evidence: dict) -> str:
+    divergence = evidence["divergence"]
+    out = ["## Teacher-forced divergence", "",
+           "Every cell scored the same token sequences (the reference cell's greedy continuations and plain documents) "
+           "with prompt logprobs, so each position compares two next-token distributions over the same history. "
+           f"KL(`{BASELINE_KV}` ‖ cell) in nats, over the reference top-k ({_top_k_text(divergence.get('top_k'))}) plus "
+           "a rest bucket: a lower bound on the full-vocabulary KL. Top-1 agreement: positions with the same most "
+           "likely token (± 1 s.e., in points); |Δp|: change in the probability of the actual next token. Noise rows "
+           f"compare `{BASELINE_KV}` with itself; the noise floor beside the KV rows is what no KV change looks like here."]
+    if divergence["comparisons"]:
+        out += ["", _divergence_table(divergence)]
+    else:
+        out += ["", "_No comparison: a non-`auto` cell and an `auto` cell must both have started and scored._"]
+    notes = []
+    for entry in divergence.get("unmatched", []):
+        notes.append(f"- {entry['cell']}: not compared ({escape_cell(entry.get('reason'), 200)})")
+    for comp in divergence["comparisons"]:
+        if comp["kind"] == "kv" and comp.get("same_length") is False:
+            notes.append(f"- {comp['cell']}: no `{BASELINE_KV}` cell started at its max_model_len; compared with "
+                       f"{comp['reference']} on the sequences both scored.")
+    if notes:
+        out += ["", *notes]
+    if any(c.get("buckets") for c in divergence["comparisons"]):
+        out += ["", "### By position", "", "The same figures per absolute token-position bucket.", "",
+                _bucket_table(divergence)]
     return "\n".join(out)
 
 
@@ -193,5 +465,6 @@ def _shorten(text: str, limit: int) -> str:
 
 
 def _footer(manifest: dict) -> str:
-    return ("---\nGenerated by kveval from the stored run directory; `kveval report DIR` re-renders it without "
-            "an engine. Per-cell facts: `cells/<cell>.json`; vLLM's own logs: `cells/<cell>.log`.")
+    return ("---\nGenerated by kveval from the stored run directory; `kveval report DIR` re-renders it and "
+            "`kveval gate DIR` re-judges it without an engine. Every figure: `results.json` and `tables/*.csv`; "
+            "per-cell facts: `cells/<cell>.json`; vLLM's own logs: `cells/<cell>.log`.")

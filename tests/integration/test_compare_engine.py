@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import kveval
 from kveval.cli import cli
+from kveval.gate import exit_code
 
 pytestmark = pytest.mark.engine
 
@@ -120,8 +121,13 @@ def test_review_shows_the_facts_and_report_rerenders_it(run):
         assert "unsupported_dtype" in review
     run.review_path.unlink()
     result = CliRunner().invoke(cli, ["report", str(run.run_dir)])
-    assert result.exit_code == 0, result.output
+    # `kveval report` exits with the verdict's code: the same verdict compare reached.
+    assert result.exit_code == exit_code(run.verdict), result.output
     assert run.review_path.read_text() == review
+    results = json.loads((run.run_dir / "results.json").read_text())
+    assert results["verdict"]["status"] == run.verdict.status
+    if not _fp8_supported(run):
+        assert run.verdict.status == "INCONCLUSIVE"  # no fp8 cell started: quality not measured
 
 
 def test_manifest_records_command_versions_and_options(run):

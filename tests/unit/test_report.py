@@ -1,13 +1,17 @@
 """Analysis and review rendering on constructed cell facts (pure functions, no engine)."""
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from kveval.analysis.capacity import pool_by_length
 from kveval.analysis.identity import first_divergence, identity_pairs, identity_summary
 from kveval.analysis.speed import speed_table
+from kveval.gate import Thresholds
 from kveval.markdown import escape_cell
 from kveval.report import render_review
+from tests.support.constructed import expected_kl, scoring_phase
 
 WORKLOADS = [
     {"id": "short_256-0", "workload": "short_256", "kind": "short", "token_ids": [1, 2, 3], "max_tokens": 256},
@@ -31,14 +35,17 @@ def _speed(ttft, decode):
                            "throughput_tok_s": {"median": decode, "n": 1}}]}
 
 
-def _started(kv, length, pool, tokens, text="hello", ttft=0.1, decode=50.0):
-    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": True,
+def _started(kv, length, pool, tokens, text="hello", ttft=0.1, decode=50.0, scoring=None):
+    facts = {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": True,
             "complete": True, "startup_seconds": 7.0,
             "capacity": {"kv_pool_tokens": pool, "max_concurrency": pool / length},
             "info": {"attention_backend": "CPU_ATTN", "platform": "cpu"},
             "phases": {"generation": {"records": [_record("short_256-0", tokens, text),
                                                   _record("over_1024-0", [], accepted=False)]},
                        "speed": _speed(ttft, decode)}}
+    if scoring is not None:
+        facts["phases"]["scoring"] = scoring
+    return facts
 
 
 def _failed(kv, length, reason="kv_capacity", logged=None):
@@ -50,10 +57,11 @@ def _failed(kv, length, reason="kv_capacity", logged=None):
 
 
 CELLS = {
-    "auto-1024": _started("auto", 1024, 1792, [5, 6, 7, 8]),
-    "fp8-1024": _started("fp8", 1024, 3584, [5, 6, 9, 9], text="a | b <script>\nnext", ttft=0.12, decode=40.0),
+    "auto-1024": _started("auto", 1024, 1792, [5, 6, 7, 8], scoring=scoring_phase(250, "same", noise_shape="same")),
+    "fp8-1024": _started("fp8", 1024, 3584, [5, 6, 9, 9], text="a | b <script>\nnext", ttft=0.12, decode=40.0,
+                         scoring=scoring_phase(250, "healthy")),
     "auto-2048": _failed("auto", 2048),
-    "fp8-2048": _started("fp8", 2048, 3584, [5, 6, 7, 8]),
+    "fp8-2048": _started("fp8", 2048, 3584, [5, 6, 7, 8], scoring=scoring_phase(250, "harmed")),
 }
 MANIFEST = {"schema_version": 1, "command": "kveval compare --kv fp8 auto", "model": {"name": "m", "path": "/m"},
             "options": {"kv": ["fp8", "auto"], "max_model_len": [1024, 2048], "suite": "quick"},
@@ -115,6 +123,42 @@ def test_review_contains_tables_and_escapes_model_output():
     for line in review.splitlines():
         if line.startswith("|"):
             assert line.rstrip().endswith("|")
+
+
+def _flat(text):
+    return re.sub(r" {2,}", " ", text)
+
+
+def test_review_leads_with_the_verdict_and_shows_divergence_with_noise_floor():
+    review = render_review(MANIFEST, WORKLOADS, CELLS)
+    assert review.index("## Verdict: **FAIL**") < review.index("## Run") < review.index("## Start-up")
+    limit = f"{Thresholds().kl_mean_max:.2g}"
+    assert f"- fp8-2048: KL mean 1.52 > budget {limit} (max({limit}, 3 × noise floor 0))" in review
+    # fp8-2048 has no started auto at 2048: compared with auto-1024, said so in the verdict and the section.
+    assert "compared with auto-1024 on the sequences both scored" in review
+    flat = _flat(review)
+    assert "over the reference top-k (k=5) plus a rest bucket" in flat
+    kl = expected_kl("healthy")
+    assert f"| fp8-1024 vs auto-1024 | KV dtype | 250 | {kl:.3g} | {kl:.3g} |" in flat
+    assert "| fp8-2048 vs auto-1024 | KV dtype | 250 | 1.52 |" in flat
+    assert "| auto-1024 | noise: another batch | 250 | 0 |" in flat
+    assert "| **noise floor** (worst noise row) | noise | | 0 |" in flat
+    assert "| fp8-1024 vs auto-1024 | KV dtype | 128-255 | 123 |" in flat
+
+
+def test_review_degeneration_says_when_nothing_fired():
+    review = _flat(render_review(MANIFEST, WORKLOADS, CELLS))
+    assert "Nothing new: no detector fired on a non-`auto` output" in review
+    assert "| fp8-1024 | 1 | 0 | 0 | none | 100.0 % |" in review  # every output stopped at max_tokens
+
+
+def test_review_without_scoring_is_inconclusive_and_says_why():
+    cells = {name: {**facts, "phases": {k: v for k, v in facts["phases"].items() if k != "scoring"}}
+             for name, facts in CELLS.items()}
+    review = render_review(MANIFEST, WORKLOADS, cells)
+    assert "## Verdict: **INCONCLUSIVE**" in review
+    assert "- fp8-1024: no teacher-forced comparison (no scored sequences)" in review
+    assert "_No comparison: a non-`auto` cell and an `auto` cell must both have started and scored._" in review
 
 
 def test_escape_cell_edge_cases():

@@ -1,0 +1,149 @@
+"""Output diff: how far, and how, a cell's greedy outputs differ from a reference cell's.
+
+Two comparisons are made, so FP8 drift can be read against a noise floor:
+  "kv"     every non-baseline cell vs the baseline (auto) cell at the same max_model_len;
+  "length" every baseline cell vs a baseline cell at a smaller max_model_len (same KV dtype, so any
+           difference there is numerical noise from a different engine shape, not the KV dtype).
+Pure: only stored records are read; no tokenizer is needed.
+"""
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+from rapidfuzz import fuzz
+
+from .cells import BASELINE_KV, baseline_for, generation_records
+from .identity import first_divergence
+
+EXCERPT_BEFORE = 60   # characters of shared text shown before the divergence
+EXCERPT_AFTER = 80    # characters shown from each side after it
+
+PAIR_COLUMNS = ["workload", "prompt", "cell", "reference", "comparison", "identical", "first_divergent_token",
+                "similarity", "length_ratio", "tokens", "reference_tokens", "excerpt"]
+SUMMARY_COLUMNS = ["workload", "cell", "reference", "comparison", "identical", "compared", "exact_match_rate",
+                   "median_similarity", "median_length_ratio", "earliest_divergence"]
+EXAMPLE_COLUMNS = ["workload", "cell", "reference", "comparison", "prompt", "first_divergent_token", "similarity",
+                   "excerpt"]
+
+
+def _tokens(record: dict) -> list[int]:
+    return list(record.get("token_ids") or [])
+
+
+def divergence_excerpt(candidate_text: str, reference_text: str,
+                       before: int = EXCERPT_BEFORE, after: int = EXCERPT_AFTER) -> dict:
+    """Text around the first differing character.
+
+    Token positions cannot be mapped to characters without the tokenizer, so the divergence is
+    placed at the end of the common character prefix; it is where a reader sees the texts part.
+    """
+    offset = len(os.path.commonprefix([candidate_text, reference_text]))
+    return {"before": candidate_text[max(0, offset - before):offset],
+            "candidate": candidate_text[offset:offset + after],
+            "reference": reference_text[offset:offset + after],
+            "char_offset": offset}
+
+
+def compare_outputs(candidate: dict, reference: dict) -> dict:
+    """Token identity, first divergent token, text similarity, length ratio and an excerpt."""
+    mine, theirs = _tokens(candidate), _tokens(reference)
+    text, reference_text = candidate.get("text") or "", reference.get("text") or ""
+    index = first_divergence(mine, theirs)
+    return {"identical": index is None,
+            "first_divergent_token": index,
+            "similarity": fuzz.ratio(text, reference_text) / 100.0,   # 1.0 for two empty texts
+            "length_ratio": len(mine) / len(theirs) if theirs else None,
+            "tokens": len(mine),
+            "reference_tokens": len(theirs),
+            "excerpt": None if index is None else divergence_excerpt(text, reference_text)}
+
+
+def _accepted(record: dict | None) -> bool:
+    return bool(record and record.get("accepted"))
+
+
+def _name_of(cells: dict[str, dict], facts: dict) -> str:
+    for name, other in cells.items():
+        if other is facts:
+            return name
+    return facts.get("cell", "?")
+
+
+def _kv_references(cells: dict[str, dict], baseline_kv: str) -> list[tuple[str, str]]:
+    """(cell, reference) for every started non-baseline cell whose baseline also started."""
+    pairs = []
+    for name, facts in cells.items():
+        base = baseline_for(cells, facts, baseline_kv)
+        if base is not None and facts.get("started") and base.get("started"):
+            pairs.append((name, _name_of(cells, base)))
+    return pairs
+
+
+def _started_baselines(cells: dict[str, dict], baseline_kv: str) -> list[str]:
+    """Started baseline cells, smallest max_model_len first (the cross-length references)."""
+    names = [name for name, facts in cells.items()
+             if facts.get("kv_cache_dtype") == baseline_kv and facts.get("started")]
+    return sorted(names, key=lambda name: cells[name].get("max_model_len") or 0)
+
+
+def _length_reference(prompt_id: str, name: str, ordered: list[str], records: dict[str, dict]) -> str | None:
+    """The smallest-length baseline cell that accepted this prompt, if it is not `name` itself.
+
+    Per prompt, because a long prompt is refused at the smallest length; it is then compared
+    against the next smallest length that took it.
+    """
+    for other in ordered:
+        if _accepted(records[other].get(prompt_id)):
+            return None if other == name else other
+    return None
+
+
+def _row(prompt: dict, cell: str, reference: str, comparison: str, a: dict, b: dict) -> dict:
+    return {"workload": prompt["workload"], "prompt": prompt["id"], "cell": cell, "reference": reference,
+            "comparison": comparison, **compare_outputs(a, b)}
+
+
+def diff_pairs(workloads: list[dict], cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+    """One row per (prompt, comparison) where both outputs were accepted; see the module doc."""
+    records = {name: generation_records(facts) for name, facts in cells.items()}
+    kv_pairs = _kv_references(cells, baseline_kv)
+    ordered = _started_baselines(cells, baseline_kv)
+    rows = []
+    for prompt in workloads:
+        pid = prompt["id"]
+        for cell, reference in kv_pairs:
+            a, b = records[cell].get(pid), records[reference].get(pid)
+            if _accepted(a) and _accepted(b):
+                rows.append(_row(prompt, cell, reference, "kv", a, b))
+        for cell in ordered:
+            reference = _length_reference(pid, cell, ordered, records)
+            a = records[cell].get(pid)
+            if reference is not None and _accepted(a):
+                rows.append(_row(prompt, cell, reference, "length", a, records[reference][pid]))
+    frame = pd.DataFrame(rows, columns=PAIR_COLUMNS)
+    frame["first_divergent_token"] = frame["first_divergent_token"].astype("Int64")
+    return frame
+
+
+def diff_summary(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, cell, reference, comparison): exact-match rate, median similarity and length ratio."""
+    if pairs.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    grouped = pairs.groupby(["workload", "cell", "reference", "comparison"], sort=False)
+    summary = grouped.agg(identical=("identical", "sum"), compared=("identical", "size"),
+                          median_similarity=("similarity", "median"),
+                          median_length_ratio=("length_ratio", "median"),
+                          earliest_divergence=("first_divergent_token", "min")).reset_index()
+    summary["identical"] = summary["identical"].astype(int)
+    summary["exact_match_rate"] = summary["identical"] / summary["compared"]
+    return summary[SUMMARY_COLUMNS]
+
+
+def first_diverging_examples(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, cell): the first pair (in prompt order) that diverged, with its excerpt."""
+    if pairs.empty:
+        return pd.DataFrame(columns=EXAMPLE_COLUMNS)
+    diverged = pairs[~pairs["identical"].astype(bool)]
+    first = diverged.groupby(["workload", "cell"], sort=False).head(1)
+    return first[EXAMPLE_COLUMNS].reset_index(drop=True)

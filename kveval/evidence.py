@@ -1,0 +1,205 @@
+"""Evidence for the verdict and the review: every figure, computed from the stored run alone (pure).
+
+`build_evidence` runs the analyses (output diff, degeneration scan, teacher-forced divergence,
+start-up, speed) and returns one JSON-safe dict: the shape `gate.evaluate` reads (`cells`,
+`divergence`, `degeneration`) plus the tables the review and `results.json` show.
+`write_results` stores it as `results.json` and one CSV per table under `tables/`.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import __version__
+from .analysis.capacity import startup_table
+from .analysis.cells import BASELINE_KV
+from .analysis.degeneration import (
+    DETECTORS,
+    FINDING_COLUMNS,
+    INFORMATIONAL_DETECTORS,
+    degeneration_summary,
+    scan_cells,
+)
+from .analysis.diff import EXAMPLE_COLUMNS, PAIR_COLUMNS, SUMMARY_COLUMNS, diff_pairs, diff_summary, first_diverging_examples
+from .analysis.divergence import cell_divergence
+from .analysis.speed import speed_table
+from .store import write_json_atomic, write_text_atomic
+
+RESULTS_SCHEMA_VERSION = 1
+RESULTS_FILE = "results.json"
+TABLES_DIR = "tables"
+
+SUMMARY_FIGURES = ["n", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "top1_n", "top1_agreement",
+                   "top1_agreement_se", "dp_mean", "abs_dp_mean", "abs_dp_p99", "abs_dp_max", "dp_rms"]
+DIVERGENCE_COLUMNS = ["kind", "cell", "reference", "same_length", "bucket", "start", "end", *SUMMARY_FIGURES]
+
+
+# --- JSON safety ---------------------------------------------------------------------------------
+
+def json_safe(value):
+    """Plain JSON values: numpy scalars -> Python, NaN/inf/pd.NA -> None, tuples -> lists (recursively)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [json_safe(v) for v in value.tolist()]
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    return json_safe(frame.to_dict("records"))
+
+
+# --- evidence ------------------------------------------------------------------------------------
+
+def _cells_evidence(cells: dict[str, dict]) -> dict:
+    out = {}
+    for name, facts in cells.items():
+        out[name] = {"kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
+                     "started": bool(facts.get("started")),
+                     "failure_reason": (facts.get("failure") or {}).get("reason"),
+                     "kv_pool_tokens": (facts.get("capacity") or {}).get("kv_pool_tokens")}
+    return json_safe(out)
+
+
+def _diff_evidence(workloads: list[dict], cells: dict[str, dict]) -> dict:
+    pairs = diff_pairs(workloads, cells)
+    return {"pairs": records(pairs), "summary": records(diff_summary(pairs)),
+            "examples": records(first_diverging_examples(pairs))}
+
+
+def _degeneration_evidence(workloads: list[dict], cells: dict[str, dict]) -> dict:
+    """Per cell the figures the gate reads (outputs, new_degenerate), plus every finding."""
+    findings = scan_cells(workloads, cells)
+    summary = degeneration_summary(findings, cells, workloads)
+    per_cell = {}
+    for row in records(summary):
+        per_cell[row["cell"]] = {
+            "kv_cache_dtype": row["kv_cache_dtype"], "max_model_len": row["max_model_len"],
+            "outputs": row["outputs"],
+            # Outputs with at least one finding the baseline's output for the same prompt lacks
+            # (hit_token_limit is informational and not counted).
+            "new_degenerate": row["outputs_with_new_findings"],
+            "outputs_with_findings": row["outputs_with_findings"],
+            "detectors": {d: row[d] for d in DETECTORS},
+            "token_limit_rate": row["token_limit_rate"],
+        }
+    return {"detectors": list(DETECTORS), "informational": sorted(INFORMATIONAL_DETECTORS),
+            "cells": per_cell, "findings": records(findings)}
+
+
+def scoring_top_k(manifest: dict, cells: dict[str, dict]) -> list[int]:
+    """The top-k sizes the cells' scoring stored (the manifest's setting when no cell scored)."""
+    found = {((facts.get("phases") or {}).get("scoring") or {}).get("top_k") for facts in cells.values()}
+    found.discard(None)
+    if not found:
+        planned = (((manifest.get("options") or {}).get("phase_options") or {}).get("scoring") or {}).get("top_k")
+        found = {planned} if planned else set()
+    return sorted(int(k) for k in found)
+
+
+def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict],
+                   baseline_kv: str = BASELINE_KV) -> dict:
+    """Everything the verdict and the review need, JSON-safe. `gate.evaluate(evidence)` reads
+    `cells`, `divergence` and `degeneration`."""
+    return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "baseline_kv": baseline_kv,
+        "cells": _cells_evidence(cells),
+        "divergence": json_safe({**cell_divergence(cells, baseline_kv), "top_k": scoring_top_k(manifest, cells)}),
+        "degeneration": _degeneration_evidence(workloads, cells),
+        "diff": _diff_evidence(workloads, cells),
+        "startup": records(startup_table(cells)) if cells else [],
+        "speed": records(speed_table(cells)),
+    }
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+def divergence_rows(divergence: dict) -> list[dict]:
+    """One row per comparison over all positions (bucket "all"), then one per position bucket."""
+    rows = []
+    for comp in divergence.get("comparisons", []):
+        head = {"kind": comp["kind"], "cell": comp["cell"], "reference": comp["reference"],
+                "same_length": comp.get("same_length")}
+        rows.append({**head, "bucket": "all", "start": None, "end": None,
+                     **{k: comp["summary"].get(k) for k in SUMMARY_FIGURES}})
+        for bucket in comp.get("buckets", []):
+            rows.append({**head, "bucket": bucket["bucket"], "start": bucket.get("start"), "end": bucket.get("end"),
+                         **{k: bucket.get(k) for k in SUMMARY_FIGURES}})
+    return rows
+
+
+EXCERPT_FIELDS = ["excerpt_char_offset", "excerpt_before", "excerpt_candidate", "excerpt_reference"]
+
+
+def _flat_excerpts(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    """Diff rows with their `excerpt` dict spread into excerpt_* columns (CSV has no nesting)."""
+    flat = []
+    for row in rows:
+        excerpt = row.get("excerpt") or {}
+        flat.append({**{k: v for k, v in row.items() if k != "excerpt"},
+                     **{name: excerpt.get(name[len("excerpt_"):]) for name in EXCERPT_FIELDS}})
+    return pd.DataFrame(flat, columns=[c for c in columns if c != "excerpt"] + EXCERPT_FIELDS)
+
+
+def _frame(rows: list[dict], columns: list[str] | None = None) -> pd.DataFrame:
+    if columns is None and rows:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def evidence_tables(evidence: dict, verdict=None) -> dict[str, pd.DataFrame]:
+    """name -> table, one CSV each under tables/."""
+    degeneration = evidence.get("degeneration") or {}
+    summary_rows = [{"cell": cell, **{k: v for k, v in entry.items() if k != "detectors"}, **entry.get("detectors", {})}
+                    for cell, entry in (degeneration.get("cells") or {}).items()]
+    tables = {
+        "diff_pairs": _flat_excerpts(evidence["diff"]["pairs"], PAIR_COLUMNS),
+        "diff_summary": _frame(evidence["diff"]["summary"], SUMMARY_COLUMNS),
+        "diff_examples": _flat_excerpts(evidence["diff"]["examples"], EXAMPLE_COLUMNS),
+        "degeneration_findings": _frame(degeneration.get("findings", []), FINDING_COLUMNS),
+        "degeneration_summary": _frame(summary_rows),
+        "divergence": _frame(divergence_rows(evidence.get("divergence") or {}), DIVERGENCE_COLUMNS),
+        "startup": _frame(evidence.get("startup", [])),
+        "speed": _frame(evidence.get("speed", [])),
+    }
+    if verdict is not None:
+        tables["checks"] = _frame(verdict.to_dict()["checks"], ["name", "cell", "value", "limit", "passed", "detail"])
+    return tables
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+def results_document(evidence: dict, verdict, manifest: dict | None = None) -> dict:
+    manifest = manifest or {}
+    return json_safe({
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "kveval_version": __version__,
+        "model": (manifest.get("model") or {}).get("name"),
+        "command": manifest.get("command"),
+        "verdict": verdict.to_dict() if verdict is not None else None,
+        "evidence": evidence,
+    })
+
+
+def write_results(run_dir: str | Path, evidence: dict, verdict, manifest: dict | None = None) -> Path:
+    """RUN_DIR/results.json (every figure, the verdict and its checks) and RUN_DIR/tables/*.csv."""
+    run_dir = Path(run_dir)
+    for name, frame in evidence_tables(evidence, verdict).items():
+        write_text_atomic(run_dir / TABLES_DIR / f"{name}.csv", frame.to_csv(index=False))
+    path = run_dir / RESULTS_FILE
+    write_json_atomic(path, results_document(evidence, verdict, manifest))
+    return path

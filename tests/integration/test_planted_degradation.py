@@ -1,0 +1,83 @@
+"""The gate on the real CPU engine: a model whose FP8 KV cache is genuinely harmed must FAIL, the
+healthy default model must not.
+
+tests/support/planted.py scales every layer's K projection by 128 and Q by 1/128: exact in bf16,
+so `auto` behaves bit-identically, while K values leave the FP8 e4m3 range (±448). On the H200
+this moved KL mean from 0.0115 to 0.595 and top-1 agreement from 92 % to 48 % (reports/h200-planted).
+vLLM's CPU backend runs an FP8 KV cache only with AVX-512 or AMX; elsewhere the fp8 cells cannot
+start, the verdict must be INCONCLUSIVE (never FAIL, never PASS), and the FAIL check is skipped.
+"""
+from __future__ import annotations
+
+import pytest
+
+import kveval
+from tests.support.planted import plant
+
+pytestmark = pytest.mark.engine
+
+SETTINGS = dict(
+    kv=["fp8", "auto"], max_model_len=[1024], kv_cache_memory="40MiB", enforce_eager=True, suite="quick",
+    counts={"short_256": 2, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0},
+    phases=("generation", "scoring"),
+)
+
+
+class _Quiet:
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, default_model_dir):
+    root = tmp_path_factory.mktemp("planted")
+    harmed_model = plant(default_model_dir, root / "harmed-model", tensor="k", factor=128)
+    healthy = kveval.compare(model=str(default_model_dir), out=root / "healthy", progress=_Quiet(), **SETTINGS)
+    harmed = kveval.compare(model=str(harmed_model), out=root / "harmed", progress=_Quiet(), **SETTINGS)
+    return healthy, harmed
+
+
+def _fp8_started(run) -> bool:
+    return bool(run.cell("fp8", 1024).get("started"))
+
+
+def _outputs(run, kv):
+    records = run.cell(kv, 1024)["phases"]["generation"]["records"]
+    return {r["prompt_id"]: r["token_ids"] for r in records if r["accepted"]}
+
+
+def test_planting_leaves_auto_bit_identical(runs):
+    healthy, harmed = runs
+    assert healthy.cell("auto", 1024)["started"] and harmed.cell("auto", 1024)["started"]
+    assert _outputs(healthy, "auto") == _outputs(harmed, "auto")
+    assert len(_outputs(healthy, "auto")) == 2
+
+
+def test_scoring_is_stored_with_a_noise_floor(runs):
+    healthy, _ = runs
+    scoring = healthy.cell("auto", 1024)["phases"]["scoring"]
+    assert scoring["top_k"] == 20 and scoring["reference_cell"] == "auto-1024"
+    scored = [s for s in scoring["sequences"] if s["accepted"]]
+    assert {s["kind"] for s in scored} == {"continuation", "document"}
+    assert sum(len(s["positions"]) for s in scored) >= 200
+    assert scoring["noise"]["sequences"]
+
+
+def test_healthy_model_never_fails(runs):
+    healthy, _ = runs
+    assert healthy.verdict.status != "FAIL", [r.message for r in healthy.verdict.reasons]
+    if not _fp8_started(healthy):
+        assert healthy.verdict.status == "INCONCLUSIVE"
+
+
+def test_harmed_model_fails_for_divergence(runs):
+    _, harmed = runs
+    if not _fp8_started(harmed):
+        failure = harmed.cell("fp8", 1024)["failure"]
+        assert failure["reason"] == "unsupported_dtype"
+        assert harmed.verdict.status == "INCONCLUSIVE"
+        pytest.skip(f"this CPU cannot run an FP8 KV cache ({failure['message']}); the FAIL is shown on the H200 "
+                    "in reports/h200-planted")
+    assert harmed.verdict.status == "FAIL"
+    failed = [r.message for r in harmed.verdict.reasons if r.level == "FAIL"]
+    assert any("KL mean" in message for message in failed), failed

@@ -1,0 +1,102 @@
+"""Constructed run directories for tests: stored facts with known figures, no engine.
+
+A cell's scoring phase holds one document scored at positions 1..n with a fixed top-5
+distribution per position; `shape` picks the candidate's distribution:
+  "same"    identical to the reference (KL 0),
+  "healthy" 0.01 of mass moved from the first to the second token (KL ≈ 3.3e-4),
+  "harmed"  the reference's top token nearly dropped, the second promoted (KL ≈ 1.52, top-1 never agrees).
+"""
+from __future__ import annotations
+
+import math
+
+from kveval.store import RunDir, write_json_atomic
+
+TOP_K = 5
+REFERENCE_P = [0.6, 0.2, 0.1, 0.05, 0.03]
+SHAPES = {
+    "same": REFERENCE_P,
+    "healthy": [0.59, 0.21, 0.1, 0.05, 0.03],
+    "harmed": [0.03, 0.6, 0.1, 0.05, 0.2],
+}
+
+
+def expected_kl(shape: str) -> float:
+    """KL over the 5 listed tokens plus the rest bucket (0.02 on both sides: contributes 0)."""
+    return sum(p * math.log(p / q) for p, q in zip(REFERENCE_P, SHAPES[shape]))
+
+
+def scored_document(n: int, shape: str = "same", doc_id: str = "doc:300") -> dict:
+    """One accepted document sequence: tokens 1..n scored; top-5 tokens at position j are 1000+j .. 1004+j."""
+    token_ids = [7] + [1000 + j for j in range(1, n + 1)]
+    positions = []
+    for j in range(1, n + 1):
+        tokens = [1000 + j + i for i in range(TOP_K)]
+        probs = SHAPES[shape]
+        positions.append({"token": token_ids[j], "logprob": math.log(probs[0]),
+                          "top": [[t, math.log(p)] for t, p in zip(tokens, probs)]})
+    return {"id": doc_id, "kind": "document", "token_ids": token_ids, "scored_from": 1, "accepted": True,
+            "rejection": None, "error": None, "positions": positions}
+
+
+def scoring_phase(n: int, shape: str, noise_shape: str | None = None) -> dict:
+    phase = {"top_k": TOP_K, "reference_cell": "auto-1024", "sequences": [scored_document(n, shape)]}
+    if noise_shape is not None:
+        phase["noise"] = {"method": "same sequences re-scored in one batch", "sequences": [scored_document(n, noise_shape)]}
+    return phase
+
+
+def record(prompt_id: str, token_ids: list[int], text: str, finish: str = "stop") -> dict:
+    return {"prompt_id": prompt_id, "workload": prompt_id.rsplit("-", 1)[0], "accepted": True, "rejection": None,
+            "error": None, "text": text, "token_ids": list(token_ids), "finish_reason": finish,
+            "output_tokens": len(token_ids)}
+
+
+def rejected(prompt_id: str, message: str = "VLLMValidationError: This model's maximum context length is 1024 tokens."):
+    return {"prompt_id": prompt_id, "workload": prompt_id.rsplit("-", 1)[0], "accepted": False, "rejection": message,
+            "error": None}
+
+
+def speed_phase(ttft: float, decode: float) -> dict:
+    return {"workloads": [{"workload": "short_256", "prompt_tokens": 3, "max_tokens": 32, "runs": [{}],
+                           "ttft_s": {"median": ttft, "min": ttft, "max": ttft, "n": 1},
+                           "decode_tok_s": {"median": decode, "min": decode, "max": decode, "n": 1},
+                           "throughput_tok_s": {"median": decode, "n": 1}}]}
+
+
+def started_cell(kv: str, length: int, pool: int, records: list[dict], scoring: dict | None = None,
+                 ttft: float = 0.1, decode: float = 50.0) -> dict:
+    phases = {"generation": {"records": records}, "speed": speed_phase(ttft, decode)}
+    if scoring is not None:
+        phases["scoring"] = scoring
+    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": True,
+            "complete": True, "startup_seconds": 7.0,
+            "capacity": {"kv_pool_tokens": pool, "max_concurrency": pool / length},
+            "info": {"attention_backend": "CPU_ATTN", "platform": "cpu"}, "phases": phases}
+
+
+def failed_cell(kv: str, length: int, reason: str = "unsupported_dtype",
+                message: str = "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.") -> dict:
+    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": False,
+            "complete": True, "failure": {"reason": reason, "message": message, "estimated_max_model_len": None},
+            "logged_capacity": {"kv_pool_tokens": 2 * 1792, "max_concurrency": None}, "phases": {}}
+
+
+def manifest_for(cells: dict[str, dict]) -> dict:
+    kvs = list(dict.fromkeys(c["kv_cache_dtype"] for c in cells.values()))
+    lengths = sorted({c["max_model_len"] for c in cells.values()})
+    return {"schema_version": 1, "command": "kveval compare --kv fp8 auto", "model": {"name": "m", "path": "/m"},
+            "options": {"kv": kvs, "max_model_len": lengths, "suite": "quick",
+                        "phase_options": {"scoring": {"top_k": TOP_K}}},
+            "cells": [{"id": name, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": c["max_model_len"]}
+                      for name, c in cells.items()],
+            "versions": {}, "hardware": {}}
+
+
+def write_run(path, workloads: list[dict], cells: dict[str, dict]) -> RunDir:
+    store = RunDir(path)
+    write_json_atomic(store.manifest_path, manifest_for(cells))
+    write_json_atomic(store.workloads_path, workloads)
+    for name, facts in cells.items():
+        write_json_atomic(store.cell_path(name), facts)
+    return store

@@ -1,0 +1,363 @@
+"""Evidence, results.json/CSVs, the verdict in review.md, and `kveval report` / `kveval gate` exit codes,
+on constructed run directories (no engine)."""
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from kveval import api
+from kveval.cli import cli
+from kveval.evidence import build_evidence, json_safe
+from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
+from tests.support.constructed import expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
+
+N = 300  # scored positions per cell (min_scored_tokens is 200)
+DEFAULTS = Thresholds()
+KL_MAX = f"{DEFAULTS.kl_mean_max:.2g}"               # as the gate writes it, e.g. 0.03
+TOP1_MIN = f"{100 * DEFAULTS.top1_agreement_min:.1f} %"  # e.g. 85.0 %
+
+WORKLOADS = [
+    {"id": "short_256-0", "workload": "short_256", "kind": "short", "token_ids": [1, 2, 3], "max_tokens": 64},
+    {"id": "short_256-1", "workload": "short_256", "kind": "short", "token_ids": [1, 2, 4], "max_tokens": 64},
+    {"id": "ctx_1k-0", "workload": "ctx_1k", "kind": "context", "token_ids": list(range(10, 60)), "max_tokens": 64},
+    {"id": "over_1024-0", "workload": "over_1024", "kind": "over_limit", "token_ids": list(range(1025)),
+     "max_tokens": 16},
+]
+AUTO_TEXTS = {
+    "short_256-0": (list(range(100, 140)), "Paris is the capital of France. It lies on the Seine."),
+    "short_256-1": (list(range(200, 230)), "Water boils at 100 degrees Celsius at sea level."),
+    "ctx_1k-0": (list(range(300, 350)), "The document describes three experiments on caching."),
+}
+# The healthy fp8 cell parts from auto in short_256-1 at token 10, with text that would break markdown.
+DIVERGING = (list(range(200, 210)) + list(range(900, 920)), "Water boils at 100 degrees | <b>Fahrenheit</b> `x` # no")
+LOOP_IDS = [500, 501, 502, 503, 504] * 10
+LOOP_TEXT = "The pass key is 42. " * 12
+
+
+def _auto_records():
+    return [record(pid, ids, text) for pid, (ids, text) in AUTO_TEXTS.items()] + [rejected("over_1024-0")]
+
+
+def _fp8_records(kind):
+    if kind == "harmed":
+        outputs = {pid: (LOOP_IDS, LOOP_TEXT) for pid in AUTO_TEXTS}
+    else:
+        outputs = {**AUTO_TEXTS, "short_256-1": DIVERGING}
+    return [record(pid, ids, text, finish="length" if kind == "harmed" else "stop")
+            for pid, (ids, text) in outputs.items()] + [rejected("over_1024-0")]
+
+
+def make_cells(kind):
+    """kind: healthy | harmed | not_started (fp8 refused by the backend)."""
+    auto = started_cell("auto", 1024, 1792, _auto_records(), scoring_phase(N, "same", noise_shape="same"))
+    if kind == "not_started":
+        fp8 = failed_cell("fp8", 1024)
+    else:
+        fp8 = started_cell("fp8", 1024, 3584, _fp8_records(kind), scoring_phase(N, kind), ttft=0.12, decode=40.0)
+    return {"auto-1024": auto, "fp8-1024": fp8}
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    def make(kind):
+        path = tmp_path / kind
+        write_run(path, WORKLOADS, make_cells(kind))
+        return path
+    return make
+
+
+def _results(path):
+    return json.loads((path / "results.json").read_text())
+
+
+def _csv(path, name):
+    with open(path / "tables" / f"{name}.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _flat(text):
+    """Markdown with table padding collapsed, so rows can be matched without column widths."""
+    return re.sub(r" {2,}", " ", text)
+
+
+def _kv(results, cell="fp8-1024"):
+    (comp,) = [c for c in results["evidence"]["divergence"]["comparisons"] if c["kind"] == "kv" and c["cell"] == cell]
+    return comp
+
+
+# --- evidence (pure) -------------------------------------------------------------------------------
+
+def test_evidence_has_the_gate_shape_and_is_json():
+    cells = make_cells("harmed")
+    evidence = build_evidence({}, WORKLOADS, cells)
+    json.dumps(evidence, allow_nan=False)
+    assert evidence["cells"]["fp8-1024"] == {"kv_cache_dtype": "fp8", "max_model_len": 1024, "started": True,
+                                            "failure_reason": None, "kv_pool_tokens": 3584}
+    fp8 = evidence["degeneration"]["cells"]["fp8-1024"]
+    assert (fp8["outputs"], fp8["new_degenerate"]) == (3, 3)
+    assert fp8["detectors"]["ngram_loop_tokens"] == 3 and fp8["token_limit_rate"] == 1.0
+    assert evidence["degeneration"]["cells"]["auto-1024"]["new_degenerate"] == 0
+    assert evidence["divergence"]["top_k"] == [5]
+    verdict = evaluate(evidence)
+    assert verdict.status == "FAIL"
+    assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_p99", "top1_agreement",
+                                                                     "new_degenerate_share"}
+
+
+def test_json_safe_replaces_nan_and_numpy():
+    import numpy as np
+    import pandas as pd
+
+    assert json_safe({"a": float("nan"), "b": np.int64(3), "c": (np.float32(0.5), pd.NA), "d": np.bool_(True)}) == \
+        {"a": None, "b": 3, "c": [0.5, None], "d": True}
+
+
+# --- report / gate on disk -------------------------------------------------------------------------
+
+def test_healthy_run_passes_with_every_figure_stored(run_dir):
+    path = run_dir("healthy")
+    result = CliRunner().invoke(cli, ["report", str(path)])
+    assert result.exit_code == EXIT_PASS, result.output
+    assert str(path / "review.md") in result.stdout
+    results = _results(path)
+    assert results["schema_version"] == 1
+    assert results["verdict"]["status"] == "PASS" and results["verdict"]["exit_code"] == 0
+    summary = _kv(results)["summary"]
+    assert summary["n"] == N
+    assert summary["kl_mean"] == pytest.approx(expected_kl("healthy"), rel=1e-9)
+    assert summary["kl_mean"] == pytest.approx(3.26e-4, abs=1e-6)
+    assert summary["top1_agreement"] == 1.0
+    assert summary["abs_dp_mean"] == pytest.approx(0.01)
+    floor = results["evidence"]["divergence"]["noise_floor"]
+    assert floor["kl_mean"] == 0.0 and floor["source"][0]["kind"] == "noise_batch"
+    (row,) = [r for r in results["evidence"]["diff"]["summary"] if r["workload"] == "short_256"]
+    assert (row["identical"], row["compared"], row["exact_match_rate"]) == (1, 2, 0.5)
+    assert row["earliest_divergence"] == 10
+
+    pairs = _csv(path, "diff_pairs")
+    assert len(pairs) == 3 and {p["prompt"] for p in pairs} == {"short_256-0", "short_256-1", "ctx_1k-0"}
+    divergence = _csv(path, "divergence")
+    assert [(r["kind"], r["bucket"]) for r in divergence] == [
+        ("kv", "all"), ("kv", "0-127"), ("kv", "128-255"), ("kv", "256-511"),
+        ("noise_batch", "all"), ("noise_batch", "0-127"), ("noise_batch", "128-255"), ("noise_batch", "256-511")]
+    assert float(divergence[0]["kl_mean"]) == pytest.approx(expected_kl("healthy"))
+    assert int(divergence[1]["n"]) == 127  # positions 1..127
+    assert [r["cell"] for r in _csv(path, "startup")] == ["auto-1024", "fp8-1024"]
+    speed = {r["cell"]: r for r in _csv(path, "speed")}
+    assert float(speed["fp8-1024"]["ttft_delta_pct"]) == pytest.approx(20.0)
+    assert {r["name"] for r in _csv(path, "checks")} == {"kl_mean", "kl_p99", "top1_agreement", "new_degenerate_share"}
+
+
+def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
+    path = run_dir("healthy")
+    assert CliRunner().invoke(cli, ["report", str(path)]).exit_code == EXIT_PASS
+    review = _flat((path / "review.md").read_text())
+    lines = review.splitlines()
+    assert lines[0] == "# kveval review — m"
+    assert lines[2] == "## Verdict: **PASS**"
+    order = [review.index(h) for h in ("## Verdict", "## Run", "## Start-up", "## Output diff vs `auto`",
+                                       "## Degeneration", "## Teacher-forced divergence")]
+    assert order == sorted(order)
+    assert (f"- fp8-1024: KL mean 0.000326 ≤ {KL_MAX}; KL p99 0.000326 ≤ 0.5; top-1 agreement 100.0 % ≥ {TOP1_MIN}; "
+            "0 of 3 outputs newly degenerate; allowed 1") in review
+    assert f"kl_mean_max={KL_MAX} kl_p99_max=0.5" in review
+    assert "Noise floor (auto vs itself, worst of: auto-1024 re-scored in another batch (n 300))" in review
+    # Output diff: per workload, the first diverging pair side by side, escaped.
+    assert "**2 of 3** outputs identical." in review
+    assert "| short\\_256 | fp8-1024 | auto-1024 | 1/2 | 50.0 %" in review
+    assert "first differing token 10" in review
+    assert "| fp8-1024 | Water boils at 100 degrees ▸ \\| &lt;b&gt;Fahrenheit&lt;/b&gt; \\`x\\` \\# no |" in review
+    assert "| auto-1024 | Water boils at 100 degrees ▸ Celsius at sea level." in review
+    assert "<b>" not in review
+    # Degeneration: nothing fired, said so; token-limit share per cell.
+    assert "Nothing new: no detector fired" in review
+    assert "None: no detector fired on any output, the baseline's included." in review
+    # Divergence: k stated, noise floor beside.
+    assert "reference top-k (k=5) plus a rest bucket" in review
+    assert "| fp8-1024 vs auto-1024 | KV dtype | 300 | 0.000326" in review
+    assert "**noise floor** (worst noise row)" in review
+    assert "### By position" in review and "| 256-511 " in review
+    for line in lines:
+        if line.startswith("|"):
+            assert line.rstrip().endswith("|"), line
+
+
+def test_harmed_run_fails_with_reasons_and_loop_findings(run_dir):
+    path = run_dir("harmed")
+    runner = CliRunner()
+    result = runner.invoke(cli, ["gate", str(path)])
+    assert result.exit_code == EXIT_FAIL, result.output
+    out = result.stdout.splitlines()
+    assert out[0] == "FAIL"
+    kl_reason = f"fp8-1024: KL mean 1.52 > budget {KL_MAX} (max({KL_MAX}, 3 × noise floor 0))"
+    assert f"- {kl_reason}" in out
+    assert f"- fp8-1024: top-1 agreement 0.0 % < {TOP1_MIN} (n 300)" in out
+    assert any(line.startswith("- fp8-1024: 3 of 3 outputs degenerate where the baseline's do not") for line in out)
+    assert f"results: {path / 'results.json'}" in out
+    assert runner.invoke(cli, ["report", str(path)]).exit_code == EXIT_FAIL
+
+    results = _results(path)
+    assert results["verdict"]["status"] == "FAIL"
+    assert _kv(results)["summary"]["kl_mean"] == pytest.approx(expected_kl("harmed"))
+    assert _kv(results)["summary"]["top1_agreement"] == 0.0
+    findings = _csv(path, "degeneration_findings")
+    loops = [f for f in findings if f["detector"] == "ngram_loop_tokens"]
+    assert len(loops) == 3 and all(f["new_vs_baseline"] == "True" and f["cell"] == "fp8-1024" for f in loops)
+    assert all(f["baseline_cell"] == "auto-1024" for f in loops)
+
+    review = _flat((path / "review.md").read_text())
+    assert review.index("## Verdict: **FAIL**") < review.index("## Run")
+    assert f"- {kl_reason}" in review
+    assert "### New in non-`auto` cells" in review
+    new_table = review[review.index("### New in non-`auto` cells"):review.index("### Already in the baseline")]
+    assert "| fp8-1024 | short\\_256 | short\\_256-0 | ngram\\_loop\\_tokens" not in new_table  # detector names are ours
+    assert "| ngram_loop_tokens |" in new_table and "The pass key is 42." in new_table
+    assert "Nothing new" not in review
+    assert "| fp8-1024 | 3 | 3 | 3 | ngram_loop_tokens 3, ngram_loop_chars 3 | 100.0 % |" in review
+    assert "100.0 %" in review  # fp8 stopped at the token limit every time
+
+
+def test_no_fp8_cell_started_is_inconclusive(run_dir):
+    path = run_dir("not_started")
+    runner = CliRunner()
+    result = runner.invoke(cli, ["gate", str(path)])
+    assert result.exit_code == EXIT_INCONCLUSIVE, result.output
+    assert result.stdout.splitlines()[0] == "INCONCLUSIVE"
+    assert "- no fp8 cell started: quality could not be measured" in result.stdout
+    assert runner.invoke(cli, ["report", str(path)]).exit_code == EXIT_INCONCLUSIVE
+    review = (path / "review.md").read_text()
+    assert "## Verdict: **INCONCLUSIVE**" in review
+    assert "- no fp8 cell started: quality could not be measured" in review
+    assert "fp8-1024: not compared (did not start)" in review
+    assert "Nothing to scan: no non-`auto` cell produced an output." in review
+    assert _results(path)["verdict"]["exit_code"] == EXIT_INCONCLUSIVE
+
+
+def test_report_is_reproducible(run_dir):
+    path = run_dir("harmed")
+    CliRunner().invoke(cli, ["report", str(path)])
+    first = ((path / "review.md").read_text(), (path / "results.json").read_text())
+    (path / "review.md").unlink()
+    CliRunner().invoke(cli, ["report", str(path)])
+    assert ((path / "review.md").read_text(), (path / "results.json").read_text()) == first
+
+
+# --- thresholds ------------------------------------------------------------------------------------
+
+LOOSE = "kl_mean_max: 5\nkl_p99_max: 5\ntop1_agreement_min: 0\nmax_new_degenerate_share: 1\n"
+
+
+def test_yaml_config_and_threshold_overrides(run_dir, tmp_path):
+    harmed, healthy = run_dir("harmed"), run_dir("healthy")
+    config = tmp_path / "gate.yaml"
+    config.write_text(LOOSE)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config)])
+    assert result.exit_code == EXIT_PASS, result.output
+    assert _results(harmed)["verdict"]["thresholds"]["kl_mean_max"] == 5.0
+    assert "kl_mean_max=5 kl_p99_max=5" in (harmed / "review.md").read_text()
+    # --threshold wins over the file.
+    result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_max=0.01"])
+    assert result.exit_code == EXIT_FAIL
+    assert "- fp8-1024: KL mean 1.52 > budget 0.01 (max(0.01, 3 × noise floor 0))" in result.stdout
+    # A stricter mean limit fails the healthy run; report takes the same options.
+    result = runner.invoke(cli, ["report", str(healthy), "--threshold", "kl_mean_max=0.0001", "--threshold",
+                                 "top1_agreement_min=0.5"])
+    assert result.exit_code == EXIT_FAIL
+    thresholds = _results(healthy)["verdict"]["thresholds"]
+    assert (thresholds["kl_mean_max"], thresholds["top1_agreement_min"]) == (0.0001, 0.5)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--threshold", "bogus=1"], "unknown threshold 'bogus'"),
+    (["--threshold", "kl_mean_max=abc"], "kl_mean_max must be a number"),
+    (["--threshold", "top1_agreement_min=2"], "must lie in [0, 1]"),
+    (["--threshold", "kl_mean_max"], "not of the form KEY=VALUE"),
+    (["--gate-config", "missing.yaml"], "cannot read thresholds file"),
+])
+def test_bad_thresholds_are_usage_errors(run_dir, args, fragment):
+    path = run_dir("healthy")
+    for command in ("gate", "report"):
+        result = CliRunner().invoke(cli, [command, str(path), *args])
+        assert result.exit_code == EXIT_USAGE, result.output
+        assert fragment in result.output and "Traceback" not in result.output
+    assert not (path / "results.json").exists()
+
+
+def test_bad_yaml_and_missing_run_dir_are_usage_errors(run_dir, tmp_path):
+    path = run_dir("healthy")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kl_mean_max: [unclosed\n")
+    result = CliRunner().invoke(cli, ["gate", str(path), "--gate-config", str(bad)])
+    assert result.exit_code == EXIT_USAGE and "not valid YAML" in result.output
+    bad.write_text("- 1\n- 2\n")
+    result = CliRunner().invoke(cli, ["gate", str(path), "--gate-config", str(bad)])
+    assert result.exit_code == EXIT_USAGE and "expected a mapping" in result.output
+    result = CliRunner().invoke(cli, ["gate", str(tmp_path / "nope")])
+    assert result.exit_code == EXIT_USAGE and "no such run directory" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_compare_checks_thresholds_before_any_engine(tmp_path):
+    result = CliRunner().invoke(cli, ["compare", "--out", str(tmp_path / "o"), "--threshold", "bogus=1"])
+    assert result.exit_code == EXIT_USAGE and "unknown threshold 'bogus'" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_compare_exits_with_the_verdict_and_passes_thresholds(run_dir, monkeypatch, tmp_path):
+    path = run_dir("harmed")
+    seen = {}
+
+    def fake_compare(**kwargs):
+        seen.update(kwargs)
+        return api.report(path, gate_config=kwargs["gate_config"], gate_overrides=kwargs["gate_overrides"])
+
+    monkeypatch.setattr(api, "compare", fake_compare)
+    result = CliRunner().invoke(cli, ["compare", "--out", str(path)])
+    assert result.exit_code == EXIT_FAIL and str(path / "review.md") in result.stdout
+    config = tmp_path / "gate.yaml"
+    config.write_text(LOOSE)
+    result = CliRunner().invoke(cli, ["compare", "--out", str(path), "--gate-config", str(config),
+                                      "--threshold", "alpha=0.01"])
+    assert result.exit_code == EXIT_PASS, result.output
+    assert seen["gate_config"] == str(config) and seen["gate_overrides"] == {"alpha": "0.01"}
+
+
+def test_interrupted_compare_exits_130(monkeypatch, tmp_path):
+    def interrupted(**kwargs):
+        raise api.RunInterrupted(tmp_path)
+
+    monkeypatch.setattr(api, "compare", interrupted)
+    result = CliRunner().invoke(cli, ["compare", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 130 and "interrupted" in result.output
+
+
+# --- Python API ------------------------------------------------------------------------------------
+
+def test_api_report_and_gate(run_dir):
+    path = run_dir("harmed")
+    result = api.report(path)
+    assert result.verdict.status == "FAIL" and result.evidence["cells"]["fp8-1024"]["started"]
+    assert result.results_path == path / "results.json" and result.review_path == path / "review.md"
+    verdict = api.gate(path, gate_overrides={"kl_mean_max": 5, "kl_p99_max": 5, "top1_agreement_min": 0,
+                                             "max_new_degenerate_share": 1})
+    assert verdict.status == "PASS"
+    assert _results(path)["verdict"]["status"] == "PASS"
+    with pytest.raises(api.KvevalError, match="unknown threshold"):
+        api.gate(path, gate_overrides={"nope": 1})
+
+
+def test_run_with_no_cell_results_yet_is_inconclusive_not_a_crash(tmp_path):
+    from kveval.store import RunDir, write_json_atomic
+
+    store = RunDir(tmp_path / "r")
+    write_json_atomic(store.manifest_path, {"schema_version": 1, "cells": [{"id": "auto-1024"}, {"id": "fp8-1024"}]})
+    result = CliRunner().invoke(cli, ["gate", str(store.path)])
+    assert result.exit_code == EXIT_INCONCLUSIVE, result.output
+    review = store.review_path.read_text()
+    assert "## Verdict: **INCONCLUSIVE**" in review and "_No cell has a result yet._" in review
+    assert _results(store.path)["evidence"]["cells"] == {}
