@@ -300,9 +300,10 @@ def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: 
     bases = [name for name, c in cells.items() if c.get("kv_cache_dtype") == baseline_kv and c.get("started")]
     for name in candidates:
         if not cells[name].get("started"):
-            out.check("started", name, False, None, None, "did not start; capacity is reported elsewhere",
-                      f"{name}: did not start (a capacity result, not a quality failure); its quality was not measured",
-                      level=NOTE)
+            reason = cells[name].get("failure_reason") or "unknown reason"
+            out.check("started", name, False, None, None, f"did not start ({reason}); reported in the start-up section",
+                      f"{name}: did not start ({reason}: a start-up finding, not a quality failure); "
+                      "its quality was not measured", level=NOTE)
     if not candidates:
         out.note(None, f"no cell other than {baseline_kv} in the run: nothing to judge", INCONCLUSIVE)
     elif not started:
