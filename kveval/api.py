@@ -20,7 +20,7 @@ from .runner import CellPlan, run_cell_process
 from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, write_json_atomic, write_text_atomic
 from .suites import get_suite, scale_max_tokens, speed_workloads
 from .units import parse_size
-from .workloads import PromptFileError, build_workloads, document_tokens, load_user_prompts
+from .workloads import CTX_1K_TOKENS, PromptFileError, build_workloads, document_tokens, load_user_prompts
 
 
 class KvevalError(Exception):
@@ -132,6 +132,16 @@ def _load_tokenizer(model_path: str):
         raise KvevalError(f"cannot load the tokenizer of {model_path!r}: {type(error).__name__}: {error}") from None
 
 
+def _suite_counts(suite, lengths: Sequence[int], model_limit: int | None) -> dict | None:
+    """A suite's counts, minus the ~1K-token workload when no cell could hold it (small max_model_len)."""
+    if suite.counts is None:
+        return None
+    counts = dict(suite.counts)
+    if min(max(lengths), model_limit or max(lengths)) <= CTX_1K_TOKENS:
+        counts.pop("ctx_1k", None)
+    return counts
+
+
 def model_length_limit(model_path: str) -> int | None:
     """The model's own maximum context (max_position_embeddings), if its config says."""
     try:
@@ -204,7 +214,8 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
     model_limit = model_length_limit(model_info.path)
     try:
         prompts = build_workloads(tokenizer, options.max_model_len, seed=options.seed,
-                                  counts=options.counts if options.counts is not None else suite.counts,
+                                  counts=options.counts if options.counts is not None
+                                  else _suite_counts(suite, options.max_model_len, model_limit),
                                   user_prompts=user_prompts, context_basis=model_limit)
     except (ValueError, PromptFileError) as error:
         raise KvevalError(f"cannot build the workloads: {error}") from None

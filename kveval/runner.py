@@ -131,9 +131,8 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int, timed_out: bool, ti
         failure = classify_startup_failure(
             log, exception_text="" if timed_out else death, kv_cache_dtype=plan.kv_cache_dtype, exit_code=exit_code
         ).to_dict()
-        if timed_out:
-            failure = {**failure, "reason": "other" if failure["reason"] == "other" else failure["reason"],
-                       "message": f"{death}. {failure['message']}".strip()}
+        if timed_out:  # say first that kveval stopped it; whatever vLLM logged follows
+            failure["message"] = f"{death}. {failure['message']}".strip()
         facts = {
             "cell": plan.id, "kv_cache_dtype": plan.kv_cache_dtype, "max_model_len": plan.max_model_len,
             "started": False, "failure": failure, "logged_capacity": kv_pool_from_log(log),
