@@ -326,7 +326,6 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
     result.review_path, result.evidence, result.verdict = store.review_path, evidence, verdict
     if progress is not None:
         progress.note(f"Review written: {store.review_path}")
-        progress.note(f"Verdict: {verdict.status}")
     return result
 
 

@@ -13,7 +13,8 @@ class ConsoleProgress:
     """Prints progress to stderr (stdout stays clean for the review path)."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=True, highlight=False)
+        # soft_wrap: long lines stay whole in CI logs (greppable) instead of being cut at 80 columns.
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self._status = None
         self._began: dict[str, float] = {}
         self._phase: dict[str, str] = {}

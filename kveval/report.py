@@ -171,12 +171,14 @@ def _startup_section(cells: dict[str, dict]) -> str:
         "started": startup.started.map(lambda s: "yes" if s else "**no**"),
         "start-up s": startup.startup_s.map(lambda v: fmt_float(v, 1)),
         "KV pool tokens": startup.kv_pool_tokens.map(fmt_int),
+        "KV blocks": startup.num_blocks.map(fmt_int) if "num_blocks" in startup else "",
         "max concurrency": startup.max_concurrency.map(lambda v: fmt_float(v, 2) + "×" if fmt_float(v) else ""),
         "backend": startup.attention_backend.fillna(""),
         "reason": startup.reason.fillna(""),
         "vLLM estimated max length": startup.estimated_max_model_len.map(fmt_int),
     })
     out += [table(view)]
+    out += _hybrid_pool_note(startup)
     failed = startup[~startup.started]
     if not failed.empty:
         out += ["", "Why cells did not start, in vLLM's own words:", ""]
@@ -187,6 +189,18 @@ def _startup_section(cells: dict[str, dict]) -> str:
         out.append(f"- **{row.cell}** started, then its process died: {escape_cell(row.crash, 300)} "
                    "(phases finished before the crash are kept)")
     return "\n".join(out)
+
+
+def _hybrid_pool_note(startup: pd.DataFrame) -> list[str]:
+    """Same dtype, same blocks, different token figures: vLLM's hybrid-model token count moved."""
+    started = startup[startup.started & startup.num_blocks.notna() & startup.kv_pool_tokens.notna()]
+    for kv, group in started.groupby("kv_cache_dtype"):
+        if group.num_blocks.nunique() == 1 and group.kv_pool_tokens.nunique() > 1:
+            return ["", f"Note: the `{kv}` cells hold the same {fmt_int(group.num_blocks.iloc[0])} KV blocks at every "
+                        "max_model_len, yet vLLM reports different token counts. For models with sliding-window "
+                        "(hybrid) layers vLLM's token figure is max concurrency × max_model_len, not a memory size: "
+                        "compare blocks, or the ratio at the same max_model_len."]
+    return []
 
 
 def _acceptance_section(workloads: list[dict], cells: dict[str, dict]) -> str:
@@ -222,6 +236,7 @@ def _speed_section(cells: dict[str, dict]) -> str:
         "cell": measured.cell,
         "prompt tokens": measured.prompt_tokens.map(fmt_int),
         "runs": measured.runs,
+        "new tokens": measured.decoded_tokens.map(fmt_int) if "decoded_tokens" in measured else "",
         "TTFT ms (median)": measured.ttft_ms.map(lambda v: fmt_float(v, 1)),
         "TTFT range": [f"{fmt_float(a, 1)}–{fmt_float(b, 1)}" for a, b in zip(measured.ttft_ms_min, measured.ttft_ms_max)],
         f"Δ TTFT vs {BASELINE_KV}": measured.ttft_delta_pct.map(fmt_pct),
@@ -234,7 +249,8 @@ def _speed_section(cells: dict[str, dict]) -> str:
     options = (first.get("engine_settings") or {})
     return "\n".join([
         "## Speed (concurrency 1)", "",
-        "TTFT and decode tok/s from vLLM's per-request stats; each run decodes exactly the stated number of tokens. "
+        "TTFT and decode tok/s from vLLM's per-request stats; each run decodes the same number of new tokens "
+        "in every cell (ignore_eos; fewer than asked only where the prompt nearly fills max_model_len). "
         "Median over the measured runs after warm-up; Δ is against the `auto` cell at the same max_model_len.",
         "" if options.get("enforce_eager") is None else f"enforce_eager: {options.get('enforce_eager')}.",
         "", table(view),
@@ -246,7 +262,8 @@ def _speed_section(cells: dict[str, dict]) -> str:
 def _diff_view(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "workload": summary.workload, "cell": summary.cell, "vs": summary.reference,
-        "identical": [f"{int(i)}/{int(c)}" for i, c in zip(summary.identical, summary.compared)],
+        "identical": [f"{int(i)}/{int(c)}" + (f" (+{int(p)} cut short)" if p and not pd.isna(p) else "")
+                      for i, c, p in zip(summary.identical, summary.compared, summary.prefix_only)],
         "exact match": summary.exact_match_rate.map(fmt_share),
         "median similarity": summary.median_similarity.map(lambda v: fmt_float(v, 3)),
         "median length ratio": summary.median_length_ratio.map(lambda v: fmt_float(v, 2)),
@@ -255,7 +272,12 @@ def _diff_view(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _identical_sentence(pairs: pd.DataFrame) -> str:
-    return f"**{int(pairs.identical.astype(bool).sum())} of {len(pairs)}** outputs identical."
+    sentence = f"**{int(pairs.identical.astype(bool).sum())} of {len(pairs)}** outputs identical."
+    if "prefix_only" in pairs and pairs.prefix_only.fillna(False).astype(bool).any():
+        cut = int(pairs.prefix_only.fillna(False).astype(bool).sum())
+        sentence += (f" {cut} more are identical until one output stopped early (\"cut short\": e.g. a smaller "
+                     "max_model_len left less room) — a length difference, not a divergence.")
+    return sentence
 
 
 def _diff_section(evidence: dict) -> str:

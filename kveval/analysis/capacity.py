@@ -20,6 +20,9 @@ def startup_table(cells: dict[str, dict]) -> pd.DataFrame:
             "startup_s": facts.get("startup_seconds"),
             "kv_pool_tokens": capacity.get("kv_pool_tokens"),
             "max_concurrency": capacity.get("max_concurrency"),
+            # The block count is the memory-true size; for hybrid (sliding-window) models vLLM's
+            # token figure is concurrency x max_model_len and moves with max_model_len.
+            "num_blocks": capacity.get("num_blocks"),
             # Sized by vLLM before it gave up (e.g. FP8 refused by the attention backend afterwards).
             "logged_pool_tokens": None if facts.get("started") else logged.get("kv_pool_tokens"),
             "reason": failure.get("reason"),

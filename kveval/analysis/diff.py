@@ -20,9 +20,9 @@ EXCERPT_BEFORE = 60   # characters of shared text shown before the divergence
 EXCERPT_AFTER = 80    # characters shown from each side after it
 
 PAIR_COLUMNS = ["workload", "prompt", "cell", "reference", "comparison", "identical", "first_divergent_token",
-                "similarity", "length_ratio", "tokens", "reference_tokens", "excerpt"]
+                "similarity", "length_ratio", "tokens", "reference_tokens", "excerpt", "prefix_only"]
 SUMMARY_COLUMNS = ["workload", "cell", "reference", "comparison", "identical", "compared", "exact_match_rate",
-                   "median_similarity", "median_length_ratio", "earliest_divergence"]
+                   "median_similarity", "median_length_ratio", "earliest_divergence", "prefix_only"]
 EXAMPLE_COLUMNS = ["workload", "cell", "reference", "comparison", "prompt", "first_divergent_token", "similarity",
                    "excerpt"]
 
@@ -121,9 +121,14 @@ def diff_pairs(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
             a = records[cell].get(pid)
             if reference is not None and _accepted(a):
                 rows.append(_row(prompt, cell, reference, "length", a, records[reference][pid]))
-    frame = pd.DataFrame(rows, columns=PAIR_COLUMNS)
+    frame = pd.DataFrame(rows, columns=[c for c in PAIR_COLUMNS if c != "prefix_only"])
     frame["first_divergent_token"] = frame["first_divergent_token"].astype("Int64")
-    return frame
+    # Same tokens until the shorter output stopped (e.g. cut by a smaller max_model_len): a length
+    # difference, not a divergence — counted apart so it is not read as drift.
+    shorter = frame[["tokens", "reference_tokens"]].min(axis=1)
+    frame["prefix_only"] = (~frame["identical"].astype(bool)) & (frame["first_divergent_token"] == shorter).fillna(False)
+    frame["prefix_only"] = frame["prefix_only"].astype(bool)
+    return frame[PAIR_COLUMNS]
 
 
 def diff_summary(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -134,8 +139,10 @@ def diff_summary(pairs: pd.DataFrame) -> pd.DataFrame:
     summary = grouped.agg(identical=("identical", "sum"), compared=("identical", "size"),
                           median_similarity=("similarity", "median"),
                           median_length_ratio=("length_ratio", "median"),
-                          earliest_divergence=("first_divergent_token", "min")).reset_index()
+                          earliest_divergence=("first_divergent_token", "min"),
+                          prefix_only=("prefix_only", "sum")).reset_index()
     summary["identical"] = summary["identical"].astype(int)
+    summary["prefix_only"] = summary["prefix_only"].astype(int)
     summary["exact_match_rate"] = summary["identical"] / summary["compared"]
     return summary[SUMMARY_COLUMNS]
 

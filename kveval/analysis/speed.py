@@ -22,6 +22,8 @@ def speed_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.Da
                 "decode_tok_s_min": (entry.get("decode_tok_s") or {}).get("min"),
                 "decode_tok_s_max": (entry.get("decode_tok_s") or {}).get("max"),
                 "throughput_tok_s": (entry.get("throughput_tok_s") or {}).get("median"),
+                # What was really decoded: fewer than max_tokens when the prompt nearly fills max_model_len.
+                "decoded_tokens": _median([r.get("output_tokens") for r in entry.get("runs", [])]),
                 "rejected": entry.get("rejection"),
             })
     table = pd.DataFrame(rows)
@@ -39,6 +41,11 @@ def speed_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.Da
             return 100.0 * (row[column] - reference) / reference
         table[delta] = table.apply(change, axis=1)
     return table
+
+
+def _median(values):
+    clean = sorted(v for v in values if v is not None)
+    return None if not clean else clean[len(clean) // 2]
 
 
 def _ms(seconds):

@@ -202,3 +202,18 @@ def test_summary_and_examples_on_empty_pairs():
     empty = diff_pairs([], {})
     assert diff_summary(empty).empty and list(diff_summary(empty).columns) == SUMMARY_COLUMNS
     assert first_diverging_examples(empty).empty
+
+
+def test_an_output_cut_short_is_counted_apart_from_a_divergence():
+    workloads = [{"id": "ctx_1k-0", "workload": "ctx_1k"}, {"id": "short_64-0", "workload": "short_64"}]
+    cells = {
+        "auto-1024": _cell("auto", 1024, [_rec("ctx_1k-0", [1, 2, 3], "a b c"), _rec("short_64-0", [5, 6], "x y")]),
+        "auto-2048": _cell("auto", 2048, [_rec("ctx_1k-0", [1, 2, 3, 4, 5], "a b c d e"),
+                                          _rec("short_64-0", [5, 7], "x z")]),
+    }
+    pairs = diff_pairs(workloads, cells)
+    by_prompt = {row.prompt: row for row in pairs.itertuples()}
+    assert by_prompt["ctx_1k-0"].prefix_only and not by_prompt["ctx_1k-0"].identical
+    assert not by_prompt["short_64-0"].prefix_only
+    summary = diff_summary(pairs)
+    assert int(summary[summary.workload == "ctx_1k"].prefix_only.iloc[0]) == 1
