@@ -132,6 +132,16 @@ def _load_tokenizer(model_path: str):
         raise KvevalError(f"cannot load the tokenizer of {model_path!r}: {type(error).__name__}: {error}") from None
 
 
+def prompt_format(tokenizer) -> dict:
+    """How prompts were made: a base model without a chat template (or a tokenizer that drops BOS)
+    explains odd outputs, so the manifest and the review say so."""
+    probe = tokenizer("x", add_special_tokens=True)["input_ids"]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return {"chat_template": bool(getattr(tokenizer, "chat_template", None)),
+            "bos_token": getattr(tokenizer, "bos_token", None),
+            "adds_bos": bool(bos is not None and probe and probe[0] == bos)}
+
+
 def _suite_counts(suite, lengths: Sequence[int], model_limit: int | None) -> dict | None:
     """A suite's counts, minus the ~1K-token workload when no cell could hold it (small max_model_len)."""
     if suite.counts is None:
@@ -246,6 +256,7 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
             "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
         },
         "prompt_ids": [p.id for p in prompts],
+        "prompt_format": prompt_format(tokenizer),
         "scoring_ids": [d["id"] for d in documents],
         "cells": [plan.to_dict() for plan in plans],
         **environment.describe(),

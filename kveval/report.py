@@ -124,6 +124,7 @@ def _run_section(manifest: dict, cells: dict[str, dict]) -> str:
         f"- **Command:** `{manifest.get('command', '').replace('`', '')}`",
         f"- **Model:** {escape_cell(manifest.get('model', {}).get('path'), None)} "
         f"({escape_cell(manifest.get('model', {}).get('source'), None)})",
+        _prompt_format_line(manifest.get("prompt_format")),
         f"- **Cells:** {planned} planned (KV dtype {', '.join(options.get('kv', []))} × max_model_len "
         f"{', '.join(str(x) for x in options.get('max_model_len', []))}); {started} started"
         + (f"; **{missing} have no result yet** (run interrupted?)" if missing > 0 else ""),
@@ -140,7 +141,7 @@ def _run_section(manifest: dict, cells: dict[str, dict]) -> str:
         + (f"; CPU flags: {' '.join(hardware.get('cpu_flags', []))}" if not hardware.get("gpus") else ""),
         f"- **Created:** {manifest.get('created')}",
     ]
-    return "\n".join(lines)
+    return "\n".join(line for line in lines if line is not None)
 
 
 def _startup_section(cells: dict[str, dict]) -> str:
@@ -189,6 +190,17 @@ def _startup_section(cells: dict[str, dict]) -> str:
         out.append(f"- **{row.cell}** started, then its process died: {escape_cell(row.crash, 300)} "
                    "(phases finished before the crash are kept)")
     return "\n".join(out)
+
+
+def _prompt_format_line(fmt: dict | None) -> str | None:
+    if not fmt:
+        return None  # runs made before kveval recorded it
+    if fmt.get("chat_template"):
+        return "- **Prompts:** the model's chat template applied (token ids exactly as vLLM's chat path makes them)"
+    bos = "adds" if fmt.get("adds_bos") else "does **not** add"
+    return (f"- **Prompts:** plain text — the model has no chat template; its tokenizer {bos} a BOS token "
+            f"({escape_cell(fmt.get('bos_token'), None) or 'none'}). A base model's answers to questions are often "
+            "poor or loop on every cell alike; judge FP8 by the differences, not the answers.")
 
 
 def _hybrid_pool_note(startup: pd.DataFrame) -> list[str]:

@@ -135,3 +135,5 @@ def test_manifest_records_command_versions_and_options(run):
     assert manifest["versions"]["vllm"] and manifest["versions"]["torch"]
     assert manifest["options"]["kv_cache_memory_bytes"] == 40 * 2**20
     assert [c["id"] for c in manifest["cells"]] == ["auto-1024", "fp8-1024", "auto-2048", "fp8-2048"]
+    assert manifest["prompt_format"] == {"chat_template": True, "bos_token": "<|im_start|>", "adds_bos": False}
+    assert "the model's chat template applied" in run.review_path.read_text()
