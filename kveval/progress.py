@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
+from rich.markup import escape
 
 _PHASE_LABELS = {"engine_start": "starting engine", "generation": "greedy generation", "speed": "speed runs", "scoring": "teacher-forced scoring",
                  "done": "done"}
@@ -20,7 +21,7 @@ class ConsoleProgress:
         self._phase: dict[str, str] = {}
 
     def note(self, message: str) -> None:
-        self.console.print(message)
+        self.console.print(escape(message))
 
     def _set_status(self, text: str) -> None:
         if not self.console.is_terminal:
@@ -55,10 +56,10 @@ class ConsoleProgress:
                 pool = event.get("kv_pool_tokens")
                 self.console.print(f"  {cell}: engine up, KV pool {pool:,} tokens" if pool else f"  {cell}: engine up")
             else:
-                self.console.print(f"  {cell}: [red]did not start[/] ({event.get('reason')})")
+                self.console.print(f"  {cell}: [red]did not start[/] ({escape(str(event.get('reason')))})")
         elif kind == "step":
             label = _PHASE_LABELS.get(event.get("phase", ""), event.get("phase", ""))
-            item = f" {event['item']}" if event.get("item") else ""
+            item = f" {escape(str(event['item']))}" if event.get("item") else ""
             self._set_status(f"{cell}: {label} {event.get('done')}/{event.get('total')}{item}  ({elapsed:.0f} s)")
 
     def cell_finished(self, cell: str, facts: dict) -> None:
@@ -73,7 +74,8 @@ class ConsoleProgress:
 def summarise_cell(facts: dict) -> str:
     if not facts.get("started"):
         failure = facts.get("failure") or {}
-        return f"[red]failed to start[/]: {failure.get('reason', '?')} — {str(failure.get('message', ''))[:160]}"
+        # vLLM's words may contain "[...]" (paths, errno): escape them so rich does not read markup.
+        return f"[red]failed to start[/]: {failure.get('reason', '?')} — {escape(str(failure.get('message', ''))[:160])}"
     parts = ["[green]started[/]"]
     pool = (facts.get("capacity") or {}).get("kv_pool_tokens")
     if pool:
@@ -86,5 +88,5 @@ def summarise_cell(facts: dict) -> str:
     if errors:
         parts.append(f"[red]phase errors: {', '.join(errors)}[/]")
     if facts.get("crash"):
-        parts.append(f"[red]crashed: {facts['crash']['message']}[/]")
+        parts.append(f"[red]crashed: {escape(str(facts['crash']['message']))}[/]")
     return ", ".join(parts)

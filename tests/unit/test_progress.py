@@ -1,0 +1,22 @@
+"""The progress display prints vLLM's words verbatim, even when they look like rich markup."""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from kveval.progress import ConsoleProgress
+
+
+def test_engine_messages_with_brackets_are_printed_not_parsed():
+    buffer = io.StringIO()
+    progress = ConsoleProgress(Console(file=buffer, width=200, force_terminal=False))
+    message = "OSError: [Errno 2] No such file [/tmp/a] [bold]x"
+    progress.note("Run directory: runs/[x]")
+    progress.cell_started("fp8-1024")
+    progress.cell_event("fp8-1024", {"event": "outcome", "started": False, "reason": "other"})
+    progress.cell_finished("fp8-1024", {"started": False, "failure": {"reason": "other", "message": message}})
+    progress.cell_finished("auto-1024", {"started": True, "capacity": {"kv_pool_tokens": 1792}, "phases": {},
+                                         "crash": {"message": "exited [/x]"}})
+    text = buffer.getvalue()
+    assert message in text and "Run directory: runs/[x]" in text and "exited [/x]" in text
