@@ -1,12 +1,14 @@
 """Evidence for the verdict and the review: every figure, computed from the stored run alone (pure).
 
 `build_evidence` runs the analyses (output diff, degeneration scan, teacher-forced divergence,
-start-up, speed) and returns one JSON-safe dict: the shape `gate.evaluate` reads (`cells`,
-`divergence`, `degeneration`) plus the tables the review and `results.json` show.
-`write_results` stores it as `results.json` and one CSV per table under `tables/`.
+long-context task accuracy, start-up, speed) and returns one JSON-safe dict: the shape
+`gate.evaluate` reads (`cells`, `divergence`, `degeneration`, `tasks`) plus the tables the review
+and `results.json` show. `write_results` stores it as `results.json`, one CSV per table under
+`tables/` and, when tasks placed needles, the depth × length heat map `tasks_heatmap.png`.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from .analysis.degeneration import (
 from .analysis.diff import EXAMPLE_COLUMNS, PAIR_COLUMNS, SUMMARY_COLUMNS, diff_pairs, diff_summary, first_diverging_examples
 from .analysis.divergence import cell_divergence
 from .analysis.speed import speed_table
+from .analysis.tasks import ACCURACY_COLUMNS, COMPARISON_COLUMNS, GRID_COLUMNS, SAMPLE_COLUMNS, task_evidence
+from .plots import HEATMAP_FILE, task_heatmap
 from .store import write_json_atomic, write_text_atomic
 
 RESULTS_SCHEMA_VERSION = 1
@@ -113,7 +117,7 @@ def scoring_top_k(manifest: dict, cells: dict[str, dict]) -> list[int]:
 def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict],
                    baseline_kv: str = BASELINE_KV) -> dict:
     """Everything the verdict and the review need, JSON-safe. `gate.evaluate(evidence)` reads
-    `cells`, `divergence` and `degeneration`."""
+    `cells`, `divergence`, `degeneration` and `tasks` ({} when no cell ran tasks)."""
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "baseline_kv": baseline_kv,
@@ -123,6 +127,7 @@ def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict]
         "diff": _diff_evidence(workloads, cells),
         "startup": records(startup_table(cells)) if cells else [],
         "speed": records(speed_table(cells)),
+        "tasks": task_evidence(cells, baseline_kv),
     }
 
 
@@ -161,8 +166,18 @@ def _frame(rows: list[dict], columns: list[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def _task_sample_frame(rows: list[dict]) -> pd.DataFrame:
+    """Per-sample task rows; lists and mappings (expected values, needle depths) as JSON text (CSV has no nesting)."""
+    frame = _frame(rows, None if rows else SAMPLE_COLUMNS)
+    for column in frame.columns:
+        frame[column] = frame[column].map(
+            lambda v: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v)
+    return frame
+
+
 def evidence_tables(evidence: dict, verdict=None) -> dict[str, pd.DataFrame]:
     """name -> table, one CSV each under tables/."""
+    tasks = evidence.get("tasks") or {}
     degeneration = evidence.get("degeneration") or {}
     summary_rows = [{"cell": cell, **{k: v for k, v in entry.items() if k != "detectors"}, **entry.get("detectors", {})}
                     for cell, entry in (degeneration.get("cells") or {}).items()]
@@ -175,6 +190,10 @@ def evidence_tables(evidence: dict, verdict=None) -> dict[str, pd.DataFrame]:
         "divergence": _frame(divergence_rows(evidence.get("divergence") or {}), DIVERGENCE_COLUMNS),
         "startup": _frame(evidence.get("startup", [])),
         "speed": _frame(evidence.get("speed", [])),
+        "task_samples": _task_sample_frame(tasks.get("sample_rows") or []),
+        "task_accuracy": _frame(tasks.get("accuracy") or [], ACCURACY_COLUMNS),
+        "task_comparisons": _frame(tasks.get("comparisons") or [], COMPARISON_COLUMNS),
+        "task_grid": _frame(tasks.get("grid") or [], GRID_COLUMNS),
     }
     if verdict is not None:
         tables["checks"] = _frame(verdict.to_dict()["checks"], ["name", "cell", "value", "limit", "passed", "detail"])
@@ -196,10 +215,15 @@ def results_document(evidence: dict, verdict, manifest: dict | None = None) -> d
 
 
 def write_results(run_dir: str | Path, evidence: dict, verdict, manifest: dict | None = None) -> Path:
-    """RUN_DIR/results.json (every figure, the verdict and its checks) and RUN_DIR/tables/*.csv."""
+    """RUN_DIR/results.json (every figure, the verdict and its checks), RUN_DIR/tables/*.csv and
+    RUN_DIR/tasks_heatmap.png (only when tasks have a depth × length grid; a stale one is removed)."""
     run_dir = Path(run_dir)
     for name, frame in evidence_tables(evidence, verdict).items():
         write_text_atomic(run_dir / TABLES_DIR / f"{name}.csv", frame.to_csv(index=False))
+    heatmap = run_dir / HEATMAP_FILE
+    grid = (evidence.get("tasks") or {}).get("grid") or []
+    if not (grid and task_heatmap(grid, heatmap, evidence.get("baseline_kv") or BASELINE_KV)):
+        heatmap.unlink(missing_ok=True)
     path = run_dir / RESULTS_FILE
     write_json_atomic(path, results_document(evidence, verdict, manifest))
     return path

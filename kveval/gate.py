@@ -4,6 +4,12 @@ Primary evidence is teacher-forced KL against the baseline cache at the same max
 (InferPilot's design), with budgets widened by the baseline's own noise floor:
 budget = max(threshold, noise_multiplier × floor). Degeneration and task accuracy are secondary
 checks, made when their evidence exists.
+
+Task accuracy (evidence["tasks"]["cells"]: per non-baseline cell, pooled over tasks, on the samples
+it and the baseline at the same max_model_len both scored): recovery = cell / baseline accuracy.
+Recovery ≥ task_recovery_min passes; below it, McNemar's exact p < alpha fails the cell, and a drop
+that is not significant makes the verdict INCONCLUSIVE (too few samples to tell). No check when the
+recovery is undefined (no paired sample, or the baseline got none right).
 """
 from __future__ import annotations
 
@@ -72,12 +78,16 @@ class Thresholds:
     A cell fails when new > max(allowance, share × outputs)."""
 
     task_recovery_min: float = 0.95
-    """Task accuracy recovery (cell / baseline) below which, if also significant, the cell fails;
-    the vLLM blog's 95 % recovery bar. Used only when task results exist."""
+    """Long-context task accuracy recovery (cell accuracy / baseline accuracy at the same
+    max_model_len, pooled over tasks, on the samples both cells scored; rejected samples are left
+    out) that a cell must reach; the vLLM blog's 95 % recovery bar. Below it the cell fails when
+    McNemar's exact test says the drop is significant (p < alpha), else the verdict is INCONCLUSIVE:
+    too few samples to tell. Used only when task results exist."""
 
     alpha: float = 0.05
-    """Significance level of McNemar's exact test for a recovery drop; a drop that is not
-    significant is reported, not failed."""
+    """Significance level of McNemar's exact test on the discordant task samples (baseline right
+    and cell wrong, or the reverse). A recovery drop that is not significant gives INCONCLUSIVE,
+    not FAIL."""
 
     min_scored_tokens: int = 200
     """Fewer scored positions than this in a comparison -> INCONCLUSIVE. At 200 the standard error
@@ -267,24 +277,45 @@ def _degeneration_checks(out: _Collector, degeneration: dict, cells: dict, basel
 
 
 def _task_check(out: _Collector, name: str, result: dict, t: Thresholds) -> None:
+    """Pooled-over-tasks recovery of one cell against its baseline; see the module docstring."""
     recovery, p, n = result.get("recovery"), result.get("mcnemar_p"), result.get("n")
-    if recovery is None:
+    if not n:
         return
-    low = recovery < t.task_recovery_min
-    significant = p is not None and p < t.alpha
-    passed = not (low and significant)
-    detail = f"McNemar p {_g(p)}, n {n}"
-    out.check("task_recovery", name, recovery, t.task_recovery_min, passed, detail,
-              f"{name}: task accuracy recovery {_pct(recovery)} < {_pct(t.task_recovery_min)}, "
-              + (f"significant (McNemar p {_g(p)} < {t.alpha:g}, n {n})" if significant
-                 else f"not significant (McNemar p {_g(p)}, n {n}); not failed") if low else None)
+    if recovery is None:
+        out.note(name, f"{name}: task accuracy recovery undefined: the {result.get('reference') or 'baseline'} "
+                       f"cell answered none of the {n} paired samples correctly")
+        return
+    detail = (f"accuracy {_pct(result.get('cell_accuracy'))} vs {_pct(result.get('baseline_accuracy'))} on {n} "
+              f"paired samples, McNemar p {_g(p)}")
+    if recovery >= t.task_recovery_min:
+        out.check("task_recovery", name, recovery, t.task_recovery_min, True, detail)
+    elif p is not None and p < t.alpha:
+        out.check("task_recovery", name, recovery, t.task_recovery_min, False, detail,
+                  f"{name}: task accuracy recovery {_pct(recovery)} < {_pct(t.task_recovery_min)}, significant "
+                  f"(McNemar p {_g(p)} < {t.alpha:g}, n {n}; {result.get('b')} samples only the baseline got "
+                  f"right, {result.get('c')} only this cell)")
+    else:
+        out.check("task_recovery", name, recovery, t.task_recovery_min, None, detail,
+                  f"{name}: task accuracy below the {_pct(t.task_recovery_min)} recovery bar, but too few samples "
+                  f"to tell: recovery {_pct(recovery)}, McNemar p {_g(p)}, n {n}")
+
+
+def _task_checks(out: _Collector, tasks: dict) -> None:
+    for name, error in sorted((tasks.get("errors") or {}).items()):
+        out.note(name, f"{name}: the long-context tasks phase failed ({' '.join(str(error).split())[:200]}); "
+                       "its task accuracy is not judged")
+    for name, by_task in sorted((tasks.get("task_errors") or {}).items()):
+        out.note(name, f"{name}: failed tasks left out of its task accuracy: {', '.join(sorted(by_task))}")
+    for entry in tasks.get("unmatched") or []:
+        out.note(entry.get("cell"), f"{entry.get('cell')}: task accuracy not judged ({entry.get('reason')})")
 
 
 def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: str = BASELINE_KV) -> Verdict:
     """PASS / FAIL / INCONCLUSIVE from stored evidence (see module docstring for the rules).
 
     Any failed check -> FAIL. Else a required check that could not be made (no non-baseline cell
-    started, no baseline, too few scored tokens, no divergence data) -> INCONCLUSIVE. Else PASS.
+    started, no baseline, too few scored tokens, no divergence data) or a task recovery drop that is
+    not significant -> INCONCLUSIVE. Else PASS.
     A non-baseline cell that did not start is a capacity fact, reported as a note, not a failure.
     """
     t = thresholds or Thresholds()
@@ -326,8 +357,7 @@ def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: 
 
     _degeneration_checks(out, evidence.get("degeneration") or {}, cells, baseline_kv, t)
     tasks = evidence.get("tasks") or {}
-    if tasks.get("pooled"):
-        _task_check(out, "tasks (pooled)", tasks["pooled"], t)
+    _task_checks(out, tasks)
     for name, result in sorted((tasks.get("cells") or {}).items()):
         _task_check(out, name, result, t)
 

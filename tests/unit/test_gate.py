@@ -191,15 +191,68 @@ def test_many_new_degenerate_outputs_fail():
     assert evaluate(evidence(HEALTHY_H200, degeneration=degeneration(40, 2)), Thresholds()).status == "PASS"
 
 
-def test_task_recovery_fails_only_when_low_and_significant():
-    low_sig = {"pooled": {"recovery": 0.80, "mcnemar_p": 0.001, "n": 200}}
-    low_not_sig = {"pooled": {"recovery": 0.80, "mcnemar_p": 0.3, "n": 20}}
-    fine = {"pooled": {"recovery": 0.99, "mcnemar_p": 0.001, "n": 200}}
-    assert evaluate(evidence(HEALTHY_H200, tasks=low_sig), Thresholds()).status == "FAIL"
-    verdict = evaluate(evidence(HEALTHY_H200, tasks=low_not_sig), Thresholds())
+def tasks(recovery, p, n, cell="fp8-8192", **extra):
+    """evidence["tasks"] with one cell's pooled-over-tasks comparison against auto-8192."""
+    return {"cells": {cell: {"reference": "auto-8192", "recovery": recovery, "mcnemar_p": p, "n": n,
+                             "baseline_accuracy": 0.9 if recovery is not None else 0.0,
+                             "cell_accuracy": None if recovery is None else 0.9 * recovery, "b": 7, "c": 1,
+                             "rejected": 0}}, **extra}
+
+
+def test_task_recovery_fails_when_low_and_significant():
+    verdict = evaluate(evidence(HEALTHY_H200, tasks=tasks(0.80, 0.001, 200)), Thresholds())
+    assert verdict.status == "FAIL"
+    found = check(verdict, "task_recovery")
+    assert (found.value, found.limit, found.passed) == (0.80, 0.95, False)
+    (reason,) = [r for r in verdict.reasons if r.level == "FAIL"]
+    assert reason.cell == "fp8-8192"
+    assert reason.message.startswith("fp8-8192: task accuracy recovery 80.0 % < 95.0 %, significant "
+                                     "(McNemar p 0.001 < 0.05, n 200")
+
+
+def test_task_recovery_low_but_not_significant_is_inconclusive():
+    verdict = evaluate(evidence(HEALTHY_H200, tasks=tasks(0.80, 0.3, 20)), Thresholds())
+    assert verdict.status == "INCONCLUSIVE"
+    assert check(verdict, "task_recovery").passed is None
+    (reason,) = verdict.reasons
+    assert reason.level == "INCONCLUSIVE"
+    assert reason.message == ("fp8-8192: task accuracy below the 95.0 % recovery bar, but too few samples to tell: "
+                              "recovery 80.0 %, McNemar p 0.3, n 20")
+
+
+def test_task_recovery_at_or_above_the_bar_passes_whatever_p():
+    for recovery in (0.95, 0.99, 1.1):
+        verdict = evaluate(evidence(HEALTHY_H200, tasks=tasks(recovery, 0.001, 200)), Thresholds())
+        assert verdict.status == "PASS"
+        assert check(verdict, "task_recovery").passed is True
+        assert verdict.reasons == []
+
+
+def test_task_recovery_honours_thresholds():
+    assert evaluate(evidence(HEALTHY_H200, tasks=tasks(0.80, 0.001, 200)),
+                    Thresholds(task_recovery_min=0.75)).status == "PASS"
+    assert evaluate(evidence(HEALTHY_H200, tasks=tasks(0.80, 0.03, 200)), Thresholds(alpha=0.01)).status == "INCONCLUSIVE"
+
+
+def test_no_task_check_without_pairs_or_recovery():
+    assert not [c for c in evaluate(evidence(HEALTHY_H200, tasks=tasks(None, None, 0)), Thresholds()).checks
+                if c.name == "task_recovery"]
+    verdict = evaluate(evidence(HEALTHY_H200, tasks=tasks(None, 1.0, 12)), Thresholds())
     assert verdict.status == "PASS"
-    assert verdict.reasons[0].level == "NOTE" and "not significant" in verdict.reasons[0].message
-    assert evaluate(evidence(HEALTHY_H200, tasks=fine), Thresholds()).status == "PASS"
+    assert not [c for c in verdict.checks if c.name == "task_recovery"]
+    assert [r.level for r in verdict.reasons] == ["NOTE"] and "recovery undefined" in verdict.reasons[0].message
+    # Absent or empty task evidence: nothing at all.
+    for empty in ({}, None):
+        verdict = evaluate(evidence(HEALTHY_H200, tasks=empty), Thresholds())
+        assert verdict.status == "PASS" and verdict.reasons == []
+
+
+def test_crashed_tasks_phase_is_noted():
+    verdict = evaluate(evidence(HEALTHY_H200, tasks={"cells": {}, "errors": {"fp8-8192": "RuntimeError: boom"}}),
+                       Thresholds())
+    assert verdict.status == "PASS"
+    (reason,) = verdict.reasons
+    assert reason.level == "NOTE" and "tasks phase failed (RuntimeError: boom)" in reason.message
 
 
 def test_verdict_to_dict_is_json():
