@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
@@ -18,7 +19,10 @@ from .models import ModelError, resolve_model
 from .phases import DEFAULT_PHASES, PHASES
 from .runner import CellPlan, run_cell_process
 from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, write_json_atomic, write_text_atomic
+from .phases.tasks import TASKS_DIR
 from .suites import get_suite, scale_max_tokens, speed_workloads
+from .task_setup import TaskSelectionError, check_lm_eval_names, check_task_settings, select_tasks, write_run_task_data
+from .taskdata import TASKS as TASKS_BY_NAME, write_task_data
 from .units import parse_size
 from .workloads import CTX_1K_TOKENS, PromptFileError, build_workloads, document_tokens, load_user_prompts
 
@@ -76,6 +80,11 @@ class CompareOptions:
     command: str | None = None
     gate_config: str | Path | None = None
     gate_overrides: dict[str, Any] = field(default_factory=dict)
+    tasks: Sequence[str] | None = None          # None: kveval's six; ["none"]: skip; else names
+    task_limit: int | None = None               # samples per task at most (spread over sizes, depths)
+    task_lengths: Sequence[float] | None = None  # prompt sizes as shares of max_model_len (suite's)
+    task_depths: Sequence[float] | None = None   # needle depths (suite's)
+    task_samples: int | None = None             # samples per (task, size, depth) point (suite's)
 
 
 _KV_NAME = re.compile(r"^[A-Za-z0-9_]+$")
@@ -212,6 +221,18 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
         kv_cache_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
     except ValueError as error:
         raise KvevalError(str(error)) from None
+    try:
+        task_names = select_tasks(options.tasks)
+        task_fractions = tuple(float(x) for x in (options.task_lengths or suite.task_fractions))
+        task_depths = tuple(float(x) for x in (options.task_depths or suite.task_depths))
+        task_samples = int(options.task_samples or suite.task_samples)
+        check_task_settings(task_fractions, task_depths, task_samples, options.task_limit)
+        if "tasks" in options.phases and task_names:
+            check_lm_eval_names(task_names, TASKS_DIR)
+    except TaskSelectionError as error:
+        raise KvevalError(str(error)) from None
+    phases = [p for p in options.phases if p != "tasks" or task_names]
+    options = dataclasses.replace(options, phases=tuple(phases))
     from .progress import ConsoleProgress
 
     show = progress if progress is not None else ConsoleProgress()
@@ -240,6 +261,9 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
         "max_tokens": options.speed_max_tokens or suite.speed_max_tokens,
     }}
     run_dir = RunDir(options.out or _default_out(model_info.name))
+    task_settings = {"tasks": task_names if "tasks" in options.phases else [], "lengths": list(task_fractions),
+                     "depths": list(task_depths), "samples_per_point": task_samples, "limit": options.task_limit}
+    phase_options["tasks"] = {"tasks": task_settings["tasks"], "limit": options.task_limit}
     plans = plan_cells(options, model_info.path, phase_options)
     manifest = {
         "schema_version": SCHEMA_VERSION,
@@ -254,6 +278,7 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
             "enforce_eager": options.enforce_eager, "engine_args": options.engine_args, "suite": suite.name,
             "counts": options.counts, "phases": list(options.phases), "phase_options": phase_options,
             "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
+            **task_settings,
         },
         "prompt_ids": [p.id for p in prompts],
         "prompt_format": prompt_format(tokenizer),
@@ -262,6 +287,11 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
         **environment.describe(),
     }
     reuse = _prepare_run_dir(run_dir, manifest)
+    # Task data is part of what every cell reads: written before the first cell, into the run.
+    task_plan = write_run_task_data(run_dir.path, tokenizer, options.max_model_len, task_settings["tasks"],
+                                    model_limit=model_limit, fractions=task_fractions, depths=task_depths,
+                                    samples=task_samples, seed=options.seed)
+    manifest["task_data"] = task_plan  # cells read their length's data directory from here
     write_json_atomic(run_dir.manifest_path, manifest)
     write_json_atomic(run_dir.workloads_path, [p.to_dict() for p in prompts], compact=True)
     write_json_atomic(run_dir.scoring_path, documents, compact=True)
@@ -344,3 +374,38 @@ def gate(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_conf
          gate_overrides: dict | None = None) -> Verdict:
     """The verdict for a stored run (no engine); results.json and review.md are rewritten with it."""
     return report(run_dir, thresholds=thresholds, gate_config=gate_config, gate_overrides=gate_overrides).verdict
+
+
+def generate_task_data(out: str | Path, max_model_len: int, *, model: str | None = None,
+                       tasks: Sequence[str] | None = None, task_lengths: Sequence[float] | None = None,
+                       task_depths: Sequence[float] | None = None, task_samples: int | None = None,
+                       suite: str = "standard", seed: int = 0, progress: Any = None) -> dict:
+    """Write kveval's task data for one max_model_len into OUT/<task>.jsonl, for the stock lm_eval
+    CLI (`lm_eval --include_path tasks/ --tasks kveval_longctx --metadata '{"data_dir": "OUT"}'`)."""
+    try:
+        suite_preset = get_suite(suite)
+        names = select_tasks(tasks)
+        fractions = tuple(task_lengths or suite_preset.task_fractions)
+        depths = tuple(task_depths or suite_preset.task_depths)
+        samples = int(task_samples or suite_preset.task_samples)
+        check_task_settings(fractions, depths, samples, None)
+    except (ValueError, TaskSelectionError) as error:
+        raise KvevalError(str(error)) from None
+    others = [n for n in names if n not in TASKS_BY_NAME]
+    if others:
+        raise KvevalError(f"only kveval's own tasks have generated data; not: {', '.join(others)}")
+    if int(max_model_len) < 64:
+        raise KvevalError(f"--max-model-len {max_model_len} is too small (at least 64)")
+    try:
+        model_info = resolve_model(model, progress=progress)
+    except ModelError as error:
+        raise KvevalError(str(error)) from None
+    tokenizer = _load_tokenizer(model_info.path)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise KvevalError(f"--out {out} exists and is not a directory")
+    try:
+        return write_task_data(tokenizer, out, int(max_model_len), names, fractions=fractions, depths=depths,
+                               samples_per_point=samples, seed=seed)
+    except ValueError as error:
+        raise KvevalError(f"cannot generate task data for max_model_len {max_model_len}: {error}") from None

@@ -93,7 +93,8 @@ def run_cell(spec: dict) -> dict:
     context = CellContext(
         cell_id=spec["cell_id"], kv_cache_dtype=settings.kv_cache_dtype, max_model_len=settings.max_model_len,
         prompts=prompts, options=spec.get("phase_options", {}), emit=emit, facts=facts,
-        run_dir=Path(spec["result_path"]).parent.parent,
+        run_dir=Path(spec["result_path"]).parent.parent, model_path=settings.model,
+        checkpoint=lambda: write_json_atomic(result_path, facts, compact=True),
     )
     for name in spec["phases"]:
         emit(event="phase", phase=name)
@@ -103,7 +104,9 @@ def run_cell(spec: dict) -> dict:
             outcome["seconds"] = time.perf_counter() - began
         except Exception as error:  # noqa: BLE001 - one broken phase must not lose the others
             traceback.print_exc()
-            outcome = {"error": f"{type(error).__name__}: {error}", "seconds": time.perf_counter() - began}
+            # Keep what a phase that saves as it goes had stored before it broke.
+            outcome = {**(facts["phases"].get(name) or {}), "error": f"{type(error).__name__}: {error}",
+                       "seconds": time.perf_counter() - began}
         facts["phases"][name] = outcome
         write_json_atomic(result_path, facts, compact=True)
     facts["complete"] = True

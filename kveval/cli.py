@@ -13,8 +13,9 @@ import sys
 import click
 
 from . import __version__
-from .cli_options import MultiValueOption, parse_int_list, parse_key_value, split_values
+from .cli_options import MultiValueOption, parse_float_list, parse_int_list, parse_key_value, split_values
 from .gate import EXIT_USAGE, Thresholds, exit_code
+from .phases import DEFAULT_PHASES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERRUPTED = 130
@@ -80,16 +81,29 @@ def cli() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--prompts", type=click.Path(dir_okay=False), default=None, metavar="FILE.jsonl",
               help='Your own prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]}.')
-@click.option("--suite", type=click.Choice(["standard", "quick"]), default="standard", show_default=True,
-              help="standard: field-study shape; quick: one prompt per workload, short answers (CPU demo).")
+@click.option("--suite", type=click.Choice(["standard", "quick", "full"]), default="standard", show_default=True,
+              help="standard: field-study shape; quick: one prompt per workload, short answers, few task samples "
+                   "(CPU demo); full: standard with 5 samples per task point (GPU runs).")
+@click.option("--full", is_flag=True, help="Same as --suite full.")
+@click.option("--tasks", "--task", "tasks", cls=MultiValueOption, default=None, metavar="NAME...",
+              help="Long-context tasks per cell: kveval's passkey niah_single niah_multikey niah_multivalue vt cwe "
+                   "(default: all six), 'none' to skip, or any lm-eval task name whose data is local.")
+@click.option("--limit", "task_limit", type=int, default=None,
+              help="At most this many samples per task (kveval's tasks keep them spread over sizes and depths).")
+@click.option("--task-lengths", cls=MultiValueOption, default=None, metavar="SHARE...",
+              help="Task prompt sizes as shares of each max_model_len (default: suite's, e.g. 0.25 0.5 0.9).")
+@click.option("--task-depths", cls=MultiValueOption, default=None, metavar="SHARE...",
+              help="Needle depths in the haystack (default: suite's, e.g. 0.1 0.5 0.9).")
+@click.option("--task-samples", type=int, default=None, help="Samples per task x size x depth point (default: suite's).")
 @click.option("--speed-runs", type=int, default=None, help="Measured speed runs per workload (default: suite's).")
 @click.option("--speed-warmup", type=int, default=None, help="Warm-up runs before them (default: suite's).")
 @click.option("--cell-timeout", type=float, default=3600, show_default=True, help="Seconds before a cell is stopped.")
-@click.option("--phases", cls=MultiValueOption, default=("generation", "scoring", "speed"),
-              show_default="generation scoring speed", help="Phases to run in each cell, in order.")
+@click.option("--phases", cls=MultiValueOption, default=DEFAULT_PHASES,
+              show_default=" ".join(DEFAULT_PHASES), help="Phases to run in each cell, in order.")
 @gate_options
 def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilization, enforce_eager, engine_args, seed,
-            prompts, suite, speed_runs, speed_warmup, cell_timeout, phases, gate_config, thresholds) -> None:
+            prompts, suite, full, tasks, task_limit, task_lengths, task_depths, task_samples, speed_runs, speed_warmup,
+            cell_timeout, phases, gate_config, thresholds) -> None:
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell.
 
     Exits 0 on PASS, 1 on FAIL, 3 on INCONCLUSIVE, 2 on a usage error, 130 when interrupted."""
@@ -97,6 +111,9 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
 
     lengths = parse_int_list(max_model_len, "--max-model-len")
     overrides = parse_thresholds(thresholds)
+    if full and suite not in ("standard", "full"):
+        raise UsageFailure(f"--full and --suite {suite} contradict each other; give one")
+    suite = "full" if full else suite
     try:
         result = run_compare(
             model=model, kv=split_values(kv), max_model_len=lengths, out=out, kv_cache_memory=kv_cache_memory,
@@ -104,6 +121,9 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
             engine_args=parse_key_value(engine_args, "--engine-arg"), seed=seed, prompts=prompts, suite=suite,
             speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout, phases=split_values(phases),
             command=shlex.join(["kveval", *sys.argv[1:]]), gate_config=gate_config, gate_overrides=overrides,
+            tasks=split_values(tasks) if tasks else None, task_limit=task_limit,
+            task_lengths=parse_float_list(task_lengths, "--task-lengths"),
+            task_depths=parse_float_list(task_depths, "--task-depths"), task_samples=task_samples,
         )
     except RunInterrupted as error:
         click.echo(f"Error: {error}", err=True)
@@ -186,6 +206,52 @@ def models(prepare) -> None:
     click.echo(f"  ready:  {'yes' if info.ready else 'no (converted on first use, or run: kveval models --prepare)'}")
     click.echo(f"  source: {info.source}")
     click.echo(f"cache (KVEVAL_HOME): {kveval_home()}")
+
+
+@cli.group("tasks", context_settings=CONTEXT)
+def tasks_group() -> None:
+    """kveval's long-context tasks (lm-eval YAMLs in tasks/): list them, or generate their data."""
+
+
+@tasks_group.command("list")
+def tasks_list() -> None:
+    """The tasks, their answer budgets and what they test."""
+    from .taskdata import TASK_GROUP, TASKS
+
+    for spec in TASKS.values():
+        click.echo(f"{spec.name:<24} ({spec.short}, answer ≤ {spec.max_gen_toks} tokens) {spec.description}")
+    click.echo(f"group: {TASK_GROUP} (all of them)")
+
+
+@tasks_group.command("generate", context_settings=CONTEXT)
+@click.option("--model", default=None, metavar="ID|DIR", help="Tokenizer to size samples with (default model if omitted).")
+@click.option("--max-model-len", "max_model_len", required=True, metavar="TOKENS", help="The context to size samples for.")
+@click.option("--out", required=True, metavar="DIR", help="Directory for <task>.jsonl files.")
+@click.option("--tasks", "--task", "tasks", cls=MultiValueOption, default=None, metavar="NAME...",
+              help="kveval tasks to generate (default: all six).")
+@click.option("--task-lengths", cls=MultiValueOption, default=None, metavar="SHARE...",
+              help="Prompt sizes as shares of max_model_len (default 0.25 0.5 0.9).")
+@click.option("--task-depths", cls=MultiValueOption, default=None, metavar="SHARE...",
+              help="Needle depths (default 0.1 0.5 0.9).")
+@click.option("--task-samples", type=int, default=None, help="Samples per task x size x depth point (default 1).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def tasks_generate(model, max_model_len, out, tasks, task_lengths, task_depths, task_samples, seed) -> None:
+    """Generate task data for the stock lm_eval CLI:
+
+    lm_eval --include_path tasks/ --tasks kveval_longctx --metadata '{"data_dir": "OUT"}' ..."""
+    from .api import KvevalError, generate_task_data
+
+    (length,) = parse_int_list([max_model_len], "--max-model-len")
+    try:
+        written = generate_task_data(
+            out, length, model=model, tasks=split_values(tasks) if tasks else None,
+            task_lengths=parse_float_list(task_lengths, "--task-lengths"),
+            task_depths=parse_float_list(task_depths, "--task-depths"), task_samples=task_samples, seed=seed,
+            progress=lambda m: click.echo(m, err=True))
+    except KvevalError as error:
+        raise UsageFailure(str(error)) from None
+    for task, entry in written.items():
+        click.echo(f"{task}: {entry.get('docs')} samples -> {out}/{entry.get('file')}")
 
 
 def _terminate(signum, frame):

@@ -212,3 +212,20 @@ def parse_key_value(values: Iterable[str], name: str | None = None) -> dict[str,
             )
         result[key] = _parse_value(raw)
     return result
+
+
+def parse_float_list(values: Iterable[str] | None, name: str) -> tuple[float, ...] | None:
+    """``("0.25", "0.5,0.9")`` -> ``(0.25, 0.5, 0.9)``; None/empty -> None (use the default).
+    Raises ``click.BadParameter`` naming ``name`` for values that are not numbers."""
+    if not values:
+        return None
+    parsed = []
+    for value in split_values(values):
+        try:
+            number = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not a number (e.g. 0.25 or 25%)", param_hint=name) from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise click.BadParameter(f"{value!r} is not a finite number", param_hint=name)
+        parsed.append(number)
+    return tuple(dict.fromkeys(parsed))

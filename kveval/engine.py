@@ -134,10 +134,13 @@ class Engine:
         return self.llm.get_tokenizer()
 
     # -- running prompts ---------------------------------------------------------------------
-    def generate(self, token_ids: list[int], max_tokens: int, *, ignore_eos: bool = False) -> dict[str, Any]:
-        """Greedy-generate for one prompt. A refused prompt comes back as `accepted: False`."""
+    def generate(self, token_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
+                 stop: list[str] | None = None) -> dict[str, Any]:
+        """Greedy-generate for one prompt. A refused prompt comes back as `accepted: False`.
+        `stop`: strings that end the answer (not included in it), as lm-eval's `until`."""
         params = SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, seed=self.settings.seed, ignore_eos=ignore_eos
+            temperature=0.0, max_tokens=max_tokens, seed=self.settings.seed, ignore_eos=ignore_eos,
+            stop=list(stop) if stop else None,
         )
         began = time.perf_counter()
         try:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import generation, scoring, speed
+from . import generation, scoring, speed, tasks
 
 PHASES: dict[str, Callable] = {
     "generation": generation.run,
     "scoring": scoring.run,
     "speed": speed.run,
+    "tasks": tasks.run,
 }
 
-DEFAULT_PHASES: tuple[str, ...] = ("generation", "scoring", "speed")
+DEFAULT_PHASES: tuple[str, ...] = ("generation", "scoring", "tasks", "speed")

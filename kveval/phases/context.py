@@ -18,6 +18,8 @@ class CellContext:
     emit: Callable[..., None] = lambda **event: None        # progress events for the parent
     facts: dict[str, Any] = field(default_factory=dict)     # this cell's facts so far (earlier phases)
     run_dir: Path | None = None                             # to read cells that finished before this one
+    model_path: str | None = None                           # the model the engine loaded (for its tokenizer)
+    checkpoint: Callable[[], None] = lambda: None           # store facts now (a long phase saves as it goes)
 
     def phase_options(self, phase: str) -> dict[str, Any]:
         return dict(self.options.get(phase, {}))

@@ -1,0 +1,155 @@
+"""Long-context task accuracy: lm-eval tasks run on this cell's engine (see lmeval_bridge.py).
+
+kveval's own tasks (tasks/*.yaml) read the data the parent generated for this max_model_len
+(run_dir/taskdata/L<len>/); any other name is handed to lm-eval as is, for users who have that
+task's data locally. Each task runs in its own `simple_evaluate` call, so a task that fails
+(e.g. a built-in whose data would need a download) is recorded with lm-eval's words and the others
+still run; the phase is stored after every task, so a crash keeps the finished ones.
+
+Per sample the record joins what the engine did (prompt tokens, accepted or rejected, the answer)
+with lm-eval's own per-sample metric. A rejected sample has no score: it is never truncated.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+TASKS_DIR = Path(__file__).resolve().parent.parent.parent / "tasks"
+PRIMARY_METRIC = "all_match"     # kveval tasks: every expected value appears in the answer
+PARTIAL_METRIC = "partial_match"
+DOC_FIELDS = ("id", "length_fraction", "depth", "target_tokens", "needle_depths")
+
+
+def _primary_metric(entry: dict) -> str | None:
+    names = list(entry.get("metrics") or [])
+    if PRIMARY_METRIC in names:
+        return PRIMARY_METRIC
+    return names[0] if names else None
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def sample_records(task_samples: dict[str, list[dict]], requests: list[dict]) -> list[dict]:
+    """One record per (task, doc): the engine's requests for it joined with lm-eval's sample log."""
+    by_doc: dict[tuple, list[dict]] = {}
+    for request in requests:
+        by_doc.setdefault((request["task"], request["doc_id"]), []).append(request)
+    out = []
+    for task, entries in task_samples.items():
+        for entry in entries:
+            doc = entry.get("doc") or {}
+            asked = by_doc.get((task, entry.get("doc_id")), [])
+            accepted = bool(asked) and all(r["accepted"] for r in asked)
+            error = next((r["error"] for r in asked if r.get("error")), None)
+            metric = _primary_metric(entry)
+            score = _number(entry.get(metric)) if accepted and metric else None
+            partial = _number(entry.get(PARTIAL_METRIC)) if accepted else None
+            expected = doc.get("outputs", entry.get("target"))
+            out.append({
+                "task": task, "doc_id": entry.get("doc_id"),
+                "sample_id": str(doc.get("id", entry.get("doc_id"))),
+                "length_fraction": doc.get("length_fraction"), "depth": doc.get("depth"),
+                "target_tokens": doc.get("target_tokens"), "needle_depths": doc.get("needle_depths"),
+                "prompt_tokens": max((r["prompt_tokens"] for r in asked), default=None),
+                "max_gen_toks": max((r["max_gen_toks"] for r in asked), default=None),
+                "requests": len(asked),
+                "accepted": accepted,
+                "rejection": next((r["rejection"] for r in asked if r.get("rejection")), None),
+                "error": error if asked else "lm-eval made no request for this sample",
+                "response": "\n".join(r.get("response") or "" for r in asked),
+                "expected": expected if isinstance(expected, list) else [str(expected)],
+                "metric": metric, "score": score,
+                "correct": None if score is None else score >= 1.0 - 1e-9,
+                "partial": partial,
+                "finish_reason": next((r.get("finish_reason") for r in asked), None),
+                "output_tokens": sum(r.get("output_tokens") or 0 for r in asked) if accepted else None,
+                "seconds": sum(r.get("seconds") or 0.0 for r in asked),
+            })
+    return out
+
+
+def _doc_count(data_dir: Path | None, task: str) -> int | None:
+    path = data_dir / f"{task}.jsonl" if data_dir else None
+    if path is None or not path.is_file():
+        return None
+    return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+
+
+def _task_data_plan(run_dir: Path | None) -> dict:
+    """The manifest's `task_data`: which data directory serves which max_model_len (task_setup.py)."""
+    path = run_dir / "manifest.json" if run_dir else None
+    if path is None or not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8")).get("task_data") or {}
+
+
+def run(engine, cell) -> dict:
+    import lm_eval
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoTokenizer
+
+    from ..lmeval_bridge import EngineLM
+    from ..task_setup import spread
+    from ..taskdata import TASKS as KVEVAL_TASKS
+
+    # lm-eval logs every request at INFO; the cell log is for vLLM's words.
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    options = cell.phase_options("tasks")
+    tasks = list(options.get("tasks") or [])
+    plan = _task_data_plan(cell.run_dir)
+    relative = plan.get("data_dirs", {}).get(str(cell.max_model_len))
+    data_dir = (cell.run_dir / relative) if relative and cell.run_dir else None
+    limit = options.get("limit")
+    phase = {"tasks": tasks, "lm_eval_version": getattr(lm_eval, "__version__", None),
+             "data_dir": relative or "", "limit": limit, "lm_eval_results": {}, "task_errors": {}, "samples": []}
+    if not tasks:
+        return phase
+
+    tokenizer = AutoTokenizer.from_pretrained(cell.model_path or engine.settings.model)
+    totals = {task: _doc_count(data_dir, task) for task in tasks}
+    state = {"task": None, "done": 0}
+
+    def on_request(record: dict) -> None:
+        state["done"] += 1
+        cell.emit(event="step", phase="tasks", done=state["done"], total=totals.get(state["task"]) or "?",
+                  item=state["task"])
+
+    lm = EngineLM(engine, tokenizer, cell.max_model_len, on_request=on_request)
+    # Built-in RULER tasks read their lengths and tokenizer from metadata; kveval's read data_dir.
+    metadata = {"data_dir": str(data_dir) if data_dir else "", "max_seq_lengths": [cell.max_model_len],
+                "tokenizer": cell.model_path, "pretrained": cell.model_path}
+    # lm-eval's full task index takes ~15 s to build: only when a built-in task was asked for.
+    builtins = any(task not in KVEVAL_TASKS for task in tasks)
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=builtins, metadata=metadata)
+    skipped = plan.get("skipped", {}).get(str(cell.max_model_len))
+    for task in tasks:
+        if task in KVEVAL_TASKS and totals.get(task) is None:
+            phase["task_errors"][task] = f"no task data for max_model_len {cell.max_model_len}: {skipped or 'not generated'}"
+            continue
+        state.update(task=task, done=0)
+        lm.records = []
+        cell.emit(event="step", phase="tasks", done=0, total=totals.get(task) or "?", item=task)
+        # --limit on kveval's tasks keeps samples spread over sizes and depths, not the first few.
+        chosen = spread(totals[task], limit) if totals.get(task) else None
+        selection = {"samples": {task: chosen}} if chosen else {"limit": limit}
+        try:
+            output = simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True,
+                                     bootstrap_iters=0, num_fewshot=None, random_seed=engine.settings.seed,
+                                     **selection)
+        except Exception as error:  # noqa: BLE001 - one task's failure must not lose the others
+            phase["task_errors"][task] = f"{type(error).__name__}: {error}"
+            cell.facts["phases"]["tasks"] = phase
+            cell.checkpoint()
+            continue
+        output = output or {}
+        phase["lm_eval_results"].update(json.loads(json.dumps(output.get("results") or {}, default=str)))
+        phase["samples"].extend(sample_records(output.get("samples") or {}, lm.records))
+        cell.facts["phases"]["tasks"] = phase
+        cell.checkpoint()
+    return phase
