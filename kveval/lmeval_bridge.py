@@ -34,7 +34,9 @@ class EngineLM(LM):
 
     # -- generation tasks --------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        answers = []
+        """Samples that fit are generated together in one batch (vLLM's continuous batching: every
+        cell gets the same batch, so fp8 and auto stay comparable); those that do not are rejected."""
+        records, batch = [], []
         for request in requests:
             context, gen_kwargs = request.args
             gen_kwargs = dict(gen_kwargs or {})
@@ -46,13 +48,16 @@ class EngineLM(LM):
             if len(ids) + max_gen > self.max_model_len:
                 record.update(self._too_long(len(ids), max_gen), response="")
             else:
-                result = self.engine.generate(ids, max_gen, stop=until)
-                record.update(accepted=result["accepted"], rejection=result["rejection"], error=result["error"],
-                              response=result.get("text") or "", finish_reason=result.get("finish_reason"),
-                              output_tokens=result.get("output_tokens"), seconds=result.get("wall_seconds"))
+                batch.append((record, (ids, max_gen, until)))
+            records.append(record)
+        results = self.engine.generate_batch([job for _, job in batch])
+        for (record, _), result in zip(batch, results):
+            record.update(accepted=result["accepted"], rejection=result["rejection"], error=result["error"],
+                          response=result.get("text") or "", finish_reason=result.get("finish_reason"),
+                          output_tokens=result.get("output_tokens"), seconds=result.get("wall_seconds"))
+        for record in records:
             self._keep(record)
-            answers.append(record["response"])
-        return answers
+        return [record["response"] for record in records]
 
     # -- likelihood tasks (multiple choice etc.), for lm-eval built-ins given with --task --------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
