@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_demo.py [--out DIR]
 
 Runs the same `kveval compare` as `make demo` into a fresh directory, then splits the wall time
-into engine start-up, generation, speed runs, the rest of each cell process (Python + vLLM import,
+into engine start-up, generation, scoring, long-context tasks, speed runs, the rest of each cell process (Python + vLLM import,
 shutdown) and the parent's own work (model preparation, prompt building, report).
 """
 from __future__ import annotations
@@ -36,12 +36,12 @@ def main() -> int:
     wall = time.perf_counter() - began
 
     manifest = json.loads((out / "manifest.json").read_text())
-    totals = {"engine start-up": 0.0, "generation": 0.0, "teacher-forced scoring": 0.0, "speed runs": 0.0,
-              "cell process other (imports, exit)": 0.0}
+    totals = {"engine start-up": 0.0, "generation": 0.0, "teacher-forced scoring": 0.0,
+              "long-context tasks (lm-eval)": 0.0, "speed runs": 0.0, "cell process other (imports, exit)": 0.0}
     print(f"\nDemo wall time: {wall:.1f} s on {manifest['hardware']['cpu']}, {manifest['hardware']['cores']} cores "
           f"(CPU flags: {' '.join(manifest['hardware']['cpu_flags'])})\n")
     print(f"{'cell':<12}{'started':>9}{'process s':>11}{'start-up s':>12}{'generation s':>14}{'scoring s':>11}"
-          f"{'speed s':>9}")
+          f"{'tasks s':>9}{'speed s':>9}")
     for planned in manifest["cells"]:
         cell = json.loads((out / "cells" / f"{planned['id']}.json").read_text())
         process = cell.get("process", {}).get("seconds", 0.0)
@@ -49,13 +49,15 @@ def main() -> int:
         generation = (cell["phases"].get("generation") or {}).get("seconds", 0.0)
         speed = (cell["phases"].get("speed") or {}).get("seconds", 0.0)
         scoring = (cell["phases"].get("scoring") or {}).get("seconds", 0.0)
+        tasks = (cell["phases"].get("tasks") or {}).get("seconds", 0.0)
+        totals["long-context tasks (lm-eval)"] += tasks
         totals["engine start-up"] += startup
         totals["generation"] += generation
         totals["speed runs"] += speed
         totals["teacher-forced scoring"] += scoring
-        totals["cell process other (imports, exit)"] += max(0.0, process - startup - generation - scoring - speed)
+        totals["cell process other (imports, exit)"] += max(0.0, process - startup - generation - scoring - tasks - speed)
         print(f"{planned['id']:<12}{str(cell['started']):>9}{process:>11.1f}{startup:>12.1f}{generation:>14.1f}"
-              f"{scoring:>11.1f}{speed:>9.1f}")
+              f"{scoring:>11.1f}{tasks:>9.1f}{speed:>9.1f}")
     totals["parent (model, prompts, report)"] = max(0.0, wall - sum(totals.values()))
     print("\nShare of wall time:")
     for name, seconds in totals.items():

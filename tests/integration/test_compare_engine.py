@@ -28,7 +28,7 @@ def run(tmp_path_factory, default_model_dir):
     return kveval.compare(
         kv=["fp8", "auto"], max_model_len=[1024, 2048], out=out, kv_cache_memory="40MiB", enforce_eager=True,
         suite="quick", counts=COUNTS, speed_runs=1, speed_warmup=0, speed_max_tokens=8,
-        progress=_Quiet(),
+        tasks=("passkey",), progress=_Quiet(),  # the tasks phase in the default order; test_tasks_engine covers it
     )
 
 
@@ -137,3 +137,12 @@ def test_manifest_records_command_versions_and_options(run):
     assert [c["id"] for c in manifest["cells"]] == ["auto-1024", "fp8-1024", "auto-2048", "fp8-2048"]
     assert manifest["prompt_format"] == {"chat_template": True, "bos_token": "<|im_start|>", "adds_bos": False}
     assert "the model's chat template applied" in run.review_path.read_text()
+
+
+def test_the_tasks_phase_runs_by_default_between_scoring_and_speed(run):
+    facts = run.cell("auto", 1024)
+    assert list(facts["phases"]) == ["generation", "scoring", "tasks", "speed"]
+    samples = facts["phases"]["tasks"]["samples"]
+    assert {s["task"] for s in samples} == {"kveval_passkey"}
+    assert {s["length_fraction"] for s in samples} == {0.25, 0.5}  # the quick suite's sizes
+    assert all(s["accepted"] and s["score"] in (0.0, 1.0) for s in samples)
