@@ -11,7 +11,7 @@ import datetime as _dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from . import environment
 from .gate import GateConfigError, Thresholds, Verdict, load_thresholds
