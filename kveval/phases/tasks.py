@@ -21,10 +21,19 @@ PARTIAL_METRIC = "partial_match"
 DOC_FIELDS = ("id", "length_fraction", "depth", "target_tokens", "needle_depths")
 
 
-def _primary_metric(entry: dict) -> str | None:
+def _primary_metric(entry: dict, max_model_len: int | None = None) -> str | None:
+    """The metric that scores this sample: kveval's all_match; else, for lm-eval's RULER tasks (one
+    metric per context length, -1 for the lengths a sample is not about), the one named after this
+    cell's length; else the first that holds a number of 0 or more."""
     names = list(entry.get("metrics") or [])
     if PRIMARY_METRIC in names:
         return PRIMARY_METRIC
+    if max_model_len is not None and str(max_model_len) in names:
+        return str(max_model_len)
+    for name in names:
+        value = _number(entry.get(name))
+        if value is not None and value >= 0:
+            return name
     return names[0] if names else None
 
 
@@ -34,7 +43,8 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def sample_records(task_samples: dict[str, list[dict]], requests: list[dict]) -> list[dict]:
+def sample_records(task_samples: dict[str, list[dict]], requests: list[dict],
+                   max_model_len: int | None = None) -> list[dict]:
     """One record per (task, doc): the engine's requests for it joined with lm-eval's sample log."""
     by_doc: dict[tuple, list[dict]] = {}
     for request in requests:
@@ -46,7 +56,7 @@ def sample_records(task_samples: dict[str, list[dict]], requests: list[dict]) ->
             asked = by_doc.get((task, entry.get("doc_id")), [])
             accepted = bool(asked) and all(r["accepted"] for r in asked)
             error = next((r["error"] for r in asked if r.get("error")), None)
-            metric = _primary_metric(entry)
+            metric = _primary_metric(entry, max_model_len)
             score = _number(entry.get(metric)) if accepted and metric else None
             partial = _number(entry.get(PARTIAL_METRIC)) if accepted else None
             expected = doc.get("outputs", entry.get("target"))
@@ -149,7 +159,8 @@ def run(engine, cell) -> dict:
             continue
         output = output or {}
         phase["lm_eval_results"].update(json.loads(json.dumps(output.get("results") or {}, default=str)))
-        phase["samples"].extend(sample_records(output.get("samples") or {}, lm.records))
+        phase["samples"].extend(sample_records(output.get("samples") or {}, lm.records,
+                                                   cell.max_model_len))
         cell.facts["phases"]["tasks"] = phase
         cell.checkpoint()
     return phase

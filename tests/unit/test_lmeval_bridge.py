@@ -161,3 +161,15 @@ def test_tasks_list_and_generate_for_the_stock_cli(tmp_path, default_model_dir):
     builtin = runner.invoke(cli, ["tasks", "generate", "--model", str(default_model_dir), "--max-model-len", "1024",
                                   "--out", str(out), "--tasks", "niah_single_1"])
     assert builtin.exit_code == 2 and "only kveval's own tasks" in builtin.output
+
+
+def test_ruler_style_per_length_metrics_score_by_the_cells_length():
+    # lm-eval's RULER tasks log one metric per context length and -1 for the others.
+    requests = [{"task": "niah_single_1", "doc_id": 0, "prompt_tokens": 865, "max_gen_toks": 128, "accepted": True,
+                 "rejection": None, "error": None, "response": "1235580", "seconds": 0.5}]
+    entry = {"doc_id": 0, "doc": {"outputs": ["1235580"]}, "metrics": ["4096", "8192", "1024"],
+             "4096": -1, "8192": -1, "1024": 1.0}
+    row, = sample_records({"niah_single_1": [entry]}, requests, max_model_len=1024)
+    assert row["metric"] == "1024" and row["score"] == 1.0 and row["correct"] is True
+    row, = sample_records({"niah_single_1": [dict(entry, metrics=["4096", "1024"])]}, requests)
+    assert row["metric"] == "1024"  # without the length: the first metric that holds a real score
