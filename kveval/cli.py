@@ -251,7 +251,10 @@ def tasks_generate(model, max_model_len, out, tasks, task_lengths, task_depths, 
     except KvevalError as error:
         raise UsageFailure(str(error)) from None
     for task, entry in written.items():
-        click.echo(f"{task}: {entry.get('docs')} samples -> {out}/{entry.get('file')}")
+        where = f"{out}/{entry['file']}" if entry.get("file") else "no file"
+        click.echo(f"{task}: {entry.get('docs')} samples -> {where}")
+        for fraction, why in (entry.get("skipped") or {}).items():
+            click.echo(f"  skipped {float(fraction):g} x max_model_len: {why}", err=True)
 
 
 def _terminate(signum, frame):

@@ -122,6 +122,19 @@ def _tasks_scoring_line(tasks: dict) -> str:
             "test on the discordant samples (b: only the baseline right, c: only the cell right).")
 
 
+def _skipped_sizes(manifest: dict) -> list[str]:
+    """Sizes whose samples were not generated because a task's question and needles do not fit them."""
+    lines = []
+    for length, by_task in sorted(((manifest.get("task_data") or {}).get("files") or {}).items(),
+                                  key=lambda item: int(item[0])):
+        for task, entry in by_task.items():
+            for fraction, why in (entry.get("skipped") or {}).items():
+                if entry.get("docs"):  # a task with no sample at all is reported as failed by its cells
+                    lines.append(f"- max_model_len {fmt_int(int(length))} / {escape_cell(task, None)}: no samples at "
+                                 f"{100 * float(fraction):.0f} % ({escape_cell(why, 300)})")
+    return lines
+
+
 def tasks_section(manifest: dict, evidence: dict) -> str:
     tasks = evidence.get("tasks") or {}
     asked = (manifest.get("options") or {}).get("tasks")
@@ -137,6 +150,7 @@ def tasks_section(manifest: dict, evidence: dict) -> str:
     failed = [f"- **{cell}**: the tasks phase failed: {escape_cell(error, 400)}" for cell, error in errors.items()]
     failed += [f"- **{cell}** / {escape_cell(task, None)}: this task failed (the others ran): {escape_cell(error, 400)}"
                for cell, by_task in (tasks.get("task_errors") or {}).items() for task, error in by_task.items()]
+    failed += _skipped_sizes(manifest)
     if failed:
         out += ["", *failed]
     for entry in tasks.get("unmatched") or []:

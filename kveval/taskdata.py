@@ -646,20 +646,32 @@ def write_task_data(tokenizer, out_dir, max_model_len: int, tasks, *,
                     samples_per_point: int = 1, seed: int = 0,
                     data_dir: Path = DATA_DIR) -> dict:
     """Write out_dir/<task>.jsonl for every kveval task among `tasks` (others are skipped:
-    lm-eval built-ins need no data). Returns {task: {"file": file name, "docs": count}}."""
+    lm-eval built-ins need no data). Returns {task: {"file": file name, "docs": count,
+    "skipped": {fraction: why}}}. A size too small for a task's question and needles is skipped
+    (and said why) rather than costing the task its other sizes; a task with no size left gets
+    no file (file None)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for task in resolve_task_names(tasks):
         if task not in TASKS:
             continue
-        docs = generate_task_docs(tokenizer, task, max_model_len, fractions=fractions,
-                                  depths=depths, samples_per_point=samples_per_point, seed=seed,
-                                  data_dir=data_dir)
+        docs, skipped = [], {}
+        for fraction in fractions:
+            try:
+                docs += generate_task_docs(tokenizer, task, max_model_len, fractions=(fraction,), depths=depths,
+                                           samples_per_point=samples_per_point, seed=seed, data_dir=data_dir)
+            except ValueError as error:
+                if "too small" not in str(error):
+                    raise
+                skipped[str(fraction)] = str(error)
+        if not docs:
+            written[task] = {"file": None, "docs": 0, "skipped": skipped}
+            continue
         name = f"{task}.jsonl"
         lines = "".join(json.dumps(doc, ensure_ascii=False) + "\n" for doc in docs)
         tmp = out / f".{name}.tmp"
         tmp.write_text(lines, encoding="utf-8")
         tmp.replace(out / name)   # never leave a half-written file under the real name
-        written[task] = {"file": name, "docs": len(docs)}
+        written[task] = {"file": name, "docs": len(docs), "skipped": skipped}
     return written

@@ -140,7 +140,9 @@ def run(engine, cell) -> dict:
     skipped = plan.get("skipped", {}).get(str(cell.max_model_len))
     for task in tasks:
         if task in KVEVAL_TASKS and totals.get(task) is None:
-            phase["task_errors"][task] = f"no task data for max_model_len {cell.max_model_len}: {skipped or 'not generated'}"
+            why = skipped or "; ".join(((plan.get("files") or {}).get(str(cell.max_model_len), {})
+                                        .get(task, {}).get("skipped") or {}).values())
+            phase["task_errors"][task] = f"no task data for max_model_len {cell.max_model_len}: {why or 'not generated'}"
             continue
         state.update(task=task, done=0)
         lm.records = []

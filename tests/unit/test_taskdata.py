@@ -289,7 +289,7 @@ def test_write_task_data_is_byte_identical(tokenizer, tmp_path):
     first = td.write_task_data(tokenizer, tmp_path / "a", 1024, ["kveval_longctx", "gsm8k"],
                                **kwargs)
     td.write_task_data(tokenizer, tmp_path / "b", 1024, ["all"], **kwargs)
-    assert first == {name: {"file": f"{name}.jsonl", "docs": 2} for name in td.TASKS}
+    assert first == {name: {"file": f"{name}.jsonl", "docs": 2, "skipped": {}} for name in td.TASKS}
     files = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert files == sorted(f"{n}.jsonl" for n in td.TASKS)   # gsm8k skipped, no temp files
     for name in td.TASKS:
@@ -307,3 +307,14 @@ def test_generation_is_fast(tokenizer):
                                  depths=(0.5,))
     assert docs[0]["prompt_tokens"] > 32000
     assert time.perf_counter() - start < 5   # about 0.1 s on a laptop core
+
+
+def test_a_size_too_small_for_a_task_is_skipped_not_the_whole_task(tokenizer, tmp_path):
+    written = td.write_task_data(tokenizer, tmp_path, 256, ["passkey", "niah_multikey"], fractions=(0.25, 0.9),
+                                 depths=(0.5,), samples_per_point=1, seed=0)
+    passkey = written["kveval_passkey"]
+    assert passkey["docs"] == 1 and set(passkey["skipped"]) == {"0.25"} and "too small" in passkey["skipped"]["0.25"]
+    docs = [json.loads(line) for line in (tmp_path / "kveval_passkey.jsonl").read_text().splitlines()]
+    assert [d["length_fraction"] for d in docs] == [0.9]
+    multikey = written["kveval_niah_multikey"]  # ~173 tokens of question and needles: 230 fits, 64 does not
+    assert multikey["docs"] == 1 and multikey["file"] == "kveval_niah_multikey.jsonl"
