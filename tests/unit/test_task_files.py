@@ -10,26 +10,11 @@ from pathlib import Path
 import pytest
 
 from kveval import taskdata as td
+from tests.support.char_tokenizer import CharTokenizer
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 UTILS = TASKS_DIR / "utils.py"
 GENERATE_HINT = "kveval tasks generate --model M --max-model-len L --out DIR"
-
-
-class CharTokenizer:
-    """One token per character, no chat template: enough to write small task files."""
-
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=True):
-        def enc(t):
-            return ([1] if add_special_tokens else []) + [ord(c) + 10 for c in t]
-        if isinstance(text, list):
-            return {"input_ids": [enc(t) for t in text]}
-        return {"input_ids": enc(text)}
-
-    def decode(self, ids, skip_special_tokens=False, clean_up_tokenization_spaces=None):
-        return "".join("" if i == 1 else chr(i - 10) for i in ids)
 
 
 def read_yaml(path: Path) -> dict:

@@ -10,6 +10,7 @@ import pytest
 
 from kveval import taskdata as td
 from kveval.workloads import render_chat
+from tests.support.char_tokenizer import CharTokenizer
 
 SCHEMA_KEYS = ["id", "task", "input", "outputs", "max_model_len", "length_fraction",
                "target_tokens", "prompt_tokens", "depth", "needle_depths", "max_gen_toks", "seed"]
@@ -30,26 +31,6 @@ def tokenizer():
         pytest.skip(f"default model directory {model_dir} is missing (run `kveval` once to "
                     f"prepare it)")
     return transformers.AutoTokenizer.from_pretrained(str(model_dir))
-
-
-class CharTokenizer:
-    """One token per character and no chat template: every word costs several tokens, so a
-    single list item or word can be wider than the size tolerance."""
-
-    chat_template = None
-    BOS = 1
-
-    def _encode(self, text, add_special_tokens):
-        ids = [ord(c) + 10 for c in text]
-        return [self.BOS] + ids if add_special_tokens else ids
-
-    def __call__(self, text, add_special_tokens=True):
-        if isinstance(text, list):
-            return {"input_ids": [self._encode(t, add_special_tokens) for t in text]}
-        return {"input_ids": self._encode(text, add_special_tokens)}
-
-    def decode(self, ids, skip_special_tokens=False, clean_up_tokenization_spaces=None):
-        return "".join("<s>" if i == self.BOS else chr(i - 10) for i in ids)
 
 
 def found(value: str, text: str) -> bool:

@@ -18,6 +18,7 @@ from kveval.workloads import (
     load_user_prompts,
     render_chat,
 )
+from tests.support.char_tokenizer import CharTokenizer
 
 SMOLLM_START = "<|im_start|>"
 SMOLLM_GENERATION_PROMPT = "<|im_start|>assistant\n"
@@ -36,25 +37,6 @@ def tokenizer():
     if not Path(model_dir).is_dir():
         pytest.skip(f"default model directory {model_dir} is missing")
     return transformers.AutoTokenizer.from_pretrained(str(model_dir))
-
-
-class CharTokenizer:
-    """A tiny duck-typed tokenizer without a chat template: one token per character, BOS = 1."""
-
-    chat_template = None
-    BOS = 1
-
-    def _encode(self, text, add_special_tokens):
-        ids = [ord(c) + 10 for c in text]
-        return [self.BOS] + ids if add_special_tokens else ids
-
-    def __call__(self, text, add_special_tokens=True):
-        if isinstance(text, list):
-            return {"input_ids": [self._encode(t, add_special_tokens) for t in text]}
-        return {"input_ids": self._encode(text, add_special_tokens)}
-
-    def decode(self, ids, skip_special_tokens=False, clean_up_tokenization_spaces=None):
-        return "".join("<s>" if i == self.BOS else chr(i - 10) for i in ids)
 
 
 def by_workload(prompts):
