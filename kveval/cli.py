@@ -39,6 +39,25 @@ def gate_options(command):
                         help="Gate thresholds from a YAML mapping (threshold: value); --threshold wins over it.")(command)
 
 
+def task_shape_options(default_prefix: str):
+    """--task-lengths, --task-depths and --task-samples, shared by compare and tasks generate."""
+    def decorate(command):
+        command = click.option("--task-samples", type=int, default=None,
+                               help=f"Samples per task x size x depth point (default: {default_prefix}1).")(command)
+        command = click.option("--task-depths", cls=MultiValueOption, default=None, metavar="SHARE...",
+                               help=f"Needle depths in the haystack (default: {default_prefix}0.1 0.5 0.9).")(command)
+        return click.option("--task-lengths", cls=MultiValueOption, default=None, metavar="SHARE...",
+                            help="Task prompt sizes as shares of max_model_len; above 1 probes rejection "
+                                 f"(default: {default_prefix}0.25 0.5 0.9).")(command)
+    return decorate
+
+
+def task_shape(task_lengths, task_depths, task_samples) -> dict:
+    """The parsed values of task_shape_options, as keyword arguments of the API."""
+    return {"task_lengths": parse_float_list(task_lengths, "--task-lengths"),
+            "task_depths": parse_float_list(task_depths, "--task-depths"), "task_samples": task_samples}
+
+
 def parse_thresholds(items) -> dict[str, str]:
     """("kl_mean_max=0.01", ...) -> {"kl_mean_max": "0.01"}; keys and values are checked by kveval.gate."""
     overrides = {}
@@ -90,11 +109,7 @@ def cli() -> None:
                    "(default: all six), 'none' to skip, or any lm-eval task name whose data is local.")
 @click.option("--limit", "task_limit", type=int, default=None,
               help="At most this many samples per task (kveval's tasks keep them spread over sizes and depths).")
-@click.option("--task-lengths", cls=MultiValueOption, default=None, metavar="SHARE...",
-              help="Task prompt sizes as shares of each max_model_len (default: suite's, e.g. 0.25 0.5 0.9).")
-@click.option("--task-depths", cls=MultiValueOption, default=None, metavar="SHARE...",
-              help="Needle depths in the haystack (default: suite's, e.g. 0.1 0.5 0.9).")
-@click.option("--task-samples", type=int, default=None, help="Samples per task x size x depth point (default: suite's).")
+@task_shape_options("suite's, e.g. ")
 @click.option("--speed-runs", type=int, default=None, help="Measured speed runs per workload (default: suite's).")
 @click.option("--speed-warmup", type=int, default=None, help="Warm-up runs before them (default: suite's).")
 @click.option("--cell-timeout", type=float, default=3600, show_default=True, help="Seconds before a cell is stopped.")
@@ -122,8 +137,7 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
             speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout, phases=split_values(phases),
             command=shlex.join(["kveval", *sys.argv[1:]]), gate_config=gate_config, gate_overrides=overrides,
             tasks=split_values(tasks) if tasks else None, task_limit=task_limit,
-            task_lengths=parse_float_list(task_lengths, "--task-lengths"),
-            task_depths=parse_float_list(task_depths, "--task-depths"), task_samples=task_samples,
+            **task_shape(task_lengths, task_depths, task_samples),
         )
     except RunInterrupted as error:
         click.echo(f"Error: {error}", err=True)
@@ -229,11 +243,7 @@ def tasks_list() -> None:
 @click.option("--out", required=True, metavar="DIR", help="Directory for <task>.jsonl files.")
 @click.option("--tasks", "--task", "tasks", cls=MultiValueOption, default=None, metavar="NAME...",
               help="kveval tasks to generate (default: all six).")
-@click.option("--task-lengths", cls=MultiValueOption, default=None, metavar="SHARE...",
-              help="Prompt sizes as shares of max_model_len (default 0.25 0.5 0.9).")
-@click.option("--task-depths", cls=MultiValueOption, default=None, metavar="SHARE...",
-              help="Needle depths (default 0.1 0.5 0.9).")
-@click.option("--task-samples", type=int, default=None, help="Samples per task x size x depth point (default 1).")
+@task_shape_options("")
 @click.option("--seed", type=int, default=0, show_default=True)
 def tasks_generate(model, max_model_len, out, tasks, task_lengths, task_depths, task_samples, seed) -> None:
     """Generate task data for the stock lm_eval CLI:
@@ -245,9 +255,7 @@ def tasks_generate(model, max_model_len, out, tasks, task_lengths, task_depths, 
     try:
         written = generate_task_data(
             out, length, model=model, tasks=split_values(tasks) if tasks else None,
-            task_lengths=parse_float_list(task_lengths, "--task-lengths"),
-            task_depths=parse_float_list(task_depths, "--task-depths"), task_samples=task_samples, seed=seed,
-            progress=lambda m: click.echo(m, err=True))
+            **task_shape(task_lengths, task_depths, task_samples), seed=seed, progress=lambda m: click.echo(m, err=True))
     except KvevalError as error:
         raise UsageFailure(str(error)) from None
     for task, entry in written.items():
