@@ -21,7 +21,7 @@ from .runner import CellPlan, run_cell_process
 from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, write_json_atomic, write_text_atomic
 from .phases.tasks import TASKS_DIR
 from .suites import get_suite, scale_max_tokens, speed_workloads
-from .task_setup import TaskSelectionError, check_lm_eval_names, check_task_settings, select_tasks, write_run_task_data
+from .task_setup import TaskSelectionError, check_lm_eval_names, task_shape, write_run_task_data
 from .taskdata import TASKS as TASKS_BY_NAME, write_task_data
 from .units import parse_size
 from .workloads import CTX_1K_TOKENS, PromptFileError, build_workloads, document_tokens, load_user_prompts
@@ -222,11 +222,9 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
     except ValueError as error:
         raise KvevalError(str(error)) from None
     try:
-        task_names = select_tasks(options.tasks)
-        task_fractions = tuple(float(x) for x in (options.task_lengths or suite.task_fractions))
-        task_depths = tuple(float(x) for x in (options.task_depths or suite.task_depths))
-        task_samples = int(options.task_samples or suite.task_samples)
-        check_task_settings(task_fractions, task_depths, task_samples, options.task_limit)
+        shape = task_shape(suite, options.tasks, options.task_lengths, options.task_depths, options.task_samples,
+                           options.task_limit)
+        task_names, task_fractions, task_depths, task_samples = shape.names, shape.fractions, shape.depths, shape.samples
         if "tasks" in options.phases and task_names:
             check_lm_eval_names(task_names, TASKS_DIR)
     except TaskSelectionError as error:
@@ -383,15 +381,10 @@ def generate_task_data(out: str | Path, max_model_len: int, *, model: str | None
     """Write kveval's task data for one max_model_len into OUT/<task>.jsonl, for the stock lm_eval
     CLI (`lm_eval --include_path tasks/ --tasks kveval_longctx --metadata '{"data_dir": "OUT"}'`)."""
     try:
-        suite_preset = get_suite(suite)
-        names = select_tasks(tasks)
-        fractions = tuple(task_lengths or suite_preset.task_fractions)
-        depths = tuple(task_depths or suite_preset.task_depths)
-        samples = int(task_samples or suite_preset.task_samples)
-        check_task_settings(fractions, depths, samples, None)
-    except (ValueError, TaskSelectionError) as error:
+        shape = task_shape(get_suite(suite), tasks, task_lengths, task_depths, task_samples)
+    except ValueError as error:  # TaskSelectionError is one
         raise KvevalError(str(error)) from None
-    others = [n for n in names if n not in TASKS_BY_NAME]
+    others = [n for n in shape.names if n not in TASKS_BY_NAME]
     if others:
         raise KvevalError(f"only kveval's own tasks have generated data; not: {', '.join(others)}")
     if int(max_model_len) < 64:
@@ -405,7 +398,7 @@ def generate_task_data(out: str | Path, max_model_len: int, *, model: str | None
     if out.exists() and not out.is_dir():
         raise KvevalError(f"--out {out} exists and is not a directory")
     try:
-        return write_task_data(tokenizer, out, int(max_model_len), names, fractions=fractions, depths=depths,
-                               samples_per_point=samples, seed=seed)
+        return write_task_data(tokenizer, out, int(max_model_len), shape.names, fractions=shape.fractions,
+                               depths=shape.depths, samples_per_point=shape.samples, seed=seed)
     except ValueError as error:
         raise KvevalError(f"cannot generate task data for max_model_len {max_model_len}: {error}") from None

@@ -52,7 +52,7 @@ def task_shape_options(default_prefix: str):
     return decorate
 
 
-def task_shape(task_lengths, task_depths, task_samples) -> dict:
+def task_shape_kwargs(task_lengths, task_depths, task_samples) -> dict:
     """The parsed values of task_shape_options, as keyword arguments of the API."""
     return {"task_lengths": parse_float_list(task_lengths, "--task-lengths"),
             "task_depths": parse_float_list(task_depths, "--task-depths"), "task_samples": task_samples}
@@ -137,7 +137,7 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
             speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout, phases=split_values(phases),
             command=shlex.join(["kveval", *sys.argv[1:]]), gate_config=gate_config, gate_overrides=overrides,
             tasks=split_values(tasks) if tasks else None, task_limit=task_limit,
-            **task_shape(task_lengths, task_depths, task_samples),
+            **task_shape_kwargs(task_lengths, task_depths, task_samples),
         )
     except RunInterrupted as error:
         click.echo(f"Error: {error}", err=True)
@@ -255,7 +255,7 @@ def tasks_generate(model, max_model_len, out, tasks, task_lengths, task_depths, 
     try:
         written = generate_task_data(
             out, length, model=model, tasks=split_values(tasks) if tasks else None,
-            **task_shape(task_lengths, task_depths, task_samples), seed=seed, progress=lambda m: click.echo(m, err=True))
+            **task_shape_kwargs(task_lengths, task_depths, task_samples), seed=seed, progress=lambda m: click.echo(m, err=True))
     except KvevalError as error:
         raise UsageFailure(str(error)) from None
     for task, entry in written.items():

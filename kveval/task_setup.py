@@ -8,6 +8,7 @@ which takes lm-eval some 15 s to build, so only when such a name is given.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -63,6 +64,29 @@ def check_task_settings(fractions: Sequence[float], depths: Sequence[float], sam
         raise TaskSelectionError("task samples per point must be at least 1")
     if limit is not None and limit < 1:
         raise TaskSelectionError("--limit must be at least 1")
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """Which tasks, at which sizes (shares of max_model_len) and depths, how many samples each."""
+
+    names: list[str]
+    fractions: tuple[float, ...]
+    depths: tuple[float, ...]
+    samples: int
+    limit: int | None = None
+
+
+def task_shape(suite, tasks: Sequence[str] | None, fractions: Sequence[float] | None = None,
+               depths: Sequence[float] | None = None, samples: int | None = None,
+               limit: int | None = None) -> TaskShape:
+    """The suite's task preset with the user's settings over it, checked (TaskSelectionError)."""
+    shape = TaskShape(select_tasks(tasks),
+                      tuple(float(x) for x in (fractions or suite.task_fractions)),
+                      tuple(float(x) for x in (depths or suite.task_depths)),
+                      int(samples if samples is not None else suite.task_samples), limit)
+    check_task_settings(shape.fractions, shape.depths, shape.samples, shape.limit)
+    return shape
 
 
 def write_run_task_data(run_dir: Path, tokenizer, lengths: Sequence[int], tasks: Sequence[str], *,

@@ -138,6 +138,7 @@ def test_bad_task_settings_are_refused(fractions, depths, samples, limit, messag
     (["--task-lengths", "half"], "is not a number"),
     (["--task-depths", "1.5"], "depth 1.5 must be in [0, 1]"),
     (["--limit", "0"], "--limit must be at least 1"),
+    (["--task-samples", "0"], "at least 1"),  # not silently the suite's default
     (["--full", "--suite", "quick"], "contradict"),
 ])
 def test_compare_refuses_bad_task_options_before_any_engine(tmp_path, args, message):
