@@ -19,10 +19,9 @@ from .models import ModelError, resolve_model
 from .phases import DEFAULT_PHASES, PHASES
 from .runner import CellPlan, run_cell_process
 from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, write_json_atomic, write_text_atomic
-from .phases.tasks import TASKS_DIR
 from .suites import get_suite, scale_max_tokens, speed_workloads
 from .task_setup import TaskSelectionError, check_lm_eval_names, task_shape, write_run_task_data
-from .taskdata import TASKS as TASKS_BY_NAME, write_task_data
+from .taskdata import TASKS as TASKS_BY_NAME, TASKS_DIR, write_task_data
 from .units import parse_size
 from .workloads import CTX_1K_TOKENS, PromptFileError, build_workloads, document_tokens, load_user_prompts
 

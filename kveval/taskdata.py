@@ -30,6 +30,7 @@ MIN_HAYSTACK_TOKENS = 16    # below this a "depth" means nothing
 DEFAULT_FRACTIONS = (0.25, 0.5, 0.9)
 DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
 TASK_GROUP = "kveval_longctx"
+TASKS_DIR = DATA_DIR.parent / "tasks"   # the lm-eval YAMLs + utils.py, beside data/
 _MAX_FIT_ROUNDS = 24
 
 

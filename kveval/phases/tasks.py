@@ -15,7 +15,6 @@ import json
 import logging
 from pathlib import Path
 
-TASKS_DIR = Path(__file__).resolve().parent.parent.parent / "tasks"
 PRIMARY_METRIC = "all_match"     # kveval tasks: every expected value appears in the answer
 PARTIAL_METRIC = "partial_match"
 DOC_FIELDS = ("id", "length_fraction", "depth", "target_tokens", "needle_depths")
@@ -106,7 +105,7 @@ def run(engine, cell) -> dict:
 
     from ..lmeval_bridge import EngineLM
     from ..task_setup import spread
-    from ..taskdata import TASKS as KVEVAL_TASKS
+    from ..taskdata import TASKS as KVEVAL_TASKS, TASKS_DIR
 
     # lm-eval logs every request at INFO; the cell log is for vLLM's words.
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
