@@ -50,7 +50,8 @@ def run_cell(spec: dict) -> dict:
     settings = engine_module.EngineSettings(**spec["engine"])
     facts: dict = {
         "cell": spec["cell_id"],
-        "kv_cache_dtype": settings.kv_cache_dtype,
+        # The KV spec as the user named it (e.g. fp8:keep=0): what the cell id says it is.
+        "kv_cache_dtype": spec.get("kv_spec") or settings.kv_cache_dtype,
         "max_model_len": settings.max_model_len,
         "engine_settings": settings.llm_kwargs(),
         "complete": False,
@@ -91,7 +92,7 @@ def run_cell(spec: dict) -> dict:
 
     prompts = [PromptSpec.from_dict(item) for item in read_json(Path(spec["workloads_path"]))]
     context = CellContext(
-        cell_id=spec["cell_id"], kv_cache_dtype=settings.kv_cache_dtype, max_model_len=settings.max_model_len,
+        cell_id=spec["cell_id"], kv_cache_dtype=spec.get("kv_spec") or settings.kv_cache_dtype, max_model_len=settings.max_model_len,
         prompts=prompts, options=spec.get("phase_options", {}), emit=emit, facts=facts,
         run_dir=Path(spec["result_path"]).parent.parent, model_path=settings.model,
         checkpoint=lambda: write_json_atomic(result_path, facts, compact=True),

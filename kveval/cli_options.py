@@ -41,8 +41,18 @@ def split_values(values: Iterable[str]) -> tuple[str, ...]:
     """
     if isinstance(values, str):  # a lone string is one value, not characters
         values = [values]
-    parts = (part.strip() for value in values for part in str(value).split(","))
+    parts = []
+    for value in values:
+        for part in (p.strip() for p in str(value).split(",")):
+            # `fp8:keep=0,1`: the layer list after keep= is part of one KV spec, not more values.
+            if parts and ":keep=" in parts[-1] and (part.isdigit() or part in _KEEP_NAMES):
+                parts[-1] += "," + part
+            else:
+                parts.append(part)
     return _dedupe(p for p in parts if p)
+
+
+_KEEP_NAMES = {"sliding_window"}  # vLLM attention-type names accepted in kv_cache_dtype_skip_layers
 
 
 def _looks_like_option(token: str) -> bool:

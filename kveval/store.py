@@ -82,6 +82,10 @@ class RunDir:
         return self.path / "scoring.json"
 
     @property
+    def kv_ranges_path(self) -> Path:
+        return self.path / "kv_ranges.json"
+
+    @property
     def review_path(self) -> Path:
         return self.path / "review.md"
 

@@ -383,7 +383,9 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
             rows.append({"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"),
                          "max_model_len": facts.get("max_model_len"), "prompt": prompt["id"],
                          "workload": prompt["workload"], **finding.to_dict(),
-                         "new_vs_baseline": (not is_base) and finding.detector not in base_hits,
+                         # None: no baseline output for this prompt, so "new" cannot be judged.
+                         "new_vs_baseline": (False if is_base else None if source is None
+                                             else finding.detector not in base_hits),
                          "baseline_cell": source})
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
@@ -402,16 +404,21 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, dict], workloa
         outputs = [record for _, _, record in _scanned(workloads, {name: facts}, {name: records[name]})]
         mine = findings[findings["cell"] == name]
         failures = mine[~mine["detector"].isin(INFORMATIONAL_DETECTORS)]
-        new = failures[failures["new_vs_baseline"].astype(bool)]
+        new = failures[failures["new_vs_baseline"].fillna(False).astype(bool)]
+        is_base = facts.get("kv_cache_dtype") == BASELINE_KV
+        # Outputs with a baseline output for the same prompt: only these can show "new" degeneration.
+        judged = None if is_base else sum(
+            1 for _, prompt, _ in _scanned(workloads, {name: facts}, {name: records[name]})
+            if _baseline_source(cells, name, prompt["id"], BASELINE_KV, records) is not None)
         limited = sum(1 for record in outputs if record.get("finish_reason") == "length")
         row = {"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
                "outputs": len(outputs),
                "outputs_with_findings": int(failures["prompt"].nunique()),
-               "outputs_with_new_findings": int(new["prompt"].nunique())}
+               "outputs_with_new_findings": int(new["prompt"].nunique()), "judged_outputs": judged}
         for detector in DETECTORS:
             row[detector] = int((mine["detector"] == detector).sum())
         row["token_limit_rate"] = limited / len(outputs) if outputs else None
         rows.append(row)
     columns = ["cell", "kv_cache_dtype", "max_model_len", "outputs", "outputs_with_findings",
-               "outputs_with_new_findings", *DETECTORS, "token_limit_rate"]
+               "outputs_with_new_findings", "judged_outputs", *DETECTORS, "token_limit_rate"]
     return pd.DataFrame(rows, columns=columns)

@@ -188,12 +188,29 @@ def compare_sequences(reference: dict[str, dict], candidate: dict[str, dict]) ->
     return pooled, per_sequence, skipped
 
 
-def _comparison(kind: str, cell: str, reference: str, ref_seqs: dict, cand_seqs: dict, **extra) -> dict:
+LATE_FRACTION = 0.5
+"""Late positions: from this share of a cell's usable context (min(max_model_len, the model's own
+limit)) on. Their KL is judged on its own, so damage that grows with position is not diluted by the
+many short positions every document starts with."""
+
+
+def late_start(max_model_len: int | None, model_limit: int | None = None) -> int | None:
+    usable = min(x for x in (max_model_len, model_limit) if x) if (max_model_len or model_limit) else None
+    return int(LATE_FRACTION * usable) if usable else None
+
+
+def _comparison(kind: str, cell: str, reference: str, ref_seqs: dict, cand_seqs: dict, late_from: int | None = None,
+                **extra) -> dict:
     pooled, per_sequence, skipped = compare_sequences(ref_seqs, cand_seqs)
     by_kind = {k: divergence_summary(group) for k, group in pooled.groupby("sequence_kind", sort=True)} if len(pooled) else {}
-    return {"cell": cell, "reference": reference, "kind": kind, **extra,
-            "summary": divergence_summary(pooled), "buckets": _records(by_position_bucket(pooled)),
-            "by_sequence_kind": by_kind, "per_sequence": per_sequence, "skipped": skipped}
+    out = {"cell": cell, "reference": reference, "kind": kind, **extra,
+           "summary": divergence_summary(pooled), "buckets": _records(by_position_bucket(pooled)),
+           "max_position": int(pooled["position"].max()) if len(pooled) else None,
+           "by_sequence_kind": by_kind, "per_sequence": per_sequence, "skipped": skipped}
+    if late_from is not None:
+        late = pooled[pooled["position"] >= late_from] if len(pooled) else pooled
+        out["late"] = {"start": late_from, **divergence_summary(late)}
+    return out
 
 
 def _nearest_baseline(facts: dict, bases: dict[str, dict]) -> str | None:
@@ -204,7 +221,7 @@ def _nearest_baseline(facts: dict, bases: dict[str, dict]) -> str | None:
     return ranked[0] if ranked else None
 
 
-def cell_divergence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dict:
+def cell_divergence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV, model_limit: int | None = None) -> dict:
     """Every non-baseline cell against its baseline, plus the baseline's own noise floor.
 
     kind "kv": cell vs the started, scored baseline at the same max_model_len. When that baseline
@@ -214,6 +231,7 @@ def cell_divergence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> d
     kind "noise_length": baseline vs baseline at another max_model_len (every pair, shorter as reference).
     kind "noise_batch": a baseline cell's `noise` re-scoring (other batch composition) vs its main scoring.
     noise_floor takes the max of each figure over the noise comparisons (None when there are none).
+    kv comparisons also carry `late`: the summary over positions from `late_start` of the cell on.
     """
     order = sorted(cells, key=lambda name: (cells[name].get("max_model_len") or 0, str(cells[name].get("kv_cache_dtype")), name))
     bases = {n: cells[n] for n in order if cells[n].get("kv_cache_dtype") == baseline_kv and _scored(cells[n])}
@@ -234,6 +252,7 @@ def cell_divergence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> d
             continue
         same = cells[ref].get("max_model_len") == facts.get("max_model_len")
         comparisons.append(_comparison("kv", name, ref, _scored(cells[ref]), _scored(facts), same_length=same,
+                                       late_from=late_start(facts.get("max_model_len"), model_limit),
                                        kv_cache_dtype=facts.get("kv_cache_dtype"), max_model_len=facts.get("max_model_len")))
     for shorter, longer in itertools.combinations(bases, 2):
         if cells[shorter].get("max_model_len") != cells[longer].get("max_model_len"):

@@ -15,10 +15,11 @@ from kveval.evidence import build_evidence, json_safe
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
 from tests.support.constructed import expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
 
-N = 300  # scored positions per cell (min_scored_tokens is 200)
-DEFAULTS = Thresholds()
-KL_MAX = f"{DEFAULTS.kl_mean_max:.2g}"               # as the gate writes it, e.g. 0.03
-TOP1_MIN = f"{100 * DEFAULTS.top1_agreement_min:.1f} %"  # e.g. 85.0 %
+N = 700  # scored positions per cell: 200+ in all, 100+ from position 512 (the late half of 1024)
+CPU = Thresholds().budget("cpu")  # constructed cells ran on CPU_ATTN: the CPU profile applies
+KL_MAX = f"{CPU.kl_mean_max:.2g}"                 # as the gate writes it, e.g. 0.08
+KL_FAIL = f"{CPU.kl_mean_fail:.2g}"
+TOP1_MIN = f"{100 * CPU.top1_agreement_min:.1f} %"
 
 WORKLOADS = [
     {"id": "short_256-0", "workload": "short_256", "kind": "short", "token_ids": [1, 2, 3], "max_tokens": 64},
@@ -104,8 +105,10 @@ def test_evidence_has_the_gate_shape_and_is_json():
     assert evidence["divergence"]["top_k"] == [5]
     verdict = evaluate(evidence)
     assert verdict.status == "FAIL"
-    assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_p99", "top1_agreement",
-                                                                     "new_degenerate_share"}
+    # KL p99 1.52 stays under the CPU harm limit 3.0: the mean, the late mean and top-1 decide it.
+    assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_late_mean",
+                                                                     "top1_agreement", "new_degenerate_share"}
+    assert evidence["platform"]["profile"] == "cpu" and evidence["tasks_planned"] is False
 
 
 def test_json_safe_replaces_nan_and_numpy():
@@ -142,14 +145,18 @@ def test_healthy_run_passes_with_every_figure_stored(run_dir):
     assert len(pairs) == 3 and {p["prompt"] for p in pairs} == {"short_256-0", "short_256-1", "ctx_1k-0"}
     divergence = _csv(path, "divergence")
     assert [(r["kind"], r["bucket"]) for r in divergence] == [
-        ("kv", "all"), ("kv", "0-127"), ("kv", "128-255"), ("kv", "256-511"),
-        ("noise_batch", "all"), ("noise_batch", "0-127"), ("noise_batch", "128-255"), ("noise_batch", "256-511")]
+        ("kv", "all"), ("kv", "0-127"), ("kv", "128-255"), ("kv", "256-511"), ("kv", "512-1023"),
+        ("noise_batch", "all"), ("noise_batch", "0-127"), ("noise_batch", "128-255"), ("noise_batch", "256-511"),
+        ("noise_batch", "512-1023")]
+    assert _kv(results)["late"]["start"] == 512 and _kv(results)["late"]["n"] == N - 511
     assert float(divergence[0]["kl_mean"]) == pytest.approx(expected_kl("healthy"))
     assert int(divergence[1]["n"]) == 127  # positions 1..127
     assert [r["cell"] for r in _csv(path, "startup")] == ["auto-1024", "fp8-1024"]
     speed = {r["cell"]: r for r in _csv(path, "speed")}
     assert float(speed["fp8-1024"]["ttft_delta_pct"]) == pytest.approx(20.0)
-    assert {r["name"] for r in _csv(path, "checks")} == {"kl_mean", "kl_p99", "top1_agreement", "new_degenerate_share"}
+    assert {r["name"] for r in _csv(path, "checks")} == {"kl_mean", "kl_p99", "kl_late_mean", "top1_agreement",
+                                                         "new_degenerate_share"}
+    assert results["verdict"]["cells"] == {"fp8-1024": "PASS"}
 
 
 def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
@@ -162,10 +169,12 @@ def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
     order = [review.index(h) for h in ("## Verdict", "## Run", "## Start-up", "## Output diff vs `auto`",
                                        "## Degeneration", "## Teacher-forced divergence")]
     assert order == sorted(order)
-    assert (f"- fp8-1024: KL mean 0.000326 ≤ {KL_MAX}; KL p99 0.000326 ≤ 0.5; top-1 agreement 100.0 % ≥ {TOP1_MIN}; "
-            "0 of 3 outputs newly degenerate; allowed 1") in review
-    assert f"kl_mean_max={KL_MAX} kl_p99_max=0.5" in review
-    assert "Noise floor (auto vs itself, worst of: auto-1024 re-scored in another batch (n 300))" in review
+    assert (f"- fp8-1024: KL mean 0.000326 ≤ {KL_MAX}; KL p99 0.000326 ≤ 1; KL mean (late) 0.000326 ≤ 0.12; "
+            f"top-1 agreement 100.0 % ≥ {TOP1_MIN}; 0 of 3 outputs newly degenerate; allowed 1") in review
+    assert "**FP8 passes at 1024 and holds 2× the `auto` pool.**" in review
+    assert "long-context task accuracy not measured (tasks turned off)" in review
+    assert "Divergence budgets: **cpu profile**" in review
+    assert "Noise floor (auto vs itself, worst of: auto-1024 re-scored in another batch (n 700))" in review
     # Output diff: per workload, the first diverging pair side by side, escaped.
     assert "**2 of 3** outputs identical." in review
     assert "| short\\_256 | fp8-1024 | auto-1024 | 1/2 | 50.0 %" in review
@@ -178,9 +187,9 @@ def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
     assert "None: no detector fired on any output, the baseline's included." in review
     # Divergence: k stated, noise floor beside.
     assert "reference top-k (k=5) plus a rest bucket" in review
-    assert "| fp8-1024 vs auto-1024 | KV dtype | 300 | 0.000326" in review
+    assert "| fp8-1024 vs auto-1024 | KV dtype | 700 | 0.000326" in review
     assert "**noise floor** (worst noise row)" in review
-    assert "### By position" in review and "| 256-511 " in review
+    assert "### By position" in review and "| 512-1023 " in review
     for line in lines:
         if line.startswith("|"):
             assert line.rstrip().endswith("|"), line
@@ -193,10 +202,11 @@ def test_harmed_run_fails_with_reasons_and_loop_findings(run_dir):
     assert result.exit_code == EXIT_FAIL, result.output
     out = result.stdout.splitlines()
     assert out[0] == "FAIL"
-    kl_reason = f"fp8-1024: KL mean 1.52 > budget {KL_MAX} (max({KL_MAX}, 3 × noise floor 0))"
-    assert f"- {kl_reason}" in out
-    assert f"- fp8-1024: top-1 agreement 0.0 % < {TOP1_MIN} (n 300)" in out
-    assert any(line.startswith("- fp8-1024: 3 of 3 outputs degenerate where the baseline's do not") for line in out)
+    kl_reason = f"fp8-1024: divergence vs auto-1024 far outside the healthy range: KL mean 1.52 > harm limit {KL_FAIL}"
+    assert any(line.startswith(f"- {kl_reason}") for line in out), out
+    assert any("top-1 agreement 0.0 % < harm limit 60.0 %" in line for line in out)
+    assert any(line.startswith("- fp8-1024: 3 of 3 outputs degenerate where the auto output for the same prompt "
+                               "does not") for line in out)
     assert f"results: {path / 'results.json'}" in out
     assert runner.invoke(cli, ["report", str(path)]).exit_code == EXIT_FAIL
 
@@ -212,6 +222,7 @@ def test_harmed_run_fails_with_reasons_and_loop_findings(run_dir):
     review = _flat((path / "review.md").read_text())
     assert review.index("## Verdict: **FAIL**") < review.index("## Run")
     assert f"- {kl_reason}" in review
+    assert "**FP8 fails at 1024.**" in review
     assert "### New in non-`auto` cells" in review
     new_table = review[review.index("### New in non-`auto` cells"):review.index("### Already in the baseline")]
     assert "| fp8-1024 | short\\_256 | short\\_256-0 | ngram\\_loop\\_tokens" not in new_table  # detector names are ours
@@ -227,11 +238,12 @@ def test_no_fp8_cell_started_is_inconclusive(run_dir):
     result = runner.invoke(cli, ["gate", str(path)])
     assert result.exit_code == EXIT_INCONCLUSIVE, result.output
     assert result.stdout.splitlines()[0] == "INCONCLUSIVE"
-    assert "- no fp8 cell started: quality could not be measured" in result.stdout
+    assert "- no tested cell started: quality could not be measured" in result.stdout
     assert runner.invoke(cli, ["report", str(path)]).exit_code == EXIT_INCONCLUSIVE
     review = (path / "review.md").read_text()
     assert "## Verdict: **INCONCLUSIVE**" in review
-    assert "- no fp8 cell started: quality could not be measured" in review
+    assert "- no tested cell started: quality could not be measured" in review
+    assert "**FP8 did not start at 1024.**" in review
     assert "fp8-1024: not compared (did not start)" in review
     assert "Nothing to scan: no non-`auto` cell produced an output." in review
     assert _results(path)["verdict"]["exit_code"] == EXIT_INCONCLUSIVE
@@ -248,7 +260,8 @@ def test_report_is_reproducible(run_dir):
 
 # --- thresholds ------------------------------------------------------------------------------------
 
-LOOSE = "kl_mean_max: 5\nkl_p99_max: 5\ntop1_agreement_min: 0\nmax_new_degenerate_share: 1\n"
+LOOSE = ("kl_mean_max: 5\nkl_p99_max: 5\nkl_late_max: 5\ntop1_agreement_min: 0\nmax_new_degenerate_share: 1\n"
+         "kl_mean_fail: 9\nkl_p99_fail: 9\nkl_late_fail: 9\ntop1_agreement_fail: 0\n")
 
 
 def test_yaml_config_and_threshold_overrides(run_dir, tmp_path):
@@ -259,15 +272,17 @@ def test_yaml_config_and_threshold_overrides(run_dir, tmp_path):
     result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config)])
     assert result.exit_code == EXIT_PASS, result.output
     assert _results(harmed)["verdict"]["thresholds"]["kl_mean_max"] == 5.0
-    assert "kl_mean_max=5 kl_p99_max=5" in (harmed / "review.md").read_text()
+    assert "kl_mean_max=5 kl_late_max=5 kl_p99_max=5" in (harmed / "review.md").read_text()
     # --threshold wins over the file.
     result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_max=0.01"])
-    assert result.exit_code == EXIT_FAIL
-    assert "- fp8-1024: KL mean 1.52 > budget 0.01 (max(0.01, 3 × noise floor 0))" in result.stdout
-    # A stricter mean limit fails the healthy run; report takes the same options.
+    assert result.exit_code == EXIT_INCONCLUSIVE
+    assert "KL mean 1.52 is outside the healthy budget 0.01 but within the harm limit 9" in result.stdout
+    result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_fail=0.5"])
+    assert result.exit_code == EXIT_FAIL and "KL mean 1.52 > harm limit 0.5" in result.stdout
+    # A stricter limit moves the healthy run out of PASS; report takes the same options.
     result = runner.invoke(cli, ["report", str(healthy), "--threshold", "kl_mean_max=0.0001", "--threshold",
                                  "top1_agreement_min=0.5"])
-    assert result.exit_code == EXIT_FAIL
+    assert result.exit_code == EXIT_INCONCLUSIVE
     thresholds = _results(healthy)["verdict"]["thresholds"]
     assert (thresholds["kl_mean_max"], thresholds["top1_agreement_min"]) == (0.0001, 0.5)
 
@@ -343,8 +358,10 @@ def test_api_report_and_gate(run_dir):
     result = api.report(path)
     assert result.verdict.status == "FAIL" and result.evidence["cells"]["fp8-1024"]["started"]
     assert result.results_path == path / "results.json" and result.review_path == path / "review.md"
-    verdict = api.gate(path, gate_overrides={"kl_mean_max": 5, "kl_p99_max": 5, "top1_agreement_min": 0,
-                                             "max_new_degenerate_share": 1})
+    verdict = api.gate(path, gate_overrides={"kl_mean_max": 5, "kl_p99_max": 5, "kl_late_max": 5,
+                                             "top1_agreement_min": 0, "max_new_degenerate_share": 1,
+                                             "kl_mean_fail": 9, "kl_p99_fail": 9, "kl_late_fail": 9,
+                                             "top1_agreement_fail": 0})
     assert verdict.status == "PASS"
     assert _results(path)["verdict"]["status"] == "PASS"
     with pytest.raises(api.KvevalError, match="unknown threshold"):
@@ -360,4 +377,16 @@ def test_run_with_no_cell_results_yet_is_inconclusive_not_a_crash(tmp_path):
     assert result.exit_code == EXIT_INCONCLUSIVE, result.output
     review = store.review_path.read_text()
     assert "## Verdict: **INCONCLUSIVE**" in review and "_No cell has a result yet._" in review
-    assert _results(store.path)["evidence"]["cells"] == {}
+    cells = _results(store.path)["evidence"]["cells"]
+    assert {name for name, cell in cells.items() if cell["missing"]} == {"auto-1024", "fp8-1024"}
+    assert "fp8-1024: planned but has no result file" in result.stdout
+
+
+def test_deleted_cell_file_is_named_and_never_pass(run_dir):
+    path = run_dir("healthy")
+    assert CliRunner().invoke(cli, ["gate", str(path)]).exit_code == EXIT_PASS
+    (path / "cells" / "fp8-1024.json").unlink()
+    result = CliRunner().invoke(cli, ["gate", str(path)])
+    assert result.exit_code == EXIT_INCONCLUSIVE, result.output
+    assert "fp8-1024: planned but has no result file" in result.stdout
+    assert "run the same command again with the same --out" in (path / "review.md").read_text()

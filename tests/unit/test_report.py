@@ -132,8 +132,10 @@ def _flat(text):
 def test_review_leads_with_the_verdict_and_shows_divergence_with_noise_floor():
     review = render_review(MANIFEST, WORKLOADS, CELLS)
     assert review.index("## Verdict: **FAIL**") < review.index("## Run") < review.index("## Start-up")
-    limit = f"{Thresholds().kl_mean_max:.2g}"
-    assert f"- fp8-2048: KL mean 1.52 > budget {limit} (max({limit}, 3 × noise floor 0))" in review
+    limit = f"{Thresholds().budget('cpu').kl_mean_fail:.2g}"
+    assert f"- fp8-2048: divergence vs auto-1024 far outside the healthy range: KL mean 1.52 > harm limit {limit}" in review
+    # No auto at 2048, so fp8-2048's outputs and tasks are not judged; its headline still says FAIL.
+    assert "**FP8 fails at 2048, is inconclusive at 1024.**" in review
     # fp8-2048 has no started auto at 2048: compared with auto-1024, said so in the verdict and the section.
     assert "compared with auto-1024 on the sequences both scored" in review
     flat = _flat(review)
@@ -157,7 +159,7 @@ def test_review_without_scoring_is_inconclusive_and_says_why():
              for name, facts in CELLS.items()}
     review = render_review(MANIFEST, WORKLOADS, cells)
     assert "## Verdict: **INCONCLUSIVE**" in review
-    assert "- fp8-1024: no teacher-forced comparison (no scored sequences)" in review
+    assert "- fp8-1024: no teacher-forced divergence (no scored sequences)" in review
     assert "_No comparison: a non-`auto` cell and an `auto` cell must both have started and scored._" in review
 
 

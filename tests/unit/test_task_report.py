@@ -166,7 +166,10 @@ def test_write_results_writes_task_csvs_and_heatmap_and_removes_a_stale_one(tmp_
 
 # --- gate and `kveval report` end to end -------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind, code, status", [("healthy", EXIT_PASS, "PASS"), ("mixed", EXIT_INCONCLUSIVE, "INCONCLUSIVE"),
+# 16 paired samples cannot show non-inferiority, so even a perfect pairing is INCONCLUSIVE (and these
+# constructed cells have no teacher-forced scoring either); a significant drop FAILs.
+@pytest.mark.parametrize("kind, code, status", [("healthy", EXIT_INCONCLUSIVE, "INCONCLUSIVE"),
+                                                ("mixed", EXIT_INCONCLUSIVE, "INCONCLUSIVE"),
                                                 ("harmed", EXIT_FAIL, "FAIL")])
 def test_report_cli_on_a_run_with_task_samples(tmp_path, kind, code, status):
     path = tmp_path / kind
@@ -175,20 +178,21 @@ def test_report_cli_on_a_run_with_task_samples(tmp_path, kind, code, status):
     assert result.exit_code == code, result.output
     results = json.loads((path / "results.json").read_text())
     assert results["verdict"]["status"] == status
-    (task_check,) = [c for c in results["verdict"]["checks"] if c["name"] == "task_recovery"]
+    (task_check,) = [c for c in results["verdict"]["checks"] if c["name"].startswith("task_")]
     assert task_check["cell"] == "fp8-1024"
-    assert task_check["passed"] == {"healthy": True, "mixed": None, "harmed": False}[kind]
+    assert task_check["passed"] == {"healthy": None, "mixed": None, "harmed": False}[kind]
     review = _flat((path / "review.md").read_text())
     assert f"## Verdict: **{status}**" in review and "## Long-context tasks" in review
     assert (path / HEATMAP_FILE).exists() and (path / "tables" / "task_accuracy.csv").exists()
     if kind == "harmed":
-        assert ("- fp8-1024: task accuracy recovery 50.0 % < 95.0 %, significant (McNemar p 0.002 < 0.05, n 20; "
-                "10 samples only the baseline got right, 0 only this cell)") in review
+        assert ("- fp8-1024: significant task accuracy drop: recovery 50.0 % < 95.0 %, McNemar p 0.002 < 0.05 "
+                "(accuracy 50.0 % vs 100.0 % on 20 paired samples (10 only auto right, 0 only this cell)") in review
     elif kind == "mixed":
-        assert ("- fp8-1024: task accuracy below the 95.0 % recovery bar, but too few samples to tell: recovery 75.0 %, "
-                "McNemar p 0.12, n 16") in review
+        assert "- fp8-1024: task accuracy not shown non-inferior: recovery 75.0 %" in review
+        assert "(16 paired samples)" in review
     else:
-        assert "task recovery 100.0 % (accuracy 100.0 % vs 100.0 % on 16 paired samples, McNemar p 1)" in review
+        assert "- fp8-1024: task accuracy not shown non-inferior: recovery 100.0 %" in review
+        assert "**to decide:** about" in review and "paired samples per cell (now 16)" in review
 
 
 def test_failed_single_task_is_reported_and_noted():
@@ -197,5 +201,4 @@ def test_failed_single_task_is_reported_and_noted():
     review, evidence = review_of(cells)
     assert "- **fp8-1024** / kveval\\_vt: this task failed (the others ran): ValueError: &lt;bad&gt; \\| yaml" in review
     verdict = evaluate(evidence)
-    assert verdict.status == "PASS"
-    assert [r.message for r in verdict.reasons] == ["fp8-1024: failed tasks left out of its task accuracy: kveval_vt"]
+    assert "fp8-1024: task kveval_vt failed and is left out of its task accuracy" in [r.message for r in verdict.reasons]

@@ -1,0 +1,59 @@
+"""The review's first sentence: per KV configuration, where it passes or fails, and the KV capacity
+a passing one buys against `auto` — e.g. "FP8 fails at 8192 and 32768; FP8 with layer 0 kept in
+bfloat16 passes at 8192 and 32768 and holds 1.9× the `auto` pool". Pure: verdict + evidence in."""
+from __future__ import annotations
+
+from .analysis.cells import BASELINE_KV
+from .gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS
+from .kvspec import parse_kv
+
+_WORDS = {PASS: "passes", FAIL: "fails", INCONCLUSIVE: "is inconclusive", NOT_STARTED: "did not start",
+          "MISSING": "has no result"}
+
+
+def _lengths(values: list[int]) -> str:
+    values = [f"{v}" for v in sorted(values)]
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
+
+
+def _pool_ratio(pools: list[dict], spec: str, lengths: list[int]) -> tuple[float | None, bool]:
+    """Smallest pool ratio spec / auto over `lengths` (measured, else from vLLM's estimate)."""
+    ratios, estimated = [], False
+    for row in pools:
+        if row.get("kv_cache_dtype") == spec and row.get("max_model_len") in lengths:
+            ratio = row.get("ratio")
+            if ratio is None and row.get("fallback_ratio") is not None:
+                ratio, estimated = row["fallback_ratio"], True
+            if ratio is not None:
+                ratios.append(ratio)
+    return (min(ratios) if ratios else None), estimated
+
+
+def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> str:
+    cells = evidence.get("cells") or {}
+    by_spec: dict[str, dict[str, list[int]]] = {}
+    for name, status in verdict.cells.items():
+        facts = cells.get(name) or {}
+        kv = facts.get("kv_cache_dtype")
+        if not kv or kv == BASELINE_KV:
+            continue
+        by_spec.setdefault(kv, {}).setdefault(status, []).append(int(facts.get("max_model_len") or 0))
+    if not by_spec:
+        return f"Nothing was judged: no tested cell besides `{BASELINE_KV}`."
+    sentences = []
+    for kv, statuses in by_spec.items():
+        spec = parse_kv(kv)
+        parts = [f"{_WORDS[s]} at {_lengths(statuses[s])}" for s in (FAIL, PASS, INCONCLUSIVE, NOT_STARTED, "MISSING")
+                 if statuses.get(s)]
+        sentence = f"{spec.label(model_dtype)} " + ", ".join(parts)
+        if statuses.get(PASS):
+            ratio, estimated = _pool_ratio(evidence.get("pools") or [], kv, statuses[PASS])
+            if ratio is not None:
+                sentence += (f" and holds {'at least ' if len(statuses[PASS]) > 1 else ''}{ratio:.2g}× the "
+                             f"`{BASELINE_KV}` pool" + (" (from vLLM's estimate)" if estimated else ""))
+        sentences.append(sentence)
+    text = "; ".join(sentences) + "."
+    for note in (evidence.get("remedy") or {}).get("notes", []):
+        if note.startswith("No remedy"):
+            text += f" {note}."
+    return text

@@ -1,0 +1,60 @@
+"""KV specs (fp8:keep=...), the paired recovery bound, and the per-cell settings kveval owns."""
+from __future__ import annotations
+
+import pytest
+
+from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
+from kveval.cli_options import split_values
+from kveval.kvspec import KVSpec, KVSpecError, parse_kv
+
+
+def test_keep_spec_parses_sorts_and_names_itself():
+    spec = parse_kv("fp8:keep=17,3")
+    assert spec == KVSpec("fp8", ("3", "17"))
+    assert spec.text == "fp8:keep=3,17"
+    assert spec.engine_settings() == {"kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": ["3", "17"]}
+    assert spec.label("bf16") == "FP8 with layers 3, 17 kept in bf16"
+    assert parse_kv("fp8:keep=0").label("bf16") == "FP8 with layer 0 kept in bf16"
+    assert parse_kv("fp8").engine_settings() == {"kv_cache_dtype": "fp8"}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("fp 8", "not a KV-cache dtype name"), ("fp8:skip=1", "only keep=LAYERS"), ("fp8:keep=", "at least one"),
+    ("fp8:keep=x1", "not a layer index"), ("auto:keep=0", "auto is the baseline"),
+])
+def test_bad_specs_say_what_is_wrong(text, message):
+    with pytest.raises(KVSpecError, match=message):
+        parse_kv(text)
+
+
+def test_comma_lists_keep_a_keep_list_together():
+    assert split_values(["fp8:keep=0,1,auto"]) == ("fp8:keep=0,1", "auto")
+    assert split_values(["fp8,auto"]) == ("fp8", "auto")
+
+
+def test_recovery_bound_matches_the_h200_healthy_pairing():
+    # reports/h200-tasks fp8-2048: 127 -> 123 of 270; the bound clears the 0.90 margin.
+    bound = paired_recovery_bound(270, 10, 6, 127 / 270)
+    assert 0.90 < bound < 0.97
+
+
+def test_recovery_bound_of_twelve_samples_is_wide():
+    assert paired_recovery_bound(12, 1, 1, 0.5) < 0.7
+
+
+def test_bound_with_no_discordant_pair_is_still_below_one():
+    assert paired_recovery_bound(100, 0, 0, 0.5) < 1.0
+    assert paired_recovery_bound(16, 0, 0, 1.0) < 0.9  # a small perfect pairing is no proof
+
+
+def test_samples_to_decide():
+    need = samples_to_decide(12, 1, 1, 0.5, 0.90)
+    assert need is not None and need > 12
+    half = round(need * 1.5 / 14)  # the discordance rate the estimate assumed: (b + c + 1) / (n + 2)
+    assert paired_recovery_bound(need, half, half, 0.5) >= 0.895
+    assert samples_to_decide(54, 6, 2, 0.5, 0.90) is None  # observed recovery under the margin
+
+
+def test_bound_refuses_a_zero_baseline():
+    with pytest.raises(ValueError):
+        paired_recovery_bound(10, 0, 0, 0.0)
