@@ -1,0 +1,182 @@
+"""Per-layer KV range against the FP8 range: which layers' K or V an FP8 cache would clip.
+
+vLLM quantises K and V per layer with one scale each: a value x is stored as fp8(x / scale), and
+the conversion saturates, so every |x| above FP8_MAX × scale is clipped. Without checkpoint scales
+vLLM uses scale 1.0 (limit ±448 for e4m3). Input is the dict `kveval.kv_ranges.measure_kv_ranges`
+returns (measured with transformers on real text); everything here is pure: no torch, no I/O.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+FP8_MAX = {"fp8": 448.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+# The key under which kv_ranges records exact counts for each FP8 flavour.
+_CANONICAL = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+_QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p99_9", 0.999), ("p99_99", 0.9999))
+TENSORS = ("k", "v")
+UNCALIBRATED_NOTE = "no KV scales in the checkpoint: vLLM runs the FP8 cache at scale 1.0"
+
+
+def fp8_max(kv_cache_dtype: str | None) -> float | None:
+    """Largest finite value of the cache's FP8 format; None for a cache that is not FP8 ("auto",
+    "bfloat16", ...), which has no range limit worth diagnosing."""
+    if kv_cache_dtype is None:
+        return None
+    return FP8_MAX.get(str(kv_cache_dtype).lower())
+
+
+def canonical_fp8(kv_cache_dtype: str) -> str | None:
+    """"fp8" is e4m3 in vLLM; the exact counts are stored under the explicit names."""
+    return _CANONICAL.get(str(kv_cache_dtype).lower())
+
+
+def normalise_scales(scales: dict | None) -> dict[str, dict[int, float]]:
+    """{"k": {layer: scale}, "v": {...}} from a read_kv_scales-style dict ({"k_scale": {...}}) whose
+    layer keys may be JSON strings. Missing layers mean scale 1.0 (what vLLM uses then)."""
+    out: dict[str, dict[int, float]] = {"k": {}, "v": {}}
+    for tensor in TENSORS:
+        given = (scales or {}).get(f"{tensor}_scale") or {}
+        for layer, value in given.items():
+            if value is None:
+                continue
+            value = float(value)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{tensor}_scale of layer {layer} must be a positive number, got {value}")
+            out[tensor][int(layer)] = value
+    return out
+
+
+def _scale_note(scales: dict | None, normalised: dict) -> tuple[bool, str]:
+    if scales is not None and "calibrated" in scales:
+        calibrated = bool(scales["calibrated"])
+    else:
+        calibrated = any(v != 1.0 for table in normalised.values() for v in table.values())
+    if not calibrated:
+        return False, UNCALIBRATED_NOTE
+    source = (scales or {}).get("source")
+    return True, f"calibrated: per-layer k/v scales from the checkpoint ({source or 'given scales'})"
+
+
+def _share_estimate(stats: dict, limit: float, count: int) -> float:
+    """Upper bound on the share over `limit` from the stored quantiles, used only when the exact
+    count was made against a different limit (the scales changed after measuring)."""
+    bound = 1.0
+    for key, level in _QUANTILES:
+        value = stats.get(key)
+        if value is not None and value <= limit:
+            bound = 1.0 - level
+    # At least one value (the absmax) is over the limit when we get here.
+    return max(bound, 1.0 / max(count, 1))
+
+
+def _row(layer: dict, tensor: str, stats: dict, maximum: float | None, canonical: str | None,
+         scale: float) -> dict:
+    absmax, count = stats.get("absmax"), int(stats.get("count") or 0)
+    row = {"layer": int(layer["layer"]), "attention_type": layer.get("attention_type"), "tensor": tensor,
+           "count": count, "absmax": absmax, "p99_9": stats.get("p99_9"), "p99_99": stats.get("p99_99"),
+           "scale": scale, "limit": None, "ratio": None, "over": None, "share_over": None,
+           "share_exact": True, "saturates": False, "nonfinite": int(stats.get("nonfinite") or 0)}
+    if maximum is None or absmax is None:
+        return row
+    limit = maximum * scale
+    row["limit"] = limit
+    row["ratio"] = absmax / limit
+    measured_limit = (stats.get("limits") or {}).get(canonical)
+    over = (stats.get("over") or {}).get(canonical)
+    if over is not None and measured_limit is not None and math.isclose(measured_limit, limit, rel_tol=1e-6):
+        row["over"] = int(over)
+        row["share_over"] = over / count if count else 0.0
+        row["saturates"] = over > 0
+    else:  # counted against another scale: absmax still decides exactly whether anything clips
+        row["saturates"] = absmax > limit or row["nonfinite"] > 0
+        row["share_exact"] = not row["saturates"]
+        row["share_over"] = _share_estimate(stats, limit, count) if row["saturates"] else 0.0
+    return row
+
+
+def _largest(rows: list[dict], tensor: str) -> dict | None:
+    mine = [r for r in rows if r["tensor"] == tensor and r["absmax"] is not None]
+    if not mine:
+        return None
+    top = max(mine, key=lambda r: (r["ratio"] if r["ratio"] is not None else r["absmax"]))
+    headroom = top["limit"] / top["absmax"] if top["limit"] and top["absmax"] else None
+    return {"layer": top["layer"], "absmax": top["absmax"], "limit": top["limit"], "ratio": top["ratio"],
+            "headroom": headroom}
+
+
+def diagnose(ranges: dict, kv_cache_dtype: str = "fp8", scales: dict | None = None) -> dict:
+    """Compare every layer's measured |K| and |V| with the FP8 limit (FP8 max × that layer's scale).
+
+    `scales` (read_kv_scales' dict) defaults to the scales the ranges were measured against, so the
+    over-limit counts are exact; with other scales, saturation is still exact (absmax > limit) but
+    the share over the limit is an upper bound from the stored quantiles (`share_exact` False).
+    """
+    maximum, canonical = fp8_max(kv_cache_dtype), canonical_fp8(kv_cache_dtype)
+    if scales is None:
+        scales = ranges.get("scales") or {}
+    normalised = normalise_scales(scales)
+    calibrated, note = _scale_note(scales, normalised)
+    measurement = ranges.get("measurement") or {}
+    out = {"kv_cache_dtype": kv_cache_dtype, "fp8_max": maximum, "calibrated": calibrated, "scale_note": note,
+           "tokens": measurement.get("tokens"), "documents": measurement.get("documents_used"),
+           "model": ranges.get("model") or {}, "rows": [], "offending_layers": [], "offending": [],
+           "worst_ratio": None, "worst": None, "largest": {"k": None, "v": None}}
+    if ranges.get("error"):
+        out["error"] = str(ranges["error"])
+        return out
+    if maximum is None:
+        out["note"] = f"kv_cache_dtype {kv_cache_dtype!r} is not FP8: no range limit applies"
+    rows = []
+    for layer in sorted(ranges.get("layers") or [], key=lambda entry: int(entry["layer"])):
+        for tensor in TENSORS:
+            stats = layer.get(tensor)
+            if stats:
+                scale = normalised[tensor].get(int(layer["layer"]), 1.0)
+                rows.append(_row(layer, tensor, stats, maximum, canonical, scale))
+    out["rows"] = rows
+    bad = [r for r in rows if r["saturates"]]
+    bad.sort(key=lambda r: (-(r["share_over"] or 0.0), -(r["ratio"] or 0.0), r["layer"], r["tensor"]))
+    out["offending"] = [{"layer": r["layer"], "tensor": r["tensor"], "absmax": r["absmax"], "p99_9": r["p99_9"],
+                         "limit": r["limit"], "ratio": r["ratio"], "share_over": r["share_over"],
+                         "share_exact": r["share_exact"]} for r in bad]
+    out["offending_layers"] = sorted({r["layer"] for r in bad})
+    rated = [r for r in rows if r["ratio"] is not None]
+    if rated:
+        worst = max(rated, key=lambda r: r["ratio"])
+        out["worst_ratio"] = worst["ratio"]
+        out["worst"] = {"layer": worst["layer"], "tensor": worst["tensor"], "absmax": worst["absmax"],
+                        "limit": worst["limit"], "ratio": worst["ratio"]}
+    out["largest"] = {tensor: _largest(rows, tensor) for tensor in TENSORS}
+    return out
+
+
+def plan_keep_layers(diagnosis: dict) -> list[int]:
+    """Layers to keep in the model dtype so that no layer left in FP8 clips its K or V.
+
+    Rule: vLLM quantises each layer's cache with its own scale, independently of the others, and a
+    layer kept in the model dtype (vLLM's `--kv-cache-dtype-skip-layers`) has no range limit. So a
+    layer left in FP8 clips iff its own K or V exceeds its own limit, and the smallest set to keep is
+    exactly the offending layers (K or V saturating), sorted. This holds for the measured text only:
+    a layer close to its limit (ratio just under 1) is not kept, and may clip on other text.
+    """
+    if diagnosis.get("error"):
+        return []
+    return sorted({int(layer) for layer in diagnosis.get("offending_layers") or []})
+
+
+def skip_layers_argument(diagnosis: dict) -> str | None:
+    """The vLLM flag that keeps the planned layers out of the FP8 cache, or None when none need it."""
+    keep = plan_keep_layers(diagnosis)
+    return None if not keep else "--kv-cache-dtype-skip-layers " + " ".join(str(layer) for layer in keep)
+
+
+TABLE_COLUMNS = ["layer", "attention_type", "tensor", "count", "absmax", "p99_9", "p99_99", "scale", "limit",
+                 "ratio", "over", "share_over", "share_exact", "saturates", "nonfinite"]
+
+
+def diagnosis_table(diagnosis: dict | None) -> pd.DataFrame:
+    """One row per layer and tensor (K, V), for the review and its CSV."""
+    rows = (diagnosis or {}).get("rows") or []
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)

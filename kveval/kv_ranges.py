@@ -1,0 +1,403 @@
+"""Measure the range of every layer's K and V on real text, exactly as they enter the KV cache.
+
+vLLM writes K after the projection bias, the k-norm (if the model has one) and the rotary
+embedding. transformers hands exactly that tensor to `past_key_values.update(...)` in every
+attention module (llama, qwen2, gemma3, ...), so a DynamicCache subclass that records statistics
+there sees what vLLM would quantise — without vLLM, on any machine (this one cannot run FP8 vLLM).
+
+Run in a child process (it loads the model with torch):
+
+    python -m kveval.kv_ranges --model DIR --documents scoring.json --out ranges.json \
+        [--max-tokens 4096] [--device auto|cpu|cuda] [--scales scales.json]
+
+torch and transformers are imported inside functions, so importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kveval.analysis.kv_range import FP8_MAX, normalise_scales
+
+SCHEMA_VERSION = 1
+SAMPLE_LIMIT = 1_000_000   # |x| values kept per layer and tensor for quantiles (torch.quantile caps input size)
+SEED = 20240607            # fixed: the same documents always give the same sample
+LIMITS = {"fp8_e4m3": FP8_MAX["fp8_e4m3"], "fp8_e5m2": FP8_MAX["fp8_e5m2"]}
+QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p99_9", 0.999), ("p99_99", 0.9999))
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class InputError(ValueError):
+    """Bad input (model path, documents, scales); the CLI prints it on one line and exits 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics of one layer's K (or V), accumulated over documents.
+
+class _Accumulator:
+    """Exact count / absmax / mean / over-limit counts, plus a deterministic random sample of |x|
+    for quantiles. Each document contributes sample values in proportion to its tokens."""
+
+    def __init__(self, limits: dict[str, float], scale: float, generator):
+        self.limits, self.scale, self.generator = limits, scale, generator
+        self.count = self.nonfinite = 0
+        self.sum_abs = 0.0
+        self.absmax = 0.0
+        self.over = dict.fromkeys(limits, 0)
+        self.head_absmax = None
+        self.samples = []
+
+    def add(self, states, take: int) -> None:
+        import torch
+
+        x = states.detach().float().abs()
+        for name, limit in self.limits.items():
+            self.over[name] += int((x > limit).sum().item())   # inf counts as over, NaN does not
+        finite = torch.isfinite(x)
+        if not bool(finite.all()):
+            self.nonfinite += int((~finite).sum().item())
+            x = torch.where(finite, x, torch.zeros_like(x))
+        if x.dim() == 4:  # [batch, kv_heads, seq, head_dim]
+            heads = x.amax(dim=(0, 2, 3)).cpu()
+            self.head_absmax = heads if self.head_absmax is None else torch.maximum(self.head_absmax, heads)
+        flat = x.reshape(-1)
+        self.count += flat.numel()
+        self.sum_abs += float(flat.double().sum().item())
+        self.absmax = max(self.absmax, float(flat.max().item()) if flat.numel() else 0.0)
+        if take >= flat.numel():
+            self.samples.append(flat.cpu())
+        elif take > 0:
+            index = torch.randint(flat.numel(), (take,), generator=self.generator)
+            self.samples.append(flat.cpu()[index])
+
+    def result(self) -> dict:
+        import torch
+
+        out = {"count": self.count, "absmax": self.absmax,
+               "mean_abs": self.sum_abs / self.count if self.count else None}
+        sample = torch.cat(self.samples) if self.samples else torch.empty(0)
+        if sample.numel() > SAMPLE_LIMIT:  # rounding per document can overshoot a little
+            sample = sample[torch.randint(sample.numel(), (SAMPLE_LIMIT,), generator=self.generator)]
+        if sample.numel():
+            levels = torch.tensor([level for _, level in QUANTILES], dtype=torch.float32)
+            values = torch.quantile(sample, levels).tolist()
+            out.update({key: float(value) for (key, _), value in zip(QUANTILES, values)})
+        else:
+            out.update(dict.fromkeys((key for key, _ in QUANTILES)))
+        out.update({
+            "sampled": sample.numel() < self.count, "sample_size": int(sample.numel()),
+            "nonfinite": self.nonfinite, "scale": self.scale,
+            "limits": dict(self.limits), "over": dict(self.over),
+            "absmax_per_head": [float(v) for v in self.head_absmax.tolist()] if self.head_absmax is not None else None,
+        })
+        return out
+
+
+def _recording_cache_class():
+    """A DynamicCache that records K/V statistics on every `update` and then caches as usual.
+
+    transformers 5.x: attention calls `past_key_values.update(key_states, value_states,
+    self.layer_idx)` right after the rotary embedding, so K here is post-bias, post-k-norm,
+    post-RoPE: the tensor vLLM writes into its cache."""
+    from transformers import DynamicCache
+
+    class RecordingCache(DynamicCache):
+        def __init__(self, recorder, **kwargs):
+            super().__init__(**kwargs)
+            self._recorder = recorder
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            self._recorder(layer_idx, key_states, value_states)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return RecordingCache
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs.
+
+def _cut_documents(documents, max_tokens: int, max_positions: int | None) -> list[list[int]]:
+    """Documents in order, each truncated so that the total stays within max_tokens."""
+    if max_tokens <= 0:
+        raise InputError(f"max_tokens must be positive, got {max_tokens}")
+    cut, left = [], max_tokens
+    for number, document in enumerate(documents):
+        if not isinstance(document, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in document):
+            raise InputError(f"document {number} is not a list of non-negative integer token ids")
+        if left <= 0:
+            break
+        take = min(len(document), left, max_positions or len(document))
+        if take:
+            cut.append(list(document[:take]))
+            left -= take
+    if not cut:
+        raise InputError("no tokens to measure: every document is empty")
+    return cut
+
+
+def _scale_table(scales: dict | None) -> dict:
+    """The scales as stored in the result: JSON keys, plus calibrated/source when given."""
+    try:
+        normalised = normalise_scales(scales)
+    except (ValueError, TypeError, AttributeError) as error:
+        raise InputError(f"bad scales: {error}") from None
+    out = {f"{t}_scale": {str(layer): value for layer, value in sorted(normalised[t].items())} for t in ("k", "v")}
+    for key in ("calibrated", "source"):
+        if scales and key in scales:
+            out[key] = scales[key]
+    return out
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("device cuda asked for, but torch sees no CUDA device")
+    return device
+
+
+def _check_model_path(model_path: str) -> None:
+    path = Path(model_path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"{model_path} has no config.json: not a transformers model directory")
+    elif path.exists() or not _HUB_ID.match(model_path):
+        raise InputError(f"model directory not found: {model_path}")
+
+
+def _load_model(model_path: str, device: str):
+    """The model in the checkpoint's dtype (bf16 when it names none), with sdpa attention when the
+    architecture supports it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    dtype = getattr(text, "dtype", None) or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        dtype = torch.bfloat16
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa")
+    except (ValueError, ImportError):  # architecture without sdpa support
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    return model.to(device).eval(), text, dtype
+
+
+def _fast_cpu_linears(model) -> int:
+    """Run the model's bf16/fp16 linear layers as fp32 GEMMs whose output is rounded to the model
+    dtype. That is the arithmetic of every bf16 GEMM (cuBLAS included): products accumulated in
+    fp32, the output rounded once. CPUs without native bf16 (AVX2) run it several times faster
+    than torch's bf16 kernel. The output embedding is left alone (tied to the input embedding, and
+    only one position's logits are computed). Returns how many layers were switched."""
+    import torch
+    import torch.nn.functional as F
+
+    skip = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    switched = 0
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Linear) or module is skip:
+            continue
+        if module.weight.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        weight = module.weight.detach().float()
+        bias = module.bias.detach().float() if module.bias is not None else None
+
+        def forward(x, weight=weight, bias=bias):
+            return F.linear(x.float(), weight, bias).to(x.dtype)
+
+        module.forward = forward
+        switched += 1
+    return switched
+
+
+def _model_facts(model_path: str, text, dtype) -> dict:
+    heads = getattr(text, "num_attention_heads", None)
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    return {"path": str(model_path), "model_type": getattr(text, "model_type", None),
+            "num_layers": getattr(text, "num_hidden_layers", None),
+            "num_attention_heads": heads,
+            "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+            "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""),
+            "layer_types": list(getattr(text, "layer_types", None) or []) or None}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement.
+
+def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens: int = 4096,
+                      device: str = "auto", scales: dict | None = None) -> dict:
+    """Per-layer statistics of |K| and |V| as handed to the KV cache, over `documents` (token ids,
+    one forward pass each, at most `max_tokens` tokens in all). `scales` (read_kv_scales' dict, or
+    {"k_scale": {layer: s}, "v_scale": {...}}) sets the limits the exact over-limit counts use:
+    FP8 max × scale, scale 1.0 for layers it does not name (vLLM's default)."""
+    started = time.monotonic()
+    _check_model_path(model_path)
+    scale_table = _scale_table(scales)   # validates them
+    normalised = normalise_scales(scales)
+    _cut_documents(documents, max_tokens, None)  # bad documents fail before the model loads
+    resolved = _resolve_device(device)
+
+    import inspect
+
+    import torch
+
+    model, text, dtype = _load_model(model_path, resolved)
+    facts = _model_facts(model_path, text, dtype)
+    fp32_linears = _fast_cpu_linears(model) if resolved == "cpu" else 0
+    max_positions = getattr(text, "max_position_embeddings", None)
+    cut = _cut_documents(documents, max_tokens, max_positions)
+    total = sum(len(d) for d in cut)
+
+    generator = torch.Generator().manual_seed(SEED)
+    stats: dict[tuple[int, str], _Accumulator] = {}
+    budget = {"take": 0}
+
+    def record(layer_idx, key_states, value_states):
+        for tensor, states in (("k", key_states), ("v", value_states)):
+            slot = stats.get((layer_idx, tensor))
+            if slot is None:
+                scale = normalised[tensor].get(int(layer_idx), 1.0)
+                slot = stats[(layer_idx, tensor)] = _Accumulator(
+                    {name: value * scale for name, value in LIMITS.items()}, scale, generator)
+            slot.add(states, budget["take"])
+
+    cache_class = _recording_cache_class()
+    # Only the last position's logits: a full [tokens, vocab] logits tensor would dwarf the model.
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    with torch.inference_mode():
+        for document in cut:
+            budget["take"] = math.ceil(SAMPLE_LIMIT * len(document) / total)
+            ids = torch.tensor([document], dtype=torch.long, device=resolved)
+            cache = cache_class(record, config=model.config)
+            model(input_ids=ids, past_key_values=cache, use_cache=True, **extra)
+            del cache
+
+    layer_types = facts.get("layer_types") or []
+    layers = []
+    for layer_idx in sorted({layer for layer, _ in stats}):
+        layers.append({
+            "layer": int(layer_idx),
+            "attention_type": layer_types[layer_idx] if layer_idx < len(layer_types) else None,
+            "k": stats[(layer_idx, "k")].result(), "v": stats[(layer_idx, "v")].result()})
+    notes = []
+    if getattr(text, "kv_lora_rank", None):
+        notes.append("MLA model: vLLM caches the compressed latent (kv_c, k_pe), not these K/V tensors; "
+                     "the ranges here do not describe its FP8 cache")
+    if facts["num_layers"] and len(layers) != facts["num_layers"]:
+        notes.append(f"{len(layers)} of {facts['num_layers']} layers wrote to the cache "
+                     "(the others share another layer's KV or are not attention layers)")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": facts,
+        "measurement": {"tokens": total, "documents_given": len(documents), "documents_used": len(cut),
+                        "max_tokens": max_tokens, "device": resolved, "seconds": round(time.monotonic() - started, 3),
+                        "sample_limit": SAMPLE_LIMIT,
+                        "linears": ("fp32 GEMM, output rounded to the model dtype" if fp32_linears else "native"),
+                        "torch": torch.__version__,
+                        "transformers": __import__("transformers").__version__},
+        "scales": scale_table,
+        "limits_at_scale_1": dict(LIMITS),
+        "layers": layers,
+        "notes": notes,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI.
+
+def _read_json(path: str, what: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{what} file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {what} file {path}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{what} file {path} is not valid JSON: {error}") from None
+
+
+def load_documents(path: str) -> list[list[int]]:
+    """Token id lists from a JSON list of {"token_ids": [...]} objects (a run's scoring.json)."""
+    data = _read_json(path, "documents")
+    if not isinstance(data, list):
+        raise InputError(f"documents file {path} must hold a JSON list of objects with token_ids")
+    documents = []
+    for number, entry in enumerate(data):
+        ids = entry.get("token_ids") if isinstance(entry, dict) else None
+        if not isinstance(ids, list):
+            raise InputError(f"documents file {path}: entry {number} has no token_ids list")
+        documents.append(ids)
+    if not documents:
+        raise InputError(f"documents file {path} holds no documents")
+    return documents
+
+
+def load_scales(path: str) -> dict:
+    data = _read_json(path, "scales")
+    if not isinstance(data, dict):
+        raise InputError(f"scales file {path} must hold a JSON object with k_scale / v_scale")
+    try:
+        normalise_scales(data)
+    except (ValueError, TypeError, AttributeError) as error:
+        raise InputError(f"scales file {path}: {error}") from None
+    return data
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, allow_nan=False)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kveval.kv_ranges", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="transformers model directory")
+    parser.add_argument("--documents", required=True, help="JSON list of objects with token_ids (scoring.json)")
+    parser.add_argument("--out", required=True, help="where to write the ranges JSON")
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--scales", default=None, help="JSON with k_scale / v_scale per layer (default 1.0)")
+    args = parser.parse_args(argv)
+    try:
+        if args.max_tokens <= 0:
+            raise InputError(f"--max-tokens must be positive, got {args.max_tokens}")
+        _check_model_path(args.model)
+        documents = load_documents(args.documents)
+        scales = load_scales(args.scales) if args.scales else None
+        _cut_documents(documents, args.max_tokens, None)  # validate before loading the model
+        result = measure_kv_ranges(args.model, documents, max_tokens=args.max_tokens, device=args.device,
+                                   scales=scales)
+    except InputError as error:
+        print(f"kveval.kv_ranges: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # transformers could not load the model (hub id offline, broken files)
+        print(f"kveval.kv_ranges: error: cannot load model {args.model}: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    write_json_atomic(Path(args.out), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

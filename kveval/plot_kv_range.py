@@ -1,0 +1,83 @@
+"""The per-layer KV range figure: |K| and |V| of every layer against the FP8 limit (log scale).
+
+Reads a `kveval.analysis.kv_range.diagnose` dict; matplotlib with the Agg backend (no display).
+"""
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+DPI = 90
+COLOURS = {"k": "#1f77b4", "v": "#ff7f0e"}
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _series(rows: list[dict], tensor: str, key: str) -> tuple[list[int], list[float]]:
+    mine = [r for r in rows if r["tensor"] == tensor and r.get(key) is not None and r[key] > 0]
+    return [r["layer"] for r in mine], [r[key] for r in mine]
+
+
+def kv_range_plot(diagnosis: dict, path) -> Path | None:
+    """absmax (solid) and p99.9 (dotted) of |K| and |V| per layer, the FP8 limit as a line (a step
+    per layer when the scales differ), offending layers shaded. None when there is nothing to draw."""
+    rows = (diagnosis or {}).get("rows") or []
+    if not any(r.get("absmax") for r in rows):
+        return None
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    layers = sorted({r["layer"] for r in rows})
+    fig = Figure(figsize=(max(6.0, 0.22 * len(layers) + 2.5), 3.6), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    for layer in (diagnosis.get("offending_layers") or []):
+        ax.axvspan(layer - 0.5, layer + 0.5, color="#d62728", alpha=0.15, lw=0)
+    for tensor in ("k", "v"):
+        xs, ys = _series(rows, tensor, "absmax")
+        ax.plot(xs, ys, marker="o", ms=3, lw=1.2, color=COLOURS[tensor], label=f"|{tensor.upper()}| max")
+        xs, ys = _series(rows, tensor, "p99_9")
+        ax.plot(xs, ys, ls=":", lw=1.2, color=COLOURS[tensor], label=f"|{tensor.upper()}| p99.9")
+    limits = {(r["layer"], r["tensor"]): r["limit"] for r in rows if r.get("limit")}
+    if limits:
+        values = set(limits.values())
+        name = diagnosis.get("kv_cache_dtype") or "fp8"
+        if len(values) == 1:
+            ax.axhline(values.pop(), color="#d62728", lw=1.2, ls="--", label=f"{name} limit")
+        else:
+            for tensor, style in (("k", "--"), ("v", "-.")):
+                xs = [layer for layer in layers if (layer, tensor) in limits]
+                ax.step(xs, [limits[(layer, tensor)] for layer in xs], where="mid", color="#d62728", lw=1.0,
+                        ls=style, label=f"{name} limit ({tensor.upper()})")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer", fontsize=8)
+    ax.set_ylabel("|value| in the KV cache", fontsize=8)
+    ax.set_xlim(layers[0] - 0.6, layers[-1] + 0.6)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=7)
+    tokens = diagnosis.get("tokens")
+    ax.set_title("Per-layer K/V range vs the FP8 range" + (f" ({tokens:,} tokens)" if tokens else ""), fontsize=9)
+    ax.legend(fontsize=7, ncols=3, loc="best")
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png", metadata={"Software": None})
+    path = Path(path)
+    _write_bytes_atomic(path, raw.getvalue())
+    return path

@@ -1,0 +1,93 @@
+"""The review's section on per-layer KV range: does any layer's K or V leave the FP8 range?
+
+Pure: a `kveval.analysis.kv_range.diagnose` dict in, markdown lines out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .analysis.kv_range import skip_layers_argument
+from .markdown import escape_cell, fmt_int, fmt_sig, table
+
+HEADING = "## Per-layer KV range vs the FP8 range"
+MAX_ROWS = 20
+
+
+def _share(value) -> str:
+    """Shares over the limit are often tiny (0.002 %): significant digits, not a fixed 0.0 %."""
+    return "" if value is None or pd.isna(value) else f"{fmt_sig(100 * value, 2)} %"
+
+
+def _scale_sentence(diagnosis: dict) -> str:
+    dtype = diagnosis.get("kv_cache_dtype") or "fp8"
+    if diagnosis.get("calibrated"):
+        return (f"The {dtype} cache runs calibrated: each layer's limit is the FP8 maximum "
+                f"({fmt_sig(diagnosis.get('fp8_max'))}) times its K or V scale from the checkpoint "
+                f"({escape_cell(diagnosis.get('scale_note'))}).")
+    return (f"The {dtype} cache runs at scale 1.0 (the checkpoint gives vLLM no K/V scales), so every layer's "
+            f"limit is ±{fmt_sig(diagnosis.get('fp8_max'))}.")
+
+
+def _measured_sentence(diagnosis: dict) -> str:
+    tokens, documents = diagnosis.get("tokens"), diagnosis.get("documents")
+    where = f" from {fmt_int(documents)} document{'s' if documents != 1 else ''}" if documents else ""
+    return (f"K (after bias, k-norm and rotary embedding) and V were measured exactly as written into the cache, "
+            f"with transformers on {fmt_int(tokens) or 'an unknown number of'} tokens{where}.")
+
+
+def _clean_sentence(diagnosis: dict) -> str:
+    largest = (diagnosis.get("largest") or {}).get("k")
+    if not largest or not largest.get("absmax"):
+        return "No layer's K or V leaves the FP8 range."
+    headroom = largest.get("headroom")
+    below = f", {headroom:.0f}× below the limit" if headroom and headroom >= 10 else (
+        f", {headroom:.2g}× below the limit" if headroom else "")
+    v = (diagnosis.get("largest") or {}).get("v")
+    v_part = f"; largest |V| is {fmt_sig(v['absmax'])} in layer {v['layer']}" if v and v.get("absmax") else ""
+    return (f"No layer's K or V leaves the FP8 range (largest |K| is {fmt_sig(largest['absmax'])} in layer "
+            f"{largest['layer']}{below}{v_part}).")
+
+
+def _offending_table(diagnosis: dict) -> str:
+    rows = diagnosis.get("offending") or []
+    view = pd.DataFrame({
+        "layer": [r["layer"] for r in rows],
+        "tensor": [str(r["tensor"]).upper() for r in rows],
+        "absmax": [fmt_sig(r.get("absmax")) for r in rows],
+        "p99.9": [fmt_sig(r.get("p99_9")) for r in rows],
+        "limit": [fmt_sig(r.get("limit")) for r in rows],
+        "share over": [_share(r.get("share_over")) + ("" if r.get("share_exact", True) else " (≤, estimated)")
+                       for r in rows],
+    })
+    return table(view.head(MAX_ROWS))
+
+
+def render_diagnosis_section(diagnosis: dict | None, plot_file: str | None = None) -> list[str]:
+    """Markdown lines: heading, how the cache is scaled, what was measured, then either the clean
+    sentence or the offending layers (and which layers to keep out of FP8), and the figure."""
+    out = [HEADING, ""]
+    if diagnosis is None:
+        return out + ["_The per-layer KV range was not measured in this run._"]
+    if diagnosis.get("error"):
+        return out + [f"The per-layer KV range could not be measured: {escape_cell(diagnosis['error'], 400)}"]
+    if diagnosis.get("fp8_max") is None:
+        return out + [f"The cache dtype {escape_cell(diagnosis.get('kv_cache_dtype'))} is not FP8: "
+                      "no range limit applies."]
+    out += [_scale_sentence(diagnosis) + " " + _measured_sentence(diagnosis), ""]
+    if not diagnosis.get("rows"):
+        return out + ["_No layer wrote to the KV cache: nothing to compare._"]
+    offending = diagnosis.get("offending") or []
+    if not offending:
+        out.append(_clean_sentence(diagnosis))
+    else:
+        layers = diagnosis.get("offending_layers") or []
+        out += [f"**{len(layers)} layer{'s' if len(layers) != 1 else ''} leave{'s' if len(layers) == 1 else ''} "
+                f"the FP8 range** — the FP8 cache clips these values:", "", _offending_table(diagnosis)]
+        if len(offending) > MAX_ROWS:
+            out.append(f"_… and {len(offending) - MAX_ROWS} more rows in the per-layer table._")
+        argument = skip_layers_argument(diagnosis)
+        if argument:
+            out += ["", f"Keeping exactly these layers in the model dtype avoids the clipping: `{argument}`."]
+    if plot_file:
+        out += ["", f"![per-layer K/V range vs the FP8 limit]({plot_file})"]
+    return out
