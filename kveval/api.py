@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,10 +20,13 @@ from .gate import GateConfigError, Thresholds, Verdict, load_thresholds
 from .models import ModelError, resolve_model
 from .phases import DEFAULT_PHASES, PHASES
 from .runner import CellPlan, run_cell_process
-from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, write_json_atomic, write_text_atomic
+from .checkpoint_scales import read_kv_scales
+from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, read_json, write_json_atomic, write_text_atomic
 from .suites import get_suite, scale_max_tokens, speed_workloads
 from .task_setup import TaskSelectionError, check_lm_eval_names, task_shape, write_run_task_data
 from .taskdata import TASKS as TASKS_BY_NAME, TASKS_DIR, write_task_data
+from .kvspec import KVSpec, KVSpecError, parse_kv
+from .remedy import REMEDY_MODES, plan_remedy
 from .units import parse_size
 from .workloads import CTX_1K_TOKENS, PromptFileError, build_workloads, document_tokens, load_user_prompts
 
@@ -84,17 +89,41 @@ class CompareOptions:
     task_lengths: Sequence[float] | None = None  # prompt sizes as shares of max_model_len (suite's)
     task_depths: Sequence[float] | None = None   # needle depths (suite's)
     task_samples: int | None = None             # samples per (task, size, depth) point (suite's)
+    diagnose: bool = True                       # per-layer K/V range pass through transformers (FP8 runs)
+    remedy: str = "auto"                        # auto: on an FP8 FAIL; always: after every FP8 cell; off
 
 
-_KV_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+# Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
+# Through --engine-arg they would make a cell something other than its id says.
+CONTROLLED_ENGINE_ARGS = {
+    "model": "--model",
+    "kv_cache_dtype": "--kv (e.g. --kv fp8 auto)",
+    "kv_cache_dtype_skip_layers": "--kv fp8:keep=0,1 (layers kept in the model dtype)",
+    "max_model_len": "--max-model-len",
+    "seed": "--seed",
+    "kv_cache_memory_bytes": "--kv-cache-memory",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "enforce_eager": "--enforce-eager",
+    "disable_log_stats": "nothing: kveval needs per-request stats for TTFT and decode speed",
+    "enable_prefix_caching": "nothing: repeated speed runs must not be served from the prefix cache",
+}
 
 
 def _validate(options: CompareOptions) -> None:
     if not options.kv:
         raise KvevalError("--kv needs at least one KV-cache dtype (e.g. --kv fp8 auto)")
     for kv in options.kv:
-        if not _KV_NAME.match(kv):
-            raise KvevalError(f"--kv {kv!r} is not a KV-cache dtype name (e.g. auto, fp8, fp8_e4m3, fp8_e5m2)")
+        try:
+            parse_kv(kv)
+        except KVSpecError as error:
+            raise KvevalError(str(error)) from None
+    for key in options.engine_args:
+        normal = str(key).replace("-", "_").lstrip("_")
+        if normal in CONTROLLED_ENGINE_ARGS:
+            raise KvevalError(f"--engine-arg {key}=...: kveval sets {normal} itself, per cell, so that a cell is what "
+                              f"its id says; use {CONTROLLED_ENGINE_ARGS[normal]}")
+    if options.remedy not in REMEDY_MODES:
+        raise KvevalError(f"--remedy {options.remedy!r}: choose one of {', '.join(REMEDY_MODES)}")
     if not options.max_model_len:
         raise KvevalError("--max-model-len needs at least one value (e.g. --max-model-len 2048 8192)")
     for length in options.max_model_len:
@@ -173,6 +202,19 @@ def model_length_limit(model_path: str) -> int | None:
     return int(limit) if isinstance(limit, (int, float)) and limit > 0 else None
 
 
+def model_dtype(model_path: str) -> str:
+    """The checkpoint's own dtype as a vLLM kv_cache_dtype name (bfloat16 when the config says none)."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+    except Exception:  # noqa: BLE001 - unreadable config: the common case
+        return "bfloat16"
+    dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
+    dtype = dtype.replace("torch.", "")
+    return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
+
+
 def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_limit: int | None,
                       seed: int) -> list[dict]:
     """Plain documents for teacher-forced scoring, one per max_model_len (capped at the model's limit)."""
@@ -186,21 +228,34 @@ def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_
     return documents
 
 
-def plan_cells(options: CompareOptions, model_path: str, phase_options: dict) -> list[CellPlan]:
+def plan_cells(options: CompareOptions, model_path: str, phase_options: dict,
+               baseline_dtype: str | None = None) -> list[CellPlan]:
     """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length."""
-    kv_order = sorted(dict.fromkeys(options.kv), key=lambda kv: (kv != "auto", list(options.kv).index(kv)))
-    kv_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
+    specs = [parse_kv(kv).text for kv in options.kv]
+    kv_order = sorted(dict.fromkeys(specs), key=lambda kv: (kv != "auto", specs.index(kv)))
     plans = []
     for length in sorted(dict.fromkeys(int(x) for x in options.max_model_len)):
         for kv in kv_order:
-            plans.append(CellPlan(
-                id=cell_id(kv, length), kv_cache_dtype=kv, max_model_len=length,
-                engine={"model": model_path, "kv_cache_dtype": kv, "max_model_len": length, "seed": options.seed,
-                        "kv_cache_memory_bytes": kv_bytes, "gpu_memory_utilization": options.gpu_memory_utilization,
-                        "enforce_eager": options.enforce_eager, "extra": dict(options.engine_args)},
-                phases=list(options.phases), phase_options=phase_options,
-            ))
+            plans.append(cell_plan(options, model_path, phase_options, kv, length, baseline_dtype))
     return plans
+
+
+def cell_plan(options: CompareOptions, model_path: str, phase_options: dict, kv: str, length: int,
+              baseline_dtype: str | None = None) -> CellPlan:
+    """One cell: a KV spec (e.g. fp8, fp8:keep=0) at one max_model_len. `baseline_dtype`: what the
+    `auto` baseline really runs when vLLM would resolve `auto` to FP8 for this checkpoint."""
+    spec = parse_kv(kv)
+    if spec.dtype == "auto" and baseline_dtype:
+        spec = KVSpec(baseline_dtype)
+    kv_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
+    return CellPlan(
+        id=cell_id(kv, length), kv_cache_dtype=parse_kv(kv).text, max_model_len=length,
+        engine={"model": model_path, "kv_cache_dtype": spec.dtype, "kv_cache_dtype_skip_layers": list(spec.keep),
+                "max_model_len": length, "seed": options.seed,
+                "kv_cache_memory_bytes": kv_bytes, "gpu_memory_utilization": options.gpu_memory_utilization,
+                "enforce_eager": options.enforce_eager, "extra": dict(options.engine_args)},
+        phases=list(options.phases), phase_options=phase_options,
+    )
 
 
 def _settings_fingerprint(manifest: dict) -> dict:
@@ -261,14 +316,18 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
     task_settings = {"tasks": task_names if "tasks" in options.phases else [], "lengths": list(task_fractions),
                      "depths": list(task_depths), "samples_per_point": task_samples, "limit": options.task_limit}
     phase_options["tasks"] = {"tasks": task_settings["tasks"], "limit": options.task_limit}
-    plans = plan_cells(options, model_info.path, phase_options)
+    kv_scales = read_kv_scales(model_info.path)
+    # For ModelOpt FP8-KV checkpoints vLLM resolves `auto` to FP8 (vllm#34752): `auto` would be no
+    # baseline, so the baseline cells run the model dtype instead, and the review says so.
+    baseline_dtype = model_dtype(model_info.path) if kv_scales.get("auto_is_fp8") else None
+    plans = plan_cells(options, model_info.path, phase_options, baseline_dtype)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "tool": "kveval",
         "command": options.command or f"kveval.compare(model={options.model!r}, kv={list(options.kv)!r}, "
                                       f"max_model_len={list(options.max_model_len)!r}, ...)",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": {**model_info.to_dict(), "max_position_embeddings": model_limit},
+        "model": {**model_info.to_dict(), "max_position_embeddings": model_limit, "dtype": model_dtype(model_info.path)},
         "options": {
             "kv": list(options.kv), "max_model_len": list(options.max_model_len), "seed": options.seed,
             "kv_cache_memory_bytes": kv_cache_bytes, "gpu_memory_utilization": options.gpu_memory_utilization,
@@ -279,6 +338,8 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
         },
         "prompt_ids": [p.id for p in prompts],
         "prompt_format": prompt_format(tokenizer),
+        "kv_scales": kv_scales,
+        "baseline_engine_dtype": baseline_dtype,
         "scoring_ids": [d["id"] for d in documents],
         "cells": [plan.to_dict() for plan in plans],
         **environment.describe(),
@@ -293,22 +354,70 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
     write_json_atomic(run_dir.workloads_path, [p.to_dict() for p in prompts], compact=True)
     write_json_atomic(run_dir.scoring_path, documents, compact=True)
     show.note(f"Run directory: {run_dir.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
+    if options.diagnose and any(parse_kv(kv).dtype.startswith("fp8") for kv in options.kv):
+        run_diagnosis(run_dir, model_info.path, manifest.get("kv_scales"), show)
 
     try:
-        for plan in plans:
-            previous = run_dir.load_cell(plan.id) if reuse else None
-            if previous is not None and previous.get("complete") and not previous.get("crash"):
-                show.cell_reused(plan.id, previous)
-                continue
-            show.cell_started(plan.id)
-            facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
-                                     on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
-            show.cell_finished(plan.id, facts)
+        _run_cells(run_dir, plans, reuse, options, show)
+        result = report(run_dir.path, thresholds=thresholds)
+        remedy = plan_remedy(result.verdict, result.evidence, options.remedy)
+        extra = [cell_plan(options, model_info.path, phase_options, kv, length, baseline_dtype)
+                 for kv, length in remedy["cells"]]
+        if remedy["notes"]:
+            manifest["remedy"] = {"mode": options.remedy, "notes": remedy["notes"],
+                                  "cells": [plan.id for plan in extra] or (manifest.get("remedy") or {}).get("cells", [])}
+            known = {c["id"] for c in manifest["cells"]}
+            manifest["cells"] += [plan.to_dict() for plan in extra if plan.id not in known]
+            write_json_atomic(run_dir.manifest_path, manifest)
+            for note in remedy["notes"]:
+                show.note(note)
+        _run_cells(run_dir, extra, True, options, show)
     except KeyboardInterrupt:
         # Finished cells are on disk already; render what exists so the user has a review now.
         report(run_dir.path, thresholds=thresholds)
         raise RunInterrupted(run_dir.path) from None
     return report(run_dir.path, progress=show, thresholds=thresholds)
+
+
+def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show) -> None:
+    for plan in plans:
+        previous = run_dir.load_cell(plan.id) if reuse else None
+        if previous is not None and previous.get("complete") and not previous.get("crash"):
+            show.cell_reused(plan.id, previous)
+            continue
+        show.cell_started(plan.id)
+        facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
+                                 on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
+        show.cell_finished(plan.id, facts)
+
+
+DIAGNOSIS_TIMEOUT_S = 1800
+
+
+def run_diagnosis(run_dir: RunDir, model_path: str, scales: dict | None, show) -> dict:
+    """The per-layer K/V range pass (transformers, in its own process so its memory is gone before
+    the engines start), stored as RUN_DIR/kv_ranges.json; reused when present. A failure is stored
+    as {"error": ...}: the run goes on without a diagnosis."""
+    path = run_dir.kv_ranges_path
+    if path.is_file():
+        return read_json(path)
+    show.note("Measuring per-layer K/V ranges with transformers (once per run)")
+    command = [sys.executable, "-m", "kveval.kv_ranges", "--model", model_path,
+               "--documents", str(run_dir.scoring_path), "--out", str(path)]
+    if scales and (scales.get("k_scale") or scales.get("v_scale")):
+        scales_path = run_dir.path / "kv_scales.json"
+        write_json_atomic(scales_path, scales)
+        command += ["--scales", str(scales_path)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=DIAGNOSIS_TIMEOUT_S)
+        failed = done.returncode != 0 or not path.is_file()
+        why = " ".join((done.stderr or done.stdout or f"exit code {done.returncode}").strip().splitlines()[-3:])
+    except subprocess.TimeoutExpired:
+        failed, why = True, f"timed out after {DIAGNOSIS_TIMEOUT_S} s"
+    if failed:
+        write_json_atomic(path, {"error": f"the K/V range pass failed: {why[-400:]}"})
+        show.note(f"Per-layer diagnosis failed: {why[-200:]}")
+    return read_json(path)
 
 
 def _prepare_run_dir(run_dir: RunDir, manifest: dict) -> bool:
@@ -357,7 +466,8 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
         workloads = store.load_workloads()
     except StoreError as error:
         raise KvevalError(str(error)) from None
-    evidence = build_evidence(result.manifest, workloads, result.cells)
+    kv_ranges = read_json(store.kv_ranges_path) if store.kv_ranges_path.is_file() else None
+    evidence = build_evidence(result.manifest, workloads, result.cells, kv_ranges=kv_ranges)
     verdict = evaluate(evidence, limits)
     result.results_path = write_results(store.path, evidence, verdict, result.manifest)
     write_text_atomic(store.review_path, render_review(result.manifest, workloads, result.cells, evidence, verdict))

@@ -84,10 +84,12 @@ def cli() -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--model", default=None, metavar="ID|DIR",
-              help="Hugging Face model id or local directory. Default: the embedded SmolLM2-135M-Instruct.")
+@click.option("--model", default=None, metavar="ID|DIR|FILE.gguf",
+              help="Hugging Face model id, local directory or GGUF file (dequantised once into $KVEVAL_HOME). "
+                   "Default: the embedded SmolLM2-135M-Instruct.")
 @click.option("--kv", cls=MultiValueOption, default=("fp8", "auto"), show_default="fp8 auto",
-              help="KV-cache dtypes to compare, e.g. --kv fp8 auto (also --kv fp8 --kv auto, --kv fp8,auto).")
+              help="KV-cache configurations to compare, e.g. --kv fp8 auto (also --kv fp8 --kv auto, --kv fp8,auto); "
+                   "fp8:keep=0,1 keeps layers 0 and 1 in the model dtype.")
 @click.option("--max-model-len", "max_model_len", cls=MultiValueOption, default=("2048", "8192", "32768"),
               show_default="2048 8192 32768", help="max_model_len values, e.g. --max-model-len 2048 8192 32768.")
 @click.option("--out", default=None, metavar="DIR", help="Run directory. Default: runs/<model>-<time>.")
@@ -115,10 +117,15 @@ def cli() -> None:
 @click.option("--cell-timeout", type=float, default=3600, show_default=True, help="Seconds before a cell is stopped.")
 @click.option("--phases", cls=MultiValueOption, default=DEFAULT_PHASES,
               show_default=" ".join(DEFAULT_PHASES), help="Phases to run in each cell, in order.")
+@click.option("--remedy", type=click.Choice(["auto", "always", "off"]), default="auto", show_default=True,
+              help="auto: when an FP8 cell FAILs, run it again with the layers whose K/V leave the FP8 range kept in "
+                   "the model dtype; always: try that after every started FP8 cell; off: never.")
+@click.option("--diagnose/--no-diagnose", default=True, show_default=True,
+              help="Measure each layer's K/V range with transformers (once per run) against the FP8 range.")
 @gate_options
 def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilization, enforce_eager, engine_args, seed,
             prompts, suite, full, tasks, task_limit, task_lengths, task_depths, task_samples, speed_runs, speed_warmup,
-            cell_timeout, phases, gate_config, thresholds) -> None:
+            cell_timeout, phases, remedy, diagnose, gate_config, thresholds) -> None:
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell.
 
     Exits 0 on PASS, 1 on FAIL, 3 on INCONCLUSIVE, 2 on a usage error, 130 when interrupted."""
@@ -136,7 +143,7 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
             engine_args=parse_key_value(engine_args, "--engine-arg"), seed=seed, prompts=prompts, suite=suite,
             speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout, phases=split_values(phases),
             command=shlex.join(["kveval", *sys.argv[1:]]), gate_config=gate_config, gate_overrides=overrides,
-            tasks=split_values(tasks) if tasks else None, task_limit=task_limit,
+            tasks=split_values(tasks) if tasks else None, task_limit=task_limit, remedy=remedy, diagnose=diagnose,
             **task_shape_kwargs(task_lengths, task_depths, task_samples),
         )
     except RunInterrupted as error:

@@ -165,6 +165,7 @@ def _run_section(manifest: dict, cells: dict[str, dict]) -> str:
         f"- **Model:** {escape_cell(manifest.get('model', {}).get('path'), None)} "
         f"({escape_cell(manifest.get('model', {}).get('source'), None)})",
         _prompt_format_line(manifest.get("prompt_format")),
+        _kv_scales_line(manifest),
         f"- **Cells:** {planned} planned (KV dtype {', '.join(options.get('kv', []))} × max_model_len "
         f"{', '.join(str(x) for x in options.get('max_model_len', []))}); {started} started"
         + (f"; **{missing} have no result yet** (run interrupted?)" if missing > 0 else ""),
@@ -182,6 +183,19 @@ def _run_section(manifest: dict, cells: dict[str, dict]) -> str:
         f"- **Created:** {manifest.get('created')}",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def _kv_scales_line(manifest: dict) -> str | None:
+    scales = manifest.get("kv_scales")
+    if not scales:
+        return None
+    line = ("- **FP8 scales:** calibrated, from the checkpoint (" + str(scales.get("source")) + ")"
+            if scales.get("calibrated") else "- **FP8 scales:** none in the checkpoint: vLLM runs the FP8 cache at "
+                                             "scale 1.0 (values beyond ±448 saturate)")
+    if manifest.get("baseline_engine_dtype"):
+        line += (f"; vLLM would resolve `auto` to FP8 for this checkpoint, so the `auto` baseline cells run "
+                 f"kv_cache_dtype={manifest['baseline_engine_dtype']} (the model dtype)")
+    return line
 
 
 def _startup_section(cells: dict[str, dict]) -> str:

@@ -1,0 +1,54 @@
+"""The way from an FP8 FAIL to a configuration that passes: which layers to keep in the model dtype,
+and at which lengths to try it. Pure: reads the verdict, the evidence and the per-layer diagnosis.
+
+Rule: for a plain FP8 spec that FAILs at some max_model_len, keep exactly the layers whose K or V
+leave the FP8 range at the scale vLLM uses (`analysis.kv_range.plan_keep_layers`): the smallest set
+that removes every saturating value, since a layer inside the range loses only rounding precision.
+The remedied spec is tried at the lengths where plain FP8 failed (`always`: every length where it
+started) and judged by the same gate. When no layer saturates, the damage is not range clipping and
+kveval has no layer set to propose; the review says so.
+"""
+from __future__ import annotations
+
+from .analysis.kv_range import plan_keep_layers
+from .gate import FAIL, NOT_STARTED, Verdict
+from .kvspec import keep_spec, parse_kv
+
+REMEDY_MODES = ("auto", "always", "off")
+
+
+def plan_remedy(verdict: Verdict, evidence: dict, mode: str = "auto") -> dict:
+    """{"cells": [(kv spec, max_model_len), ...], "notes": [sentences]} — cells not yet in the run."""
+    if mode == "off":
+        return {"cells": [], "notes": []}
+    cells = evidence.get("cells") or {}
+    diagnoses = evidence.get("diagnosis") or {}
+    planned, notes = [], []
+    by_spec: dict[str, list[tuple[int, str]]] = {}
+    for name, status in verdict.cells.items():
+        facts = cells.get(name) or {}
+        spec = parse_kv(facts.get("kv_cache_dtype") or "auto")
+        if spec.keep or not spec.dtype.startswith("fp8") or status in (NOT_STARTED, "MISSING"):
+            continue
+        if mode == "auto" and status != FAIL:
+            continue
+        by_spec.setdefault(spec.dtype, []).append((int(facts.get("max_model_len")), name))
+    for dtype, lengths in by_spec.items():
+        diagnosis = diagnoses.get(dtype)
+        if not diagnosis or diagnosis.get("error"):
+            why = (diagnosis or {}).get("error") or "the per-layer diagnosis did not run"
+            notes.append(f"No remedy for {dtype}: {why}")
+            continue
+        keep = plan_keep_layers(diagnosis)
+        if not keep:
+            notes.append(f"No remedy for {dtype}: no layer's K or V leaves the FP8 range, so the damage is not range "
+                         "clipping and keeping layers in the model dtype is not expected to help")
+            continue
+        spec = keep_spec(dtype, keep).text
+        for length, _ in sorted(lengths):
+            if f"{spec}-{length}" not in cells:
+                planned.append((spec, length))
+        notes.append(f"Remedy for {dtype}: keep layer{'s' if len(keep) > 1 else ''} {', '.join(map(str, keep))} in the "
+                     f"model dtype (their K or V leave the FP8 range), tried at "
+                     f"{', '.join(str(length) for length, _ in sorted(lengths))} as `{spec}`")
+    return {"cells": planned, "notes": notes}

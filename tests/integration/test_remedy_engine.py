@@ -1,0 +1,61 @@
+"""Diagnosis and remedy on the real engine: K×128 planted in layers 3 and 17 only.
+
+The per-layer diagnosis (a transformers pass over the run's own documents) must name exactly the
+planted layers. Where the CPU runs an FP8 KV cache (AVX-512 or AMX), plain FP8 must FAIL and the
+remedy cell that keeps layers 3 and 17 in bf16 must PASS (tasks are off here, so the verdict rests
+on divergence, and says so). Elsewhere no FP8 cell starts: the verdict is INCONCLUSIVE, nothing is
+remedied, and the planner is tested on stored cells (tests/unit/test_remedy.py).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import kveval
+from tests.support.planted import plant
+
+pytestmark = pytest.mark.engine
+
+PLANTED = [3, 17]
+
+
+class _Quiet:
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, default_model_dir):
+    root = tmp_path_factory.mktemp("remedy")
+    model = plant(default_model_dir, root / "model", tensor="k", factor=128, layers=PLANTED)
+    return kveval.compare(model=str(model), kv=["fp8", "auto"], max_model_len=[1024], kv_cache_memory="60MiB",
+                          enforce_eager=True, suite="quick", tasks=["none"], out=root / "run", progress=_Quiet(),
+                          counts={"short_256": 2, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0},
+                          phases=("generation", "scoring"))
+
+
+def test_diagnosis_names_exactly_the_planted_layers(run):
+    diagnosis = run.evidence["diagnosis"]["fp8"]
+    assert diagnosis["offending_layers"] == PLANTED
+    assert {row["tensor"] for row in diagnosis["offending"]} == {"k"}
+    assert diagnosis["calibrated"] is False
+    review = (run.run_dir / "review.md").read_text()
+    assert "## Per-layer KV range vs the FP8 range" in review
+    assert (run.run_dir / "kv_range.png").is_file()
+    stored = json.loads((run.run_dir / "kv_ranges.json").read_text())
+    assert stored["model"]["num_layers"] == 30 and len(stored["layers"]) == 30
+
+
+def test_plain_fp8_fails_and_the_remedy_passes_where_fp8_runs(run):
+    if not run.cell("fp8", 1024)["started"]:
+        assert run.cell("fp8", 1024)["failure"]["reason"] == "unsupported_dtype"
+        assert run.verdict.status == "INCONCLUSIVE"
+        assert "fp8:keep=3,17-1024" not in run.cells  # nothing failed, so nothing was remedied
+        pytest.skip("this CPU cannot run an FP8 KV cache (no AVX-512/AMX): the remedy is shown on the H200")
+    assert run.verdict.cells["fp8-1024"] == "FAIL"
+    remedied = run.cell("fp8:keep=3,17", 1024)
+    assert remedied["started"] and remedied["engine_settings"]["kv_cache_dtype_skip_layers"] == ["3", "17"]
+    assert run.verdict.cells["fp8:keep=3,17-1024"] == "PASS", [r.message for r in run.verdict.reasons]
+    review = (run.run_dir / "review.md").read_text()
+    assert "FP8 with layers 3, 17 kept in bf16 passes at 1024" in review

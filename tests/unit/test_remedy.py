@@ -1,0 +1,87 @@
+"""Remedy planning from a verdict and a stored per-layer diagnosis (pure), the headline it leads to,
+and the engine settings kveval refuses to take from --engine-arg."""
+from __future__ import annotations
+
+import pytest
+
+from kveval import api
+from kveval.analysis.kv_range import diagnose
+from kveval.gate import FAIL, NOT_STARTED, PASS, Verdict
+from kveval.headline import headline
+from kveval.remedy import plan_remedy
+
+
+def ranges(over: dict[int, int], layers: int = 6) -> dict:
+    """Measured ranges: layers in `over` have that many K values beyond ±448, the rest peak at 20."""
+    def stats(absmax, n_over):
+        return {"count": 1000, "absmax": absmax, "mean_abs": 1.0, "p50": 1.0, "p99": absmax / 2, "p99_9": absmax,
+                "p99_99": absmax, "scale": 1.0, "limits": {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0},
+                "over": {"fp8_e4m3": n_over, "fp8_e5m2": 0}, "nonfinite": 0}
+    return {"schema_version": 1, "measurement": {"tokens": 1000, "documents_used": 1},
+            "layers": [{"layer": i, "k": stats(900.0 if i in over else 20.0, over.get(i, 0)), "v": stats(3.0, 0)}
+                       for i in range(layers)]}
+
+
+def evidence(statuses: dict[str, str], diagnosis: dict | None, pools=None) -> tuple[Verdict, dict]:
+    cells = {}
+    for name in statuses:
+        kv, length = name.rsplit("-", 1)
+        cells[name] = {"kv_cache_dtype": kv, "max_model_len": int(length), "started": statuses[name] != NOT_STARTED}
+    for length in {c["max_model_len"] for c in cells.values()}:
+        cells[f"auto-{length}"] = {"kv_cache_dtype": "auto", "max_model_len": length, "started": True}
+    verdict = Verdict(FAIL if FAIL in statuses.values() else PASS, cells=dict(statuses))
+    return verdict, {"cells": cells, "diagnosis": {"fp8": diagnosis} if diagnosis else {}, "pools": pools or []}
+
+
+def test_failing_fp8_gets_the_offending_layers_kept_at_the_failing_lengths():
+    verdict, ev = evidence({"fp8-2048": PASS, "fp8-8192": FAIL, "fp8-32768": FAIL}, diagnose(ranges({0: 50, 4: 3})))
+    plan = plan_remedy(verdict, ev, "auto")
+    assert plan["cells"] == [("fp8:keep=0,4", 8192), ("fp8:keep=0,4", 32768)]
+    assert "keep layers 0, 4" in plan["notes"][0]
+
+
+def test_always_tries_every_started_length_and_off_tries_none():
+    verdict, ev = evidence({"fp8-2048": PASS, "fp8-8192": NOT_STARTED}, diagnose(ranges({2: 1})))
+    assert plan_remedy(verdict, ev, "always")["cells"] == [("fp8:keep=2", 2048)]
+    assert plan_remedy(verdict, ev, "auto")["cells"] == []
+    assert plan_remedy(verdict, ev, "off") == {"cells": [], "notes": []}
+
+
+def test_no_saturating_layer_means_no_remedy_and_says_why():
+    verdict, ev = evidence({"fp8-8192": FAIL}, diagnose(ranges({})))
+    plan = plan_remedy(verdict, ev, "auto")
+    assert plan["cells"] == [] and "not range clipping" in plan["notes"][0]
+
+
+def test_missing_diagnosis_is_said():
+    verdict, ev = evidence({"fp8-8192": FAIL}, None)
+    assert "diagnosis did not run" in plan_remedy(verdict, ev)["notes"][0]
+
+
+def test_remedy_cells_already_run_are_not_planned_again():
+    verdict, ev = evidence({"fp8-8192": FAIL, "fp8:keep=0-8192": PASS}, diagnose(ranges({0: 9})))
+    assert plan_remedy(verdict, ev)["cells"] == []
+
+
+def test_headline_names_failing_lengths_and_the_capacity_the_remedy_keeps():
+    pools = [{"max_model_len": 8192, "kv_cache_dtype": "fp8:keep=0", "ratio": 1.93},
+             {"max_model_len": 32768, "kv_cache_dtype": "fp8:keep=0", "ratio": 1.95},
+             {"max_model_len": 8192, "kv_cache_dtype": "fp8", "ratio": 2.0}]
+    verdict, ev = evidence({"fp8-8192": FAIL, "fp8-32768": FAIL, "fp8:keep=0-8192": PASS, "fp8:keep=0-32768": PASS},
+                           None, pools)
+    assert headline(verdict, ev, "bf16") == ("FP8 fails at 8192 and 32768; FP8 with layer 0 kept in bf16 passes at "
+                                             "8192 and 32768 and holds at least 1.9× the `auto` pool.")
+
+
+@pytest.mark.parametrize("key", ["kv_cache_dtype", "max_model_len", "kv-cache-dtype-skip-layers", "model"])
+def test_engine_args_kveval_sets_per_cell_are_refused(key, tmp_path):
+    with pytest.raises(api.KvevalError, match="kveval sets .* itself, per cell"):
+        api.compare(kv=["auto"], max_model_len=[1024], out=tmp_path / "o", engine_args={key: "fp8"})
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_kv_spec_and_remedy_mode_are_refused(tmp_path):
+    with pytest.raises(api.KvevalError, match="only keep=LAYERS"):
+        api.compare(kv=["fp8:skip=0"], max_model_len=[1024], out=tmp_path / "o")
+    with pytest.raises(api.KvevalError, match="--remedy 'sometimes'"):
+        api.compare(kv=["fp8"], max_model_len=[1024], out=tmp_path / "o", remedy="sometimes")
