@@ -9,6 +9,8 @@ what=${1:?usage: gpu_verdict.sh qwen|smollm2 RUN_DIR [TIMEOUT_S]}
 run_dir=${2:?usage: gpu_verdict.sh qwen|smollm2 RUN_DIR [TIMEOUT_S]}
 limit=${3:-3000}
 source "$(dirname "$0")/gpu_env.sh"
+# Short generation and speed workloads (the quick suite), the full task grid: 6 tasks x 3 sizes x 3 depths.
+tasks="--suite quick --task-lengths 0.25 0.5 0.9 --task-depths 0.1 0.5 0.9 --task-samples"
 case "$what" in
   qwen)
     gguf=/tmp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
@@ -17,15 +19,15 @@ case "$what" in
     fi
     echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  $gguf" | sha256sum -c - || exit 1
     timeout "$limit" python3 -m kveval compare --model "$gguf" --kv fp8 auto --max-model-len 8192 32768 \
-      --gpu-memory-utilization 0.5 --enforce-eager --task-samples 3 --out "$run_dir" 2>&1 | grep -v "^\s*$" | tail -8 ;;
+      --gpu-memory-utilization 0.5 --enforce-eager $tasks 3 --out "$run_dir" 2>&1 | grep -v "^\s*$" | tail -12 ;;
   smollm2)
-    timeout "$limit" python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 32768 \
-      --gpu-memory-utilization 0.3 --enforce-eager --task-samples 5 --out "$run_dir" 2>&1 | grep -v "^\s*$" | tail -8 ;;
+    timeout "$limit" python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 \
+      --gpu-memory-utilization 0.3 --enforce-eager $tasks 5 --out "$run_dir" 2>&1 | grep -v "^\s*$" | tail -12 ;;
   planted)
     # K x128 (Q /128) in layers 3 and 17 only: exact in bf16, outside the FP8 range in those layers.
     [ -d /tmp/planted ] || python3 -m tests.support.planted "$KVEVAL_HOME/models/SmolLM2-135M-Instruct" /tmp/planted \
       --tensor k --factor 128 --layers 3,17 >/dev/null
     timeout "$limit" python3 -m kveval compare --model /tmp/planted --kv fp8 auto --max-model-len 2048 \
-      --gpu-memory-utilization 0.3 --enforce-eager --task-samples 5 --out "$run_dir" 2>&1 | grep -v "^\s*$" | tail -8 ;;
+      --gpu-memory-utilization 0.3 --enforce-eager $tasks 5 --out "$run_dir" 2>&1 | grep -v "^\s*$" | tail -12 ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac
