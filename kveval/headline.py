@@ -53,6 +53,9 @@ def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> s
                              f"`{BASELINE_KV}` pool" + (" (from vLLM's estimate)" if estimated else ""))
         sentences.append(sentence)
     text = "; ".join(sentences) + "."
+    statuses = [s for by_status in by_spec.values() for s in by_status]
+    if FAIL in statuses and PASS not in statuses and len(by_spec) > 1:
+        text += " Nothing tried passes."
     for note in (evidence.get("remedy") or {}).get("notes", []):
         if note.startswith("No remedy"):
             text += f" {note}."

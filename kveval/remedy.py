@@ -4,9 +4,12 @@ and at which lengths to try it. Pure: reads the verdict, the evidence and the pe
 Rule: for a plain FP8 spec that FAILs at some max_model_len, keep exactly the layers whose K or V
 leave the FP8 range at the scale vLLM uses (`analysis.kv_range.plan_keep_layers`): the smallest set
 that removes every saturating value, since a layer inside the range loses only rounding precision.
-The remedied spec is tried at the lengths where plain FP8 failed (`always`: every length where it
-started) and judged by the same gate. When no layer saturates, the damage is not range clipping and
-kveval has no layer set to propose; the review says so.
+When no layer clips, the next candidates are the outlier layers (`analysis.kv_range.outlier_layers`:
+a quarter of the limit and four times the median layer), where FP8's relative rounding loses the
+most absolute detail. The remedied spec is tried at the lengths where plain FP8 failed (`always`:
+every length where it started) and judged by the same gate. With neither kind of layer, kveval has
+no layer set to propose, and the review says so; when the remedied spec fails too, the headline
+says that nothing tried passes.
 """
 from __future__ import annotations
 
@@ -39,16 +42,20 @@ def plan_remedy(verdict: Verdict, evidence: dict, mode: str = "auto") -> dict:
             why = (diagnosis or {}).get("error") or "the per-layer diagnosis did not run"
             notes.append(f"No remedy for {dtype}: {why}")
             continue
-        keep = plan_keep_layers(diagnosis)
+        keep, why = plan_keep_layers(diagnosis), "their K or V leave the FP8 range"
         if not keep:
-            notes.append(f"No remedy for {dtype}: no layer's K or V leaves the FP8 range, so the damage is not range "
-                         "clipping and keeping layers in the model dtype is not expected to help")
+            keep = list(diagnosis.get("outlier_layers") or [])
+            why = ("no layer clips, but their K or V peak within 4× of the FP8 limit and far above the other layers, "
+                   "where FP8's 3-bit mantissa loses the most absolute detail")
+        if not keep:
+            notes.append(f"No remedy for {dtype}: no layer's K or V leaves or nears the FP8 range, so the damage is not "
+                         "range-related and keeping layers in the model dtype is not expected to help")
             continue
         spec = keep_spec(dtype, keep).text
         for length, _ in sorted(lengths):
             if f"{spec}-{length}" not in cells:
                 planned.append((spec, length))
         notes.append(f"Remedy for {dtype}: keep layer{'s' if len(keep) > 1 else ''} {', '.join(map(str, keep))} in the "
-                     f"model dtype (their K or V leave the FP8 range), tried at "
-                     f"{', '.join(str(length) for length, _ in sorted(lengths))} as `{spec}`")
+                     f"model dtype ({why}), tried at {', '.join(str(length) for length, _ in sorted(lengths))} "
+                     f"as `{spec}`")
     return {"cells": planned, "notes": notes}

@@ -79,6 +79,12 @@ def render_diagnosis_section(diagnosis: dict | None, plot_file: str | None = Non
     offending = diagnosis.get("offending") or []
     if not offending:
         out.append(_clean_sentence(diagnosis))
+        outliers = diagnosis.get("outlier_layers") or []
+        if outliers:
+            out += ["", f"Outlier layer{'s' if len(outliers) > 1 else ''} {', '.join(map(str, outliers))}: their K or V "
+                        "peak within 4× of the limit and at least 4× above the median layer. Nothing clips, but FP8 keeps "
+                        "3 mantissa bits, so these layers lose the most absolute detail (e.g. a rounding step of 32 "
+                        "at |x| 256-448): kveval's next candidates to keep in the model dtype."]
     else:
         layers = diagnosis.get("offending_layers") or []
         out += [f"**{len(layers)} layer{'s' if len(layers) != 1 else ''} leave{'s' if len(layers) == 1 else ''} "

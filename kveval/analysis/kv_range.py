@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 FP8_MAX = {"fp8": 448.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
@@ -149,7 +150,31 @@ def diagnose(ranges: dict, kv_cache_dtype: str = "fp8", scales: dict | None = No
         out["worst"] = {"layer": worst["layer"], "tensor": worst["tensor"], "absmax": worst["absmax"],
                         "limit": worst["limit"], "ratio": worst["ratio"]}
     out["largest"] = {tensor: _largest(rows, tensor) for tensor in TENSORS}
+    out["outlier_layers"] = outlier_layers(rows)
     return out
+
+
+OUTLIER_SHARE_OF_LIMIT = 0.25
+OUTLIER_OVER_MEDIAN = 4.0
+
+
+def outlier_layers(rows: list[dict]) -> list[int]:
+    """Layers whose K or V reach a quarter of the FP8 limit *and* four times the median layer's peak.
+
+    Such a layer does not clip, but its cache is dominated by a few huge channels (Qwen2's K biases:
+    |K| 360 in layer 0 against a median layer's 13): FP8 keeps 3 mantissa bits, so at that magnitude
+    the rounding step is 16-32, the largest absolute loss of any layer. They are the next candidates
+    to keep in the model dtype when no layer saturates (whether that helps is for the gate to say).
+    """
+    found = set()
+    for tensor in TENSORS:
+        mine = [r for r in rows if r["tensor"] == tensor and r.get("absmax") is not None and r.get("limit")]
+        if not mine:
+            continue
+        median = float(np.median([r["absmax"] for r in mine]))
+        found |= {r["layer"] for r in mine
+                  if r["absmax"] >= OUTLIER_SHARE_OF_LIMIT * r["limit"] and r["absmax"] >= OUTLIER_OVER_MEDIAN * median}
+    return sorted(found)
 
 
 def plan_keep_layers(diagnosis: dict) -> list[int]:

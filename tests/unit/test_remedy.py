@@ -50,7 +50,24 @@ def test_always_tries_every_started_length_and_off_tries_none():
 def test_no_saturating_layer_means_no_remedy_and_says_why():
     verdict, ev = evidence({"fp8-8192": FAIL}, diagnose(ranges({})))
     plan = plan_remedy(verdict, ev, "auto")
-    assert plan["cells"] == [] and "not range clipping" in plan["notes"][0]
+    assert plan["cells"] == [] and "not range-related" in plan["notes"][0]
+
+
+def test_outlier_layers_are_tried_when_nothing_clips():
+    # Qwen2.5-Coder-1.5B on the H200: |K| 360 in layer 0, 112 in layer 1, about 13 elsewhere.
+    measured = ranges({})
+    for layer, peak in ((0, 360.0), (1, 112.5)):
+        measured["layers"][layer]["k"]["absmax"] = peak
+    diagnosis = diagnose(measured)
+    assert diagnosis["offending_layers"] == [] and diagnosis["outlier_layers"] == [0, 1]
+    verdict, ev = evidence({"fp8-8192": FAIL}, diagnosis)
+    plan = plan_remedy(verdict, ev)
+    assert plan["cells"] == [("fp8:keep=0,1", 8192)] and "within 4× of the FP8 limit" in plan["notes"][0]
+
+
+def test_headline_says_when_nothing_tried_passes():
+    verdict, ev = evidence({"fp8-8192": FAIL, "fp8:keep=0,1-8192": FAIL}, None)
+    assert headline(verdict, ev, "bf16").endswith("FP8 with layers 0, 1 kept in bf16 fails at 8192. Nothing tried passes.")
 
 
 def test_missing_diagnosis_is_said():
