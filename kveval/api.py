@@ -202,6 +202,29 @@ def model_length_limit(model_path: str) -> int | None:
     return int(limit) if isinstance(limit, (int, float)) and limit > 0 else None
 
 
+def model_layer_count(model_path: str) -> int | None:
+    """num_hidden_layers of the model's (text) config, if its config says."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+    except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
+        return None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    count = getattr(text_config, "num_hidden_layers", None)
+    return int(count) if isinstance(count, int) and count > 0 else None
+
+
+def _check_keep_layers(kv: Sequence[str], layers: int | None, model_name: str) -> None:
+    """fp8:keep=N with N past the model's last layer would silently keep nothing."""
+    if layers is None:
+        return
+    for text in kv:
+        beyond = [k for k in parse_kv(text).keep if k.isdigit() and int(k) >= layers]
+        if beyond:
+            raise KvevalError(f"--kv {text}: {model_name} has layers 0-{layers - 1}; no layer {', '.join(beyond)}")
+
+
 def model_dtype(model_path: str) -> str:
     """The checkpoint's own dtype as a vLLM kv_cache_dtype name (bfloat16 when the config says none)."""
     try:
@@ -295,6 +318,7 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
         raise KvevalError(str(error)) from None
     tokenizer = _load_tokenizer(model_info.path)
     model_limit = model_length_limit(model_info.path)
+    _check_keep_layers(options.kv, model_layer_count(model_info.path), model_info.name)
     try:
         prompts = build_workloads(tokenizer, options.max_model_len, seed=options.seed,
                                   counts=options.counts if options.counts is not None

@@ -21,6 +21,8 @@ from typing import Any
 
 import click
 
+from .kvspec import ATTENTION_TYPES as _KEEP_NAMES  # vLLM's names in kv_cache_dtype_skip_layers
+
 __all__ = [
     "MultiValueOption",
     "split_values",
@@ -52,7 +54,6 @@ def split_values(values: Iterable[str]) -> tuple[str, ...]:
     return _dedupe(p for p in parts if p)
 
 
-_KEEP_NAMES = {"sliding_window"}  # vLLM attention-type names accepted in kv_cache_dtype_skip_layers
 
 
 def _looks_like_option(token: str) -> bool:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 _DTYPE = re.compile(r"^[A-Za-z0-9_]+$")
-_KEEP_ITEM = re.compile(r"^(\d+|[a-z_]+)$")
+ATTENTION_TYPES = ("sliding_window",)  # the names vLLM 0.26-0.32 match in kv_cache_dtype_skip_layers
 
 
 class KVSpecError(ValueError):
@@ -65,12 +65,13 @@ def parse_kv(text: str) -> KVSpec:
     keep = [item.strip() for item in items.split(",") if item.strip()]
     if not keep:
         raise KVSpecError(f"--kv {raw!r}: keep= needs at least one layer index or attention type (e.g. fp8:keep=0)")
-    bad = [item for item in keep if not _KEEP_ITEM.match(item)]
+    bad = [item for item in keep if not (item.isdigit() or item in ATTENTION_TYPES)]
     if bad:
-        raise KVSpecError(f"--kv {raw!r}: {', '.join(bad)} is not a layer index or an attention type name")
+        raise KVSpecError(f"--kv {raw!r}: {', '.join(bad)} is not a layer index or an attention type vLLM knows "
+                          f"({', '.join(ATTENTION_TYPES)})")
     if dtype == "auto":
         raise KVSpecError(f"--kv {raw!r}: keep= applies to a quantized cache (e.g. fp8:keep=0); auto is the baseline")
-    numbers = sorted({int(k) for k in keep if k.isdigit()})
+    numbers = sorted({int(k) for k in keep if k.isdigit()})  # "07" and "7" are one layer
     names = sorted({k for k in keep if not k.isdigit()})
     return KVSpec(dtype, tuple(str(n) for n in numbers) + tuple(names))
 

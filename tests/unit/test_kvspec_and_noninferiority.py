@@ -20,7 +20,8 @@ def test_keep_spec_parses_sorts_and_names_itself():
 
 @pytest.mark.parametrize("text,message", [
     ("fp 8", "not a KV-cache dtype name"), ("fp8:skip=1", "only keep=LAYERS"), ("fp8:keep=", "at least one"),
-    ("fp8:keep=x1", "not a layer index"), ("auto:keep=0", "auto is the baseline"),
+    ("fp8:keep=x1", "not a layer index"), ("fp8:keep=x", "attention type vLLM knows"),
+    ("auto:keep=0", "auto is the baseline"),
 ])
 def test_bad_specs_say_what_is_wrong(text, message):
     with pytest.raises(KVSpecError, match=message):
@@ -58,3 +59,7 @@ def test_samples_to_decide():
 def test_bound_refuses_a_zero_baseline():
     with pytest.raises(ValueError):
         paired_recovery_bound(10, 0, 0, 0.0)
+
+
+def test_sliding_window_is_a_keep_name():
+    assert parse_kv("fp8:keep=sliding_window,0").keep == ("0", "sliding_window")

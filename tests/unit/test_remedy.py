@@ -102,3 +102,10 @@ def test_bad_kv_spec_and_remedy_mode_are_refused(tmp_path):
         api.compare(kv=["fp8:skip=0"], max_model_len=[1024], out=tmp_path / "o")
     with pytest.raises(api.KvevalError, match="--remedy 'sometimes'"):
         api.compare(kv=["fp8"], max_model_len=[1024], out=tmp_path / "o", remedy="sometimes")
+
+
+def test_keep_layer_beyond_the_model_is_refused(tmp_path, default_model_dir):
+    with pytest.raises(api.KvevalError, match="has layers 0-29; no layer 30"):
+        api.compare(model=str(default_model_dir), kv=["fp8:keep=30", "auto"], max_model_len=[1024],
+                    out=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
