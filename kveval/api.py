@@ -189,8 +189,8 @@ def _suite_counts(suite, lengths: Sequence[int], model_limit: int | None) -> dic
     return counts
 
 
-def model_length_limit(model_path: str) -> int | None:
-    """The model's own maximum context (max_position_embeddings), if its config says."""
+def _text_config_number(model_path: str, name: str) -> int | None:
+    """A positive whole number from the model's (text) config, or None when it does not say."""
     try:
         from transformers import AutoConfig
 
@@ -198,21 +198,18 @@ def model_length_limit(model_path: str) -> int | None:
     except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
         return None
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    limit = getattr(text_config, "max_position_embeddings", None)
-    return int(limit) if isinstance(limit, (int, float)) and limit > 0 else None
+    value = getattr(text_config, name, None)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def model_length_limit(model_path: str) -> int | None:
+    """The model's own maximum context (max_position_embeddings), if its config says."""
+    return _text_config_number(model_path, "max_position_embeddings")
 
 
 def model_layer_count(model_path: str) -> int | None:
     """num_hidden_layers of the model's (text) config, if its config says."""
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model_path)
-    except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
-        return None
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    count = getattr(text_config, "num_hidden_layers", None)
-    return int(count) if isinstance(count, int) and count > 0 else None
+    return _text_config_number(model_path, "num_hidden_layers")
 
 
 def _check_keep_layers(kv: Sequence[str], layers: int | None, model_name: str) -> None:

@@ -5,26 +5,11 @@ Reads a `kveval.analysis.kv_range.diagnose` dict; matplotlib with the Agg backen
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 
-DPI = 90
+from .plots import DPI, write_bytes_atomic
+
 COLOURS = {"k": "#1f77b4", "v": "#ff7f0e"}
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _series(rows: list[dict], tensor: str, key: str) -> tuple[list[int], list[float]]:
@@ -79,5 +64,5 @@ def kv_range_plot(diagnosis: dict, path) -> Path | None:
     raw = io.BytesIO()
     fig.savefig(raw, format="png", metadata={"Software": None})
     path = Path(path)
-    _write_bytes_atomic(path, raw.getvalue())
+    write_bytes_atomic(path, raw.getvalue())
     return path

@@ -12,7 +12,7 @@ DPI = 90
 COLOURS = 64  # PNG palette size: anti-aliased text on colour compresses badly in RGBA; 64 colours keeps it small
 
 
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
+def write_bytes_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -120,5 +120,5 @@ def task_heatmap(grid_rows, path: str | Path, baseline_kv: str = "auto") -> Path
         bar.set_label("accuracy", fontsize=8)
         bar.ax.tick_params(labelsize=7)
     path = Path(path)
-    _write_bytes_atomic(path, _png(fig))
+    write_bytes_atomic(path, _png(fig))
     return path
