@@ -354,6 +354,11 @@ def _diff_section(evidence: dict) -> str:
            "Similarity: character-level ratio of the two texts (1 = same text); length ratio: output tokens / "
            "reference output tokens; earliest divergent token: the first differing token index in the workload."]
     kv = summary[summary.comparison == "kv"]
+    compared = set(kv.cell)
+    unjudged = [name for name, cell in (evidence.get("cells") or {}).items()
+                if cell.get("started") and cell.get("kv_cache_dtype") != BASELINE_KV and name not in compared]
+    if unjudged:
+        out += ["", "Not judged (no started `auto` cell at the same max_model_len): " + ", ".join(unjudged) + "."]
     if kv.empty:
         out += ["", f"_No pair to compare: a non-`{BASELINE_KV}` cell and its `{BASELINE_KV}` baseline at the same "
                     "max_model_len must both have started._"]

@@ -138,6 +138,7 @@ def test_review_leads_with_the_verdict_and_shows_divergence_with_noise_floor():
     assert "**FP8 fails at 2048, is inconclusive at 1024.**" in review
     # fp8-2048 has no started auto at 2048: compared with auto-1024, said so in the verdict and the section.
     assert "compared with auto-1024 on the sequences both scored" in review
+    assert "Not judged (no started `auto` cell at the same max_model_len): fp8-2048." in review
     flat = _flat(review)
     assert "over the reference top-k (k=5) plus a rest bucket" in flat
     kl = expected_kl("healthy")
