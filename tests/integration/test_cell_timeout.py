@@ -4,19 +4,15 @@ from __future__ import annotations
 import pytest
 
 import kveval
+from tests.support.quiet import Quiet
 
 pytestmark = pytest.mark.engine
-
-
-class _Quiet:
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
 
 
 def test_a_hung_cell_is_stopped_and_recorded(tmp_path, default_model_dir):
     # 3 s is less than importing vLLM takes, so the child is always stopped before its engine is up.
     run = kveval.compare(kv=["auto"], max_model_len=[512], out=tmp_path / "r", kv_cache_memory="40MiB",
-                         enforce_eager=True, suite="quick", cell_timeout=3, progress=_Quiet())
+                         enforce_eager=True, suite="quick", cell_timeout=3, progress=Quiet())
     facts = run.cell("auto", 512)
     assert facts["started"] is False
     assert facts["process"]["timed_out"] is True

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import kveval
 from kveval.cli import cli
 from kveval.gate import exit_code
+from tests.support.quiet import Quiet
 
 pytestmark = pytest.mark.engine
 
@@ -28,16 +29,8 @@ def run(tmp_path_factory, default_model_dir):
     return kveval.compare(
         kv=["fp8", "auto"], max_model_len=[1024, 2048], out=out, kv_cache_memory="40MiB", enforce_eager=True,
         suite="quick", counts=COUNTS, speed_runs=1, speed_warmup=0, speed_max_tokens=8,
-        tasks=("passkey",), progress=_Quiet(),  # the tasks phase in the default order; test_tasks_engine covers it
+        tasks=("passkey",), progress=Quiet(),  # the tasks phase in the default order; test_tasks_engine covers it
     )
-
-
-class _Quiet:
-    def note(self, *_): ...
-    def cell_started(self, *_): ...
-    def cell_event(self, *_): ...
-    def cell_finished(self, *_): ...
-    def cell_reused(self, *_): ...
 
 
 def _fp8_supported(run) -> bool:

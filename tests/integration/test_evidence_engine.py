@@ -11,18 +11,14 @@ import json
 import pytest
 
 import kveval
+from tests.support.quiet import Quiet
 
 pytestmark = pytest.mark.engine
 
 
-class _Quiet:
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-
 def test_real_outputs_are_diffed_across_lengths_and_scanned(tmp_path, default_model_dir):
     run = kveval.compare(kv=["auto"], max_model_len=[512, 1024], out=tmp_path / "r", kv_cache_memory="40MiB",
-                         enforce_eager=True, suite="quick", phases=("generation",), progress=_Quiet(),
+                         enforce_eager=True, suite="quick", phases=("generation",), progress=Quiet(),
                          counts={"short_256": 2, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0})
     assert run.cell("auto", 512)["started"] and run.cell("auto", 1024)["started"]
     results = json.loads(run.results_path.read_text())

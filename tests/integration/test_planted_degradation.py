@@ -13,6 +13,7 @@ import pytest
 
 import kveval
 from tests.support.planted import plant
+from tests.support.quiet import Quiet
 
 pytestmark = pytest.mark.engine
 
@@ -23,17 +24,12 @@ SETTINGS = dict(
 )
 
 
-class _Quiet:
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, default_model_dir):
     root = tmp_path_factory.mktemp("planted")
     harmed_model = plant(default_model_dir, root / "harmed-model", tensor="k", factor=128)
-    healthy = kveval.compare(model=str(default_model_dir), out=root / "healthy", progress=_Quiet(), **SETTINGS)
-    harmed = kveval.compare(model=str(harmed_model), out=root / "harmed", progress=_Quiet(), **SETTINGS)
+    healthy = kveval.compare(model=str(default_model_dir), out=root / "healthy", progress=Quiet(), **SETTINGS)
+    harmed = kveval.compare(model=str(harmed_model), out=root / "harmed", progress=Quiet(), **SETTINGS)
     return healthy, harmed
 
 

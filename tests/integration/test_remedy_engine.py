@@ -14,15 +14,11 @@ import pytest
 
 import kveval
 from tests.support.planted import plant
+from tests.support.quiet import Quiet
 
 pytestmark = pytest.mark.engine
 
 PLANTED = [3, 17]
-
-
-class _Quiet:
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +26,7 @@ def run(tmp_path_factory, default_model_dir):
     root = tmp_path_factory.mktemp("remedy")
     model = plant(default_model_dir, root / "model", tensor="k", factor=128, layers=PLANTED)
     return kveval.compare(model=str(model), kv=["fp8", "auto"], max_model_len=[1024], kv_cache_memory="60MiB",
-                          enforce_eager=True, suite="quick", tasks=["none"], out=root / "run", progress=_Quiet(),
+                          enforce_eager=True, suite="quick", tasks=["none"], out=root / "run", progress=Quiet(),
                           counts={"short_256": 2, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0},
                           phases=("generation", "scoring"))
 

@@ -12,16 +12,12 @@ import json
 import pytest
 
 import kveval
+from tests.support.quiet import Quiet
 
 pytestmark = pytest.mark.engine
 
 LENGTHS = (512, 1024)
 TASKS = ("passkey", "niah_single")
-
-
-class _Quiet:
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
 
 
 def _fp8_supported(run) -> bool:
@@ -33,7 +29,7 @@ def run(tmp_path_factory, default_model_dir):
     out = tmp_path_factory.mktemp("tasks") / "run"
     return kveval.compare(kv=["fp8", "auto"], max_model_len=list(LENGTHS), out=out, kv_cache_memory="40MiB",
                           enforce_eager=True, suite="quick", phases=("tasks",), tasks=list(TASKS),
-                          task_lengths=(0.5, 1.1), task_depths=(0.5,), task_samples=1, progress=_Quiet())
+                          task_lengths=(0.5, 1.1), task_depths=(0.5,), task_samples=1, progress=Quiet())
 
 
 def _samples(run, kv, length):
