@@ -9,7 +9,7 @@ __all__ = ["__version__", "compare", "report", "load_run"]
 def __getattr__(name: str):
     # Keep `import kveval` (and `kveval --help`) light: the API pulls in pandas and friends.
     if name in ("compare", "report", "load_run"):
-        from . import api
+        from kveval import api
 
         return getattr(api, name)
     raise AttributeError(name)

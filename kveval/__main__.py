@@ -1,3 +1,3 @@
-from .cli import main
+from kveval.cli.commands import main
 
 main()

@@ -15,20 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import environment
-from .gate import GateConfigError, Thresholds, Verdict, load_thresholds
-from .models import ModelError, resolve_model
-from .phases import DEFAULT_PHASES, PHASES
-from .runner import CellPlan, run_cell_process
-from .checkpoint_scales import read_kv_scales
-from .store import SCHEMA_VERSION, RunDir, StoreError, cell_id, read_json, write_json_atomic, write_text_atomic
-from .suites import get_suite, scale_max_tokens, speed_workloads
-from .task_setup import TaskSelectionError, check_lm_eval_names, task_shape, write_run_task_data
-from .taskdata import TASKS as TASKS_BY_NAME, TASKS_DIR, write_task_data
-from .kvspec import KVSpec, KVSpecError, parse_kv
-from .remedy import REMEDY_MODES, plan_remedy
-from .units import parse_size
-from .workloads import CTX_1K_TOKENS, PromptFileError, build_workloads, document_tokens, load_user_prompts
+from kveval.run import environment
+from kveval.gate import GateConfigError, Thresholds, Verdict, load_thresholds
+from kveval.inputs.models import ModelError, resolve_model
+from kveval.worker.phases import DEFAULT_PHASES, PHASES
+from kveval.run.cell_process import CellPlan, run_cell_process
+from kveval.inputs.checkpoint_scales import read_kv_scales
+from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, cell_id, read_json, write_json_atomic, write_text_atomic
+from kveval.inputs.suites import get_suite, scale_max_tokens, speed_workloads
+from kveval.inputs.task_selection import TaskSelectionError, check_lm_eval_names, task_shape, write_run_task_data
+from kveval.inputs.task_data import TASKS as TASKS_BY_NAME, TASKS_DIR, write_task_data
+from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
+from kveval.run.remedy import REMEDY_MODES, plan_remedy
+from kveval.inputs.units import parse_size
+from kveval.inputs.workloads import CTX_1K_TOKENS, PromptFileError, build_workloads, document_tokens, load_user_prompts
 
 
 class KvevalError(Exception):
@@ -305,7 +305,7 @@ def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
         raise KvevalError(str(error)) from None
     phases = [p for p in options.phases if p != "tasks" or task_names]
     options = dataclasses.replace(options, phases=tuple(phases))
-    from .progress import ConsoleProgress
+    from kveval.run.progress import ConsoleProgress
 
     show = progress if progress is not None else ConsoleProgress()
     try:
@@ -423,7 +423,7 @@ def run_diagnosis(run_dir: RunDir, model_path: str, scales: dict | None, show) -
     if path.is_file():
         return read_json(path)
     show.note("Measuring per-layer K/V ranges with transformers (once per run)")
-    command = [sys.executable, "-m", "kveval.kv_ranges", "--model", model_path,
+    command = [sys.executable, "-m", "kveval.worker.kv_ranges", "--model", model_path,
                "--documents", str(run_dir.scoring_path), "--out", str(path)]
     if scales and (scales.get("k_scale") or scales.get("v_scale")):
         scales_path = run_dir.path / "kv_scales.json"
@@ -476,9 +476,9 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
     """Recompute the evidence and the verdict from the stored files alone (no engine); write
     results.json, tables/*.csv and review.md. Thresholds: `thresholds`, or defaults < the YAML file
     `gate_config` < `gate_overrides`."""
-    from .evidence import build_evidence, write_results
-    from .gate import evaluate
-    from .report import render_review
+    from kveval.evidence import build_evidence, write_results
+    from kveval.gate import evaluate
+    from kveval.render.review import render_review
 
     limits = resolve_thresholds(thresholds, gate_config, gate_overrides)
     result = load_run(run_dir)

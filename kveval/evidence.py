@@ -15,25 +15,25 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import __version__
-from .analysis.capacity import pool_by_length, startup_table
-from .analysis.cells import BASELINE_KV
-from .analysis.degeneration import (
+from kveval import __version__
+from kveval.analysis.capacity import pool_by_length, startup_table
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.degeneration import (
     DETECTORS,
     FINDING_COLUMNS,
     INFORMATIONAL_DETECTORS,
     degeneration_summary,
     scan_cells,
 )
-from .analysis.diff import EXAMPLE_COLUMNS, PAIR_COLUMNS, SUMMARY_COLUMNS, diff_pairs, diff_summary, first_diverging_examples
-from .analysis.divergence import cell_divergence
-from .analysis.kv_range import diagnose
-from .kvspec import parse_kv
-from .analysis.speed import speed_table
-from .analysis.tasks import ACCURACY_COLUMNS, COMPARISON_COLUMNS, GRID_COLUMNS, SAMPLE_COLUMNS, task_evidence
-from .plot_kv_range import kv_range_plot
-from .plots import HEATMAP_FILE, task_heatmap
-from .store import write_json_atomic, write_text_atomic
+from kveval.analysis.diff import EXAMPLE_COLUMNS, PAIR_COLUMNS, SUMMARY_COLUMNS, diff_pairs, diff_summary, first_diverging_examples
+from kveval.analysis.divergence import cell_divergence
+from kveval.analysis.kv_range import diagnose
+from kveval.inputs.kvspec import parse_kv
+from kveval.analysis.speed import speed_table
+from kveval.analysis.task_accuracy import ACCURACY_COLUMNS, COMPARISON_COLUMNS, GRID_COLUMNS, SAMPLE_COLUMNS, task_evidence
+from kveval.render.kv_range_plot import kv_range_plot
+from kveval.render.plots import HEATMAP_FILE, task_heatmap
+from kveval.files.rundir import write_json_atomic, write_text_atomic
 
 RESULTS_SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"

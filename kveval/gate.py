@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .analysis.cells import BASELINE_KV
-from .analysis.noninferiority import paired_recovery_bound, samples_to_decide
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
 
 EXIT_PASS = 0
 EXIT_FAIL = 1

@@ -6,7 +6,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def default_model_dir():
-    from kveval.models import ModelError, prepare_default_model
+    from kveval.inputs.models import ModelError, prepare_default_model
 
     try:
         return prepare_default_model()

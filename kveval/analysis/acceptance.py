@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .cells import generation_records
+from kveval.analysis.cell_records import generation_records
 
 
 def acceptance_matrix(workloads: list[dict], cells: dict[str, dict]) -> pd.DataFrame:

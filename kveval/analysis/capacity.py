@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .cells import BASELINE_KV, pool_tokens
+from kveval.analysis.cell_records import BASELINE_KV, pool_tokens
 
 
 def startup_table(cells: dict[str, dict]) -> pd.DataFrame:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from .cells import BASELINE_KV, baseline_for, generation_records
+from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
 
 # -- repeated n-grams (loops) -------------------------------------------------------------------
 # Repetition runaway repeats a phrase or sentence: "The pass key is the pass key. The pass key ..."

@@ -13,8 +13,8 @@ import os
 import pandas as pd
 from rapidfuzz import fuzz
 
-from .cells import BASELINE_KV, baseline_for, generation_records
-from .identity import first_divergence
+from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
+from kveval.analysis.identity import first_divergence
 
 EXCERPT_BEFORE = 60   # characters of shared text shown before the divergence
 EXCERPT_AFTER = 80    # characters shown from each side after it

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .cells import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV
 
 # Floor for a candidate probability before taking log(p/q): a token the candidate gives ~0 then
 # costs p·ln(p/1e-10) ≈ 23·p nats instead of infinity.

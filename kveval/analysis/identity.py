@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .cells import BASELINE_KV, baseline_for, generation_records
+from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

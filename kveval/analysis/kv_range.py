@@ -2,7 +2,7 @@
 
 vLLM quantises K and V per layer with one scale each: a value x is stored as fp8(x / scale), and
 the conversion saturates, so every |x| above FP8_MAX × scale is clipped. Without checkpoint scales
-vLLM uses scale 1.0 (limit ±448 for e4m3). Input is the dict `kveval.kv_ranges.measure_kv_ranges`
+vLLM uses scale 1.0 (limit ±448 for e4m3). Input is the dict `kveval.worker.kv_ranges.measure_kv_ranges`
 returns (measured with transformers on real text); everything here is pure: no torch, no I/O.
 """
 from __future__ import annotations

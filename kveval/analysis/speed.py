@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .cells import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV
 
 
 def speed_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:

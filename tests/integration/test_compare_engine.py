@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import kveval
-from kveval.cli import cli
+from kveval.cli.commands import cli
 from kveval.gate import exit_code
 from tests.support.quiet import Quiet
 

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-from kveval import models  # noqa: E402
-from kveval.models import ModelError, find_default_gguf, resolve_model  # noqa: E402
+from kveval.inputs import models  # noqa: E402
+from kveval.inputs.models import ModelError, find_default_gguf, resolve_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import kveval.kv_ranges as kv_ranges
+import kveval.worker.kv_ranges as kv_ranges
 from kveval.analysis.kv_range import diagnose
 
 torch = pytest.importorskip("torch")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kveval.analysis.kv_range import diagnose, plan_keep_layers
-from kveval.models import default_model_info
+from kveval.inputs.models import default_model_info
 from tests.support.planted import plant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def documents(model_dir, tmp_path_factory) -> Path:
 
 def start(model: Path, documents: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "kveval.kv_ranges", "--model", str(model), "--documents", str(documents),
+        [sys.executable, "-m", "kveval.worker.kv_ranges", "--model", str(model), "--documents", str(documents),
          "--out", str(out), "--device", "cpu"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"})  # two at once: one thread each, no oversubscription

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from kveval.store import RunDir, write_json_atomic
+from kveval.files.rundir import RunDir, write_json_atomic
 
 TOP_K = 5
 REFERENCE_P = [0.6, 0.2, 0.1, 0.05, 0.03]

@@ -1,4 +1,4 @@
-"""Tests for kveval.cli_options, run through click's CliRunner on a throwaway command."""
+"""Tests for kveval.cli.options, run through click's CliRunner on a throwaway command."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from kveval.cli_options import (
+from kveval.cli.options import (
     MultiValueOption,
     parse_int_list,
     parse_key_value,

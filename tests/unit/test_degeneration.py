@@ -10,7 +10,7 @@ from kveval.analysis import degeneration as dg
 from kveval.analysis.degeneration import (DETECTORS, FINDING_COLUMNS, Finding, alternating_duplication, char_run,
                                           degeneration_summary, hit_token_limit, length_blowup, ngram_loop_chars,
                                           ngram_loop_tokens, scan_cells, scan_output, token_run)
-from kveval.workloads import load_corpus
+from kveval.inputs.workloads import load_corpus
 
 _VOCAB: dict[str, int] = {}
 

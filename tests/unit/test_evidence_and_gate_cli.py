@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from kveval import api
-from kveval.cli import cli
+from kveval.cli.commands import cli
 from kveval.evidence import build_evidence, json_safe
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
 from tests.support.constructed import expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
@@ -369,7 +369,7 @@ def test_api_report_and_gate(run_dir):
 
 
 def test_run_with_no_cell_results_yet_is_inconclusive_not_a_crash(tmp_path):
-    from kveval.store import RunDir, write_json_atomic
+    from kveval.files.rundir import RunDir, write_json_atomic
 
     store = RunDir(tmp_path / "r")
     write_json_atomic(store.manifest_path, {"schema_version": 1, "cells": [{"id": "auto-1024"}, {"id": "fp8-1024"}]})

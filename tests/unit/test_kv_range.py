@@ -1,5 +1,5 @@
 """Per-layer KV range diagnosis without a model: diagnose / plan / table / section on synthetic
-ranges dicts, checkpoint scale reading on tiny directories, and kveval.kv_ranges' CLI errors."""
+ranges dicts, checkpoint scale reading on tiny directories, and kveval.worker.kv_ranges' CLI errors."""
 from __future__ import annotations
 
 import json
@@ -18,10 +18,10 @@ from kveval.analysis.kv_range import (
     plan_keep_layers,
     skip_layers_argument,
 )
-from kveval.checkpoint_scales import read_kv_scales
-from kveval.kv_ranges import main as kv_ranges_main
-from kveval.plot_kv_range import kv_range_plot
-from kveval.report_diagnosis import HEADING, render_diagnosis_section
+from kveval.inputs.checkpoint_scales import read_kv_scales
+from kveval.worker.kv_ranges import main as kv_ranges_main
+from kveval.render.kv_range_plot import kv_range_plot
+from kveval.render.diagnosis_section import HEADING, render_diagnosis_section
 
 
 def stats(absmax, *, count=1000, over_e4m3=0, over_e5m2=0, scale=1.0, p99_9=None):
@@ -267,7 +267,7 @@ def test_missing_directory_or_hub_id(tmp_path):
         assert "not a local directory" in out["notes"][0]
 
 
-# --- kveval.kv_ranges CLI errors (all caught before torch is loaded) ----------------------------
+# --- kveval.worker.kv_ranges CLI errors (all caught before torch is loaded) ----------------------------
 
 @pytest.fixture
 def model_dir(tmp_path):
@@ -318,9 +318,9 @@ def test_cli_rejects_bad_model_tokens_and_scales(tmp_path, model_dir, capsys):
 
 
 def test_cli_error_is_one_line_without_traceback_in_a_child_process(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kveval.kv_ranges", "--model", str(tmp_path / "missing"),
+    result = subprocess.run([sys.executable, "-m", "kveval.worker.kv_ranges", "--model", str(tmp_path / "missing"),
                              "--documents", str(tmp_path / "docs.json"), "--out", str(tmp_path / "out.json")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip().startswith("kveval.kv_ranges: error: model directory not found")
+    assert result.stderr.strip().startswith("kveval.worker.kv_ranges: error: model directory not found")
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
-from kveval.cli_options import split_values
-from kveval.kvspec import KVSpec, KVSpecError, parse_kv
+from kveval.cli.options import split_values
+from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
 
 
 def test_keep_spec_parses_sorts_and_names_itself():

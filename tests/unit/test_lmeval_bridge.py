@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 from lm_eval.api.instance import Instance
 
-from kveval.cli import cli
-from kveval.lmeval_bridge import EngineLM
-from kveval.phases.tasks import sample_records
-from kveval.task_setup import TaskSelectionError, check_task_settings, select_tasks, spread
-from kveval.taskdata import TASKS
-from kveval.workloads import render_chat
+from kveval.cli.commands import cli
+from kveval.worker.lmeval_lm import EngineLM
+from kveval.worker.phases.tasks import sample_records
+from kveval.inputs.task_selection import TaskSelectionError, check_task_settings, select_tasks, spread
+from kveval.inputs.task_data import TASKS
+from kveval.inputs.workloads import render_chat
 
 
 class FakeEngine:

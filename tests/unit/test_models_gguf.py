@@ -14,8 +14,8 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from kveval import models  # noqa: E402
-from kveval.models import ModelError, resolve_model  # noqa: E402
+from kveval.inputs import models  # noqa: E402
+from kveval.inputs.models import ModelError, resolve_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

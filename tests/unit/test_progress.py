@@ -5,7 +5,7 @@ import io
 
 from rich.console import Console
 
-from kveval.progress import ConsoleProgress
+from kveval.run.progress import ConsoleProgress
 
 
 def test_engine_messages_with_brackets_are_printed_not_parsed():

@@ -7,8 +7,8 @@ import pytest
 from kveval import api
 from kveval.analysis.kv_range import diagnose
 from kveval.gate import FAIL, NOT_STARTED, PASS, Verdict
-from kveval.headline import headline
-from kveval.remedy import plan_remedy
+from kveval.render.headline import headline
+from kveval.run.remedy import plan_remedy
 
 
 def ranges(over: dict[int, int], layers: int = 6) -> dict:

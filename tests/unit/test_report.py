@@ -9,8 +9,8 @@ from kveval.analysis.capacity import pool_by_length
 from kveval.analysis.identity import first_divergence, identity_pairs, identity_summary
 from kveval.analysis.speed import speed_table
 from kveval.gate import Thresholds
-from kveval.markdown import escape_cell
-from kveval.report import render_review
+from kveval.render.markdown import escape_cell
+from kveval.render.review import render_review
 from tests.support.constructed import expected_kl, scoring_phase
 
 WORKLOADS = [

@@ -1,8 +1,8 @@
 """What the parent stores when a cell process dies or is stopped (nothing measured is lost)."""
 from __future__ import annotations
 
-from kveval.runner import CellPlan, _finish
-from kveval.store import RunDir, write_json_atomic
+from kveval.run.cell_process import CellPlan, _finish
+from kveval.files.rundir import RunDir, write_json_atomic
 
 KV_ERROR = ("ValueError: To serve at least one request with the model's max seq len (2048), (0.04 GiB KV cache is "
             "needed, which is larger than the available KV cache memory (0.04 GiB). Based on the available memory, "

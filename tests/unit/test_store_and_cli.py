@@ -6,8 +6,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kveval.cli import cli
-from kveval.store import RunDir, StoreError, write_json_atomic
+from kveval.cli.commands import cli
+from kveval.files.rundir import RunDir, StoreError, write_json_atomic
 
 
 def test_cell_round_trip_and_planned_order(tmp_path):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kveval import taskdata as td
+from kveval.inputs import task_data as td
 from tests.support.char_tokenizer import CharTokenizer
 
-TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
+from kveval.inputs.resources import LM_EVAL_TASKS_DIR as TASKS_DIR
 UTILS = TASKS_DIR / "utils.py"
 GENERATE_HINT = "kveval tasks generate --model M --max-model-len L --out DIR"
 

@@ -8,11 +8,11 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from kveval.cli import cli
+from kveval.cli.commands import cli
 from kveval.evidence import build_evidence, evidence_tables, write_results
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, evaluate
-from kveval.plots import HEATMAP_FILE, task_heatmap
-from kveval.report import render_review
+from kveval.render.plots import HEATMAP_FILE, task_heatmap
+from kveval.render.review import render_review
 from tests.support.constructed import manifest_for, scoring_phase, started_cell, write_run
 from tests.support.task_samples import passkey_grid, sample, with_tasks
 

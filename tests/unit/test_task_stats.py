@@ -1,4 +1,4 @@
-"""Long-context task statistics on constructed per-sample records (kveval.analysis.tasks; no engine)."""
+"""Long-context task statistics on constructed per-sample records (kveval.analysis.task_accuracy; no engine)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy.stats import binomtest
 
-from kveval.analysis.tasks import (
+from kveval.analysis.task_accuracy import (
     ACCURACY_COLUMNS,
     ALL_TASKS,
     COMPARISON_COLUMNS,

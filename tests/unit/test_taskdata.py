@@ -1,4 +1,4 @@
-"""Tests for kveval.taskdata: RULER-style long-context docs sized, placed and seeded exactly."""
+"""Tests for kveval.inputs.task_data: RULER-style long-context docs sized, placed and seeded exactly."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kveval import taskdata as td
-from kveval.workloads import render_chat
+from kveval.inputs import task_data as td
+from kveval.inputs.workloads import render_chat
 from tests.support.char_tokenizer import CharTokenizer
 
 SCHEMA_KEYS = ["id", "task", "input", "outputs", "max_model_len", "length_fraction",
@@ -24,7 +24,7 @@ NEEDLE = re.compile(r" ?(The pass key is \d+\. Remember it\. \d+ is the pass key
 def tokenizer():
     """The default model's tokenizer (SmolLM2-135M-Instruct); skipped if it is not on disk."""
     transformers = pytest.importorskip("transformers")
-    from kveval.models import default_model_dir
+    from kveval.inputs.models import default_model_dir
 
     model_dir = default_model_dir()
     if not (Path(model_dir) / "tokenizer.json").is_file():

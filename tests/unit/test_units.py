@@ -1,10 +1,10 @@
-"""Tests for kveval.units: byte-size parsing and formatting."""
+"""Tests for kveval.inputs.units: byte-size parsing and formatting."""
 
 from __future__ import annotations
 
 import pytest
 
-from kveval.units import format_bytes, parse_size
+from kveval.inputs.units import format_bytes, parse_size
 
 MiB = 1024**2
 GiB = 1024**3

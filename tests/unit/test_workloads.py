@@ -1,4 +1,4 @@
-"""Tests for kveval.workloads: exact prompt sizes, names, determinism, user prompt files."""
+"""Tests for kveval.inputs.workloads: exact prompt sizes, names, determinism, user prompt files."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kveval import workloads as wl
-from kveval.workloads import (
+from kveval.inputs import workloads as wl
+from kveval.inputs.workloads import (
     DATA_DIR,
     PromptFileError,
     PromptSpec,
@@ -28,7 +28,7 @@ SMOLLM_GENERATION_PROMPT = "<|im_start|>assistant\n"
 def tokenizer():
     """The default model's tokenizer (SmolLM2-135M-Instruct, which has a chat template)."""
     transformers = pytest.importorskip("transformers")
-    from kveval.models import ModelError, prepare_default_model
+    from kveval.inputs.models import ModelError, prepare_default_model
 
     try:
         model_dir = prepare_default_model(progress=lambda *a, **k: None)
@@ -446,4 +446,4 @@ def test_module_imports_only_stdlib():
     source = Path(wl.__file__).read_text()
     imported = set(re.findall(r"^(?:from|import) ([\w.]+)", source, flags=re.M))
     assert imported <= {"__future__", "json", "math", "random", "re", "dataclasses",
-                        "pathlib", "typing"}
+                        "pathlib", "typing", "kveval.inputs.resources"}

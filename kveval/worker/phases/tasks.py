@@ -1,4 +1,4 @@
-"""Long-context task accuracy: lm-eval tasks run on this cell's engine (see lmeval_bridge.py).
+"""Long-context task accuracy: lm-eval tasks run on this cell's engine (see worker/lmeval_lm.py).
 
 kveval's own tasks (tasks/*.yaml) read the data the parent generated for this max_model_len
 (run_dir/taskdata/L<len>/); any other name is handed to lm-eval as is, for users who have that
@@ -90,7 +90,7 @@ def _doc_count(data_dir: Path | None, task: str) -> int | None:
 
 
 def _task_data_plan(run_dir: Path | None) -> dict:
-    """The manifest's `task_data`: which data directory serves which max_model_len (task_setup.py)."""
+    """The manifest's `task_data`: which data directory serves which max_model_len (inputs/task_selection.py)."""
     path = run_dir / "manifest.json" if run_dir else None
     if path is None or not path.is_file():
         return {}
@@ -103,9 +103,9 @@ def run(engine, cell) -> dict:
     from lm_eval.tasks import TaskManager
     from transformers import AutoTokenizer
 
-    from ..lmeval_bridge import EngineLM
-    from ..task_setup import spread
-    from ..taskdata import TASKS as KVEVAL_TASKS, TASKS_DIR
+    from kveval.worker.lmeval_lm import EngineLM
+    from kveval.inputs.task_selection import spread
+    from kveval.inputs.task_data import TASKS as KVEVAL_TASKS, TASKS_DIR
 
     # lm-eval logs every request at INFO; the cell log is for vLLM's words.
     logging.getLogger("lm_eval").setLevel(logging.WARNING)

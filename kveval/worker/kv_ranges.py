@@ -7,7 +7,7 @@ there sees what vLLM would quantise — without vLLM, on any machine (this one c
 
 Run in a child process (it loads the model with torch):
 
-    python -m kveval.kv_ranges --model DIR --documents scoring.json --out ranges.json \
+    python -m kveval.worker.kv_ranges --model DIR --documents scoring.json --out ranges.json \
         [--max-tokens 4096] [--device auto|cpu|cuda] [--scales scales.json]
 
 torch and transformers are imported inside functions, so importing this module stays cheap.
@@ -372,7 +372,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kveval.kv_ranges", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kveval.worker.kv_ranges", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="transformers model directory")
     parser.add_argument("--documents", required=True, help="JSON list of objects with token_ids (scoring.json)")
     parser.add_argument("--out", required=True, help="where to write the ranges JSON")
@@ -390,10 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         result = measure_kv_ranges(args.model, documents, max_tokens=args.max_tokens, device=args.device,
                                    scales=scales)
     except InputError as error:
-        print(f"kveval.kv_ranges: error: {error}", file=sys.stderr)
+        print(f"kveval.worker.kv_ranges: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # transformers could not load the model (hub id offline, broken files)
-        print(f"kveval.kv_ranges: error: cannot load model {args.model}: {error}".splitlines()[0], file=sys.stderr)
+        print(f"kveval.worker.kv_ranges: error: cannot load model {args.model}: {error}".splitlines()[0], file=sys.stderr)
         return 2
     write_json_atomic(Path(args.out), result)
     return 0

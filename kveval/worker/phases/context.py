@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..workloads import PromptSpec
+from kveval.inputs.workloads import PromptSpec
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Run the planned cells, one child process each, and keep every result on disk.
 
-The parent never imports vLLM. It writes a spec for the cell, starts `python -m kveval.cell`
+The parent never imports vLLM. It writes a spec for the cell, starts `python -m kveval.worker.cell_main`
 with the cell's log as stdout/stderr, follows its progress events, and — if the child dies
 without finishing (segfault, OOM kill, timeout) — classifies the death from the log and stores
 it, merged with whatever the child had already written.
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .failures import classify_startup_failure
-from .logfacts import kv_pool_from_log
-from .store import RunDir, write_json_atomic
+from kveval.worker.failures import classify_startup_failure
+from kveval.worker.logfacts import kv_pool_from_log
+from kveval.files.rundir import RunDir, write_json_atomic
 
 
 @dataclass
@@ -80,7 +80,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     timed_out = False
     with run_dir.cell_log_path(plan.id).open("w", encoding="utf-8") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "kveval.cell", str(run_dir.cell_spec_path(plan.id).resolve())],
+            [sys.executable, "-m", "kveval.worker.cell_main", str(run_dir.cell_spec_path(plan.id).resolve())],
             stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True,
         )
         offset = 0

@@ -1,6 +1,6 @@
 """One cell = one child process = one vLLM engine: start it, then run the phases in order.
 
-Run as `python -m kveval.cell SPEC.json`. The parent (runner.py) sends this process's stdout and
+Run as `python -m kveval.worker.cell_main SPEC.json`. The parent (run/cell_process.py) sends this process's stdout and
 stderr to the cell's log, where vLLM writes its own words; a start-up failure is classified from
 that log. The result file is rewritten atomically after start-up and after every phase, so a crash
 in a late phase keeps what the earlier phases measured.
@@ -13,11 +13,11 @@ import time
 import traceback
 from pathlib import Path
 
-from .failures import classify_startup_failure, detect_backend
-from .logfacts import kv_pool_from_log
-from .phases.context import CellContext
-from .store import read_json, write_json_atomic
-from .workloads import PromptSpec
+from kveval.worker.failures import classify_startup_failure, detect_backend
+from kveval.worker.logfacts import kv_pool_from_log
+from kveval.worker.phases.context import CellContext
+from kveval.files.rundir import read_json, write_json_atomic
+from kveval.inputs.workloads import PromptSpec
 
 
 class _Events:
@@ -42,8 +42,8 @@ def _log_text(spec: dict) -> str:
 
 
 def run_cell(spec: dict) -> dict:
-    from . import engine as engine_module  # the only vLLM import; after the env is set up
-    from .phases import PHASES
+    from kveval.worker import engine as engine_module  # the only vLLM import; after the env is set up
+    from kveval.worker.phases import PHASES
 
     result_path = Path(spec["result_path"])
     emit = _Events(Path(spec["events_path"]))
@@ -118,7 +118,7 @@ def run_cell(spec: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m kveval.cell SPEC.json", file=sys.stderr)
+        print("usage: python -m kveval.worker.cell_main SPEC.json", file=sys.stderr)
         return 2
     run_cell(read_json(Path(argv[0])))
     return 0

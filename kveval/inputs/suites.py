@@ -11,7 +11,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from .workloads import PromptSpec
+from kveval.inputs.workloads import PromptSpec
 
 
 @dataclass(frozen=True)

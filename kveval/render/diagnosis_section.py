@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .analysis.kv_range import skip_layers_argument
-from .markdown import escape_cell, fmt_int, fmt_sig, table
+from kveval.analysis.kv_range import skip_layers_argument
+from kveval.render.markdown import escape_cell, fmt_int, fmt_sig, table
 
 HEADING = "## Per-layer KV range vs the FP8 range"
 MAX_ROWS = 20

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .analysis.tasks import ALL_TASKS
-from .analysis.cells import BASELINE_KV
-from .markdown import escape_cell, fmt_int, fmt_share, fmt_sig, table
-from .plots import HEATMAP_FILE
+from kveval.analysis.task_accuracy import ALL_TASKS
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.render.markdown import escape_cell, fmt_int, fmt_share, fmt_sig, table
+from kveval.render.plots import HEATMAP_FILE
 
 MAX_TASK_EXAMPLES = 10
 

@@ -13,9 +13,9 @@ says that nothing tried passes.
 """
 from __future__ import annotations
 
-from .analysis.kv_range import plan_keep_layers
-from .gate import FAIL, NOT_STARTED, Verdict
-from .kvspec import keep_spec, parse_kv
+from kveval.analysis.kv_range import plan_keep_layers
+from kveval.gate import FAIL, NOT_STARTED, Verdict
+from kveval.inputs.kvspec import keep_spec, parse_kv
 
 REMEDY_MODES = ("auto", "always", "off")
 

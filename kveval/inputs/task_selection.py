@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .taskdata import TASKS, resolve_task_names, write_task_data
+from kveval.inputs.task_data import TASKS, resolve_task_names, write_task_data
 
 SKIP = {"none", "no", "off"}
 TASK_DATA_DIR = "taskdata"

@@ -3,9 +3,9 @@ a passing one buys against `auto` — e.g. "FP8 fails at 8192 and 32768; FP8 wit
 bfloat16 passes at 8192 and 32768 and holds 1.9× the `auto` pool". Pure: verdict + evidence in."""
 from __future__ import annotations
 
-from .analysis.cells import BASELINE_KV
-from .gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS
-from .kvspec import parse_kv
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS
+from kveval.inputs.kvspec import parse_kv
 
 _WORDS = {PASS: "passes", FAIL: "fails", INCONCLUSIVE: "is inconclusive", NOT_STARTED: "did not start",
           "MISSING": "has no result"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import generation, scoring, speed, tasks
+from kveval.worker.phases import generation, scoring, speed, tasks
 
 PHASES: dict[str, Callable] = {
     "generation": generation.run,

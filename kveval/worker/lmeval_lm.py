@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from lm_eval.api.model import LM
 
-from .workloads import _encode, render_chat
+from kveval.inputs.workloads import _encode, render_chat
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default when a task does not say
 

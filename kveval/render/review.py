@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .analysis.acceptance import acceptance_matrix, rejections
-from .analysis.capacity import pool_by_length, startup_table
-from .analysis.cells import BASELINE_KV
-from .analysis.degeneration import DETECTORS, FINDING_COLUMNS, INFORMATIONAL_DETECTORS
-from .analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
-from .analysis.speed import speed_table
-from .evidence import KV_RANGE_PLOT, build_evidence
-from .gate import NOTE, PASS, Verdict, evaluate
-from .headline import headline
-from .report_diagnosis import render_diagnosis_section
-from .report_tasks import tasks_section
-from .markdown import escape_cell, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
+from kveval.analysis.acceptance import acceptance_matrix, rejections
+from kveval.analysis.capacity import pool_by_length, startup_table
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.degeneration import DETECTORS, FINDING_COLUMNS, INFORMATIONAL_DETECTORS
+from kveval.analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
+from kveval.analysis.speed import speed_table
+from kveval.evidence import KV_RANGE_PLOT, build_evidence
+from kveval.gate import NOTE, PASS, Verdict, evaluate
+from kveval.render.headline import headline
+from kveval.render.diagnosis_section import render_diagnosis_section
+from kveval.render.tasks_section import tasks_section
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
 
 MAX_FINDING_ROWS = 30
 MAX_EXAMPLES = 24
@@ -544,7 +544,7 @@ def _divergence_section(evidence: dict) -> str:
 
 def _samples_section(workloads: list[dict], cells: dict[str, dict]) -> str:
     """The first short prompt's answer in every started cell, escaped, so a reader sees the text."""
-    from .analysis.cells import generation_records
+    from kveval.analysis.cell_records import generation_records
 
     first = next((w for w in workloads if w.get("kind") == "short"), None)
     if first is None:

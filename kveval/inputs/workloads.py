@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+from kveval.inputs.resources import DATA_DIR
 
 # The built-in suite, shaped like a published field study of FP8 KV cache.
 SHORT_WORKLOADS = {"short_256": 256, "short_512": 512}     # name -> max_tokens

@@ -12,10 +12,10 @@ import sys
 
 import click
 
-from . import __version__
-from .cli_options import MultiValueOption, parse_float_list, parse_int_list, parse_key_value, split_values
-from .gate import EXIT_USAGE, Thresholds, exit_code
-from .phases import DEFAULT_PHASES
+from kveval import __version__
+from kveval.cli.options import MultiValueOption, parse_float_list, parse_int_list, parse_key_value, split_values
+from kveval.gate import EXIT_USAGE, Thresholds, exit_code
+from kveval.worker.phases import DEFAULT_PHASES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERRUPTED = 130
@@ -129,7 +129,7 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell.
 
     Exits 0 on PASS, 1 on FAIL, 3 on INCONCLUSIVE, 2 on a usage error, 130 when interrupted."""
-    from .api import KvevalError, RunInterrupted, compare as run_compare
+    from kveval.api import KvevalError, RunInterrupted, compare as run_compare
 
     lengths = parse_int_list(max_model_len, "--max-model-len")
     overrides = parse_thresholds(thresholds)
@@ -155,7 +155,7 @@ def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilizati
 
 
 def _recompute(run_dir, gate_config, thresholds):
-    from .api import KvevalError, report as run_report
+    from kveval.api import KvevalError, report as run_report
 
     overrides = parse_thresholds(thresholds)
     try:
@@ -214,7 +214,7 @@ def _short(value) -> str:
 @click.option("--prepare", is_flag=True, help="Convert the default model now if it is not yet.")
 def models(prepare) -> None:
     """Show where the embedded default model lives (and prepare it)."""
-    from .models import ModelError, default_model_info, kveval_home, prepare_default_model
+    from kveval.inputs.models import ModelError, default_model_info, kveval_home, prepare_default_model
 
     if prepare:
         try:
@@ -237,7 +237,7 @@ def tasks_group() -> None:
 @tasks_group.command("list")
 def tasks_list() -> None:
     """The tasks, their answer budgets and what they test."""
-    from .taskdata import TASK_GROUP, TASKS
+    from kveval.inputs.task_data import TASK_GROUP, TASKS
 
     for spec in TASKS.values():
         click.echo(f"{spec.name:<24} ({spec.short}, answer ≤ {spec.max_gen_toks} tokens) {spec.description}")
@@ -256,7 +256,7 @@ def tasks_generate(model, max_model_len, out, tasks, task_lengths, task_depths, 
     """Generate task data for the stock lm_eval CLI:
 
     lm_eval --include_path tasks/ --tasks kveval_longctx --metadata '{"data_dir": "OUT"}' ..."""
-    from .api import KvevalError, generate_task_data
+    from kveval.api import KvevalError, generate_task_data
 
     (length,) = parse_int_list([max_model_len], "--max-model-len")
     try:

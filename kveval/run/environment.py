@@ -62,7 +62,7 @@ def _gpus() -> list[str]:
 
 
 def describe() -> dict:
-    from . import __version__
+    from kveval import __version__
 
     return {
         "versions": {

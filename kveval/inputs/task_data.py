@@ -2,16 +2,16 @@
 
 Six tasks (passkey, three needle-in-a-haystack variants, variable tracking, common-word
 extraction) are generated here as JSONL docs, one file per task, in the schema that
-tasks/utils.py loads. Everything is pure and deterministic: the same tokenizer, arguments and
+lm_eval_tasks/utils.py loads. Everything is pure and deterministic: the same tokenizer, arguments and
 data directory give byte-identical docs, so every cell of a (KV-cache dtype x max_model_len)
 grid is asked exactly the same questions.
 
 Each doc is sized as a share of max_model_len, measured the way the engine will see it: the
-whole user turn rendered with the chat template (`kveval.workloads.render_chat`). The final size
+whole user turn rendered with the chat template (`kveval.inputs.workloads.render_chat`). The final size
 is at most the target and at most SIZE_TOLERANCE tokens under it; a share above 1 is allowed so
 that rejection of too-long prompts can be probed.
 
-Only the stdlib is imported; the tokenizer is duck-typed as in kveval.workloads.
+Only the stdlib is imported; the tokenizer is duck-typed as in kveval.inputs.workloads.
 """
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from kveval.workloads import DATA_DIR, load_corpus, render_chat
+from kveval.inputs.resources import DATA_DIR, LM_EVAL_TASKS_DIR as TASKS_DIR
+from kveval.inputs.workloads import load_corpus, render_chat
 
 SIZE_TOLERANCE = 8          # a doc is target - SIZE_TOLERANCE .. target tokens
 MIN_HAYSTACK_TOKENS = 16    # below this a "depth" means nothing
 DEFAULT_FRACTIONS = (0.25, 0.5, 0.9)
 DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
 TASK_GROUP = "kveval_longctx"
-TASKS_DIR = DATA_DIR.parent / "tasks"   # the lm-eval YAMLs + utils.py, beside data/
 _MAX_FIT_ROUNDS = 24
 
 

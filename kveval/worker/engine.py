@@ -124,7 +124,7 @@ class Engine:
         }
 
     def _attention_backend(self) -> str | None:
-        # Reachable only with the in-process engine core; the log is the fallback (see cell.py).
+        # Reachable only with the in-process engine core; the log is the fallback (see worker/cell_main.py).
         try:
             runner = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
             for groups in runner.attn_groups:

@@ -1,0 +1,1 @@
+"""The `kveval` command line: a thin click shell over kveval.api."""

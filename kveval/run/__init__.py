@@ -1,0 +1,1 @@
+"""The parent process: plan the cells, run each in its own child process, keep every result."""
