@@ -476,25 +476,18 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
     """Recompute the evidence and the verdict from the stored files alone (no engine); write
     results.json, tables/*.csv and review.md. Thresholds: `thresholds`, or defaults < the YAML file
     `gate_config` < `gate_overrides`."""
-    from kveval.evidence import build_evidence, write_results
-    from kveval.gate import evaluate
-    from kveval.render.review import render_review
+    from kveval.pipeline import judge_stored_run
 
     limits = resolve_thresholds(thresholds, gate_config, gate_overrides)
     result = load_run(run_dir)
-    store = RunDir(run_dir)
     try:
-        workloads = store.load_workloads()
+        review = judge_stored_run(RunDir(run_dir), result.manifest, result.cells, limits)
     except StoreError as error:
         raise KvevalError(str(error)) from None
-    kv_ranges = read_json(store.kv_ranges_path) if store.kv_ranges_path.is_file() else None
-    evidence = build_evidence(result.manifest, workloads, result.cells, kv_ranges=kv_ranges)
-    verdict = evaluate(evidence, limits)
-    result.results_path = write_results(store.path, evidence, verdict, result.manifest)
-    write_text_atomic(store.review_path, render_review(result.manifest, workloads, result.cells, evidence, verdict))
-    result.review_path, result.evidence, result.verdict = store.review_path, evidence, verdict
+    result.results_path, result.review_path = review.results_path, review.review_path
+    result.evidence, result.verdict = review.evidence, review.verdict
     if progress is not None:
-        progress.note(f"Review written: {store.review_path}")
+        progress.note(f"Review written: {review.review_path}")
     return result
 
 

@@ -22,6 +22,7 @@ import math
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.json_values import json_safe, records
 
 ALL_TASKS = "ALL"
 CONFIDENCE = 0.95
@@ -270,7 +271,6 @@ def task_evidence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dic
     that crashed; task_errors: cell -> {task: error text} for single tasks that failed while the
     others ran; runs: per cell what was asked (tasks, lm-eval version, limit, lm-eval's aggregates).
     """
-    from kveval.evidence import json_safe, records  # evidence imports this module
 
     phases = {name: tasks_phase(facts) for name, facts in cells.items()}
     errors = {name: str(phase["error"]) for name, phase in phases.items() if phase.get("error")}

@@ -123,6 +123,10 @@ class RunDir:
     def load_workloads(self) -> list[dict]:
         return read_json(self.workloads_path) if self.workloads_path.is_file() else []
 
+    def load_kv_ranges(self) -> dict | None:
+        """The per-layer K/V range measurement, or None when this run made none."""
+        return read_json(self.kv_ranges_path) if self.kv_ranges_path.is_file() else None
+
     def load_cell(self, cell: str) -> dict | None:
         path = self.cell_path(cell)
         return read_json(path) if path.is_file() else None

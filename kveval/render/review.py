@@ -1,4 +1,4 @@
-"""review.md from stored results (pure: manifest, workloads and cell dicts in, markdown out).
+"""review.md from the evidence and the verdict (pure: manifest, evidence and verdict in, markdown out).
 
 The verdict leads; then start-up, acceptance and speed; then the quality evidence (output diff,
 degeneration, teacher-forced divergence, long-context task accuracy). Model output and engine messages are untrusted text:
@@ -8,45 +8,38 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kveval.analysis.acceptance import acceptance_matrix, rejections
-from kveval.analysis.capacity import pool_by_length, startup_table
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.degeneration import DETECTORS, FINDING_COLUMNS, INFORMATIONAL_DETECTORS
 from kveval.analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
-from kveval.analysis.speed import speed_table
-from kveval.evidence import KV_RANGE_PLOT, build_evidence
-from kveval.gate import NOTE, PASS, Verdict, evaluate
-from kveval.render.headline import headline
+from kveval.gate import NOTE, PASS, Verdict
 from kveval.render.diagnosis_section import render_diagnosis_section
-from kveval.render.tasks_section import tasks_section
+from kveval.render.headline import headline
 from kveval.render.markdown import escape_cell, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
+from kveval.render.outputs import KV_RANGE_PLOT
+from kveval.render.tasks_section import tasks_section
 
 MAX_FINDING_ROWS = 30
 MAX_EXAMPLES = 24
 
 
-def render_review(manifest: dict, workloads: list[dict], cells: dict[str, dict], evidence: dict | None = None,
-                  verdict: Verdict | None = None) -> str:
-    """The whole review. Without `evidence`/`verdict` they are computed here (default thresholds)."""
-    if evidence is None:
-        evidence = build_evidence(manifest, workloads, cells)
-    if verdict is None:
-        verdict = evaluate(evidence)
+def render_review(manifest: dict, evidence: dict, verdict: Verdict) -> str:
+    """The whole review. The manifest gives the run's description (command, versions, hardware);
+    every figure comes from `evidence` (evidence.build_evidence) and every judgement from `verdict`."""
     sections = [
         _title(manifest),
         _verdict_section(verdict, evidence, manifest),
         _remedy_section(evidence),
-        _run_section(manifest, cells),
-        _startup_section(cells),
-        _acceptance_section(workloads, cells),
-        _speed_section(cells),
+        _run_section(manifest, evidence),
+        _startup_section(evidence),
+        _acceptance_section(evidence),
+        _speed_section(evidence),
         _diff_section(evidence),
         _diff_examples_section(evidence),
         _degeneration_section(evidence),
         _divergence_section(evidence),
         tasks_section(manifest, evidence),
         *_diagnosis_sections(evidence),
-        _samples_section(workloads, cells),
+        _samples_section(evidence),
         _footer(manifest),
     ]
     return "\n\n".join(s for s in sections if s).rstrip() + "\n"
@@ -151,13 +144,14 @@ def _verdict_section(verdict: Verdict, evidence: dict, manifest: dict) -> str:
     return "\n".join(line for line in out if line is not None)
 
 
-def _run_section(manifest: dict, cells: dict[str, dict]) -> str:
+def _run_section(manifest: dict, evidence: dict) -> str:
     versions = manifest.get("versions", {})
     hardware = manifest.get("hardware", {})
     options = manifest.get("options", {})
-    started = sum(1 for f in cells.values() if f.get("started"))
+    stored = [cell for cell in (evidence.get("cells") or {}).values() if not cell.get("missing")]
+    started = sum(1 for cell in stored if cell.get("started"))
     planned = len(manifest.get("cells", []))
-    missing = planned - len(cells)
+    missing = planned - len(stored)
     lines = [
         "## Run",
         "",
@@ -198,11 +192,11 @@ def _kv_scales_line(manifest: dict) -> str | None:
     return line
 
 
-def _startup_section(cells: dict[str, dict]) -> str:
+def _startup_section(evidence: dict) -> str:
     out = ["## Start-up and KV pool", ""]
-    if not cells:
+    if not evidence.get("startup"):
         return "\n".join(out + ["_No cell has a result yet._"])
-    pools = pool_by_length(cells)
+    pools = pd.DataFrame(evidence.get("pools") or [])
     if not pools.empty:
         view = pd.DataFrame({
             "max_model_len": pools.max_model_len.map(fmt_int),
@@ -220,7 +214,7 @@ def _startup_section(cells: dict[str, dict]) -> str:
                        f"{row.kv_cache_dtype} {fmt_int(row.fallback_tokens)} tokens ({row.fallback_ratio:.2f}×).")
         if not fallback.empty:
             out.append("")
-    startup = startup_table(cells)
+    startup = pd.DataFrame(evidence["startup"])
     view = pd.DataFrame({
         "cell": startup.cell,
         "started": startup.started.map(lambda s: "yes" if s else "**no**"),
@@ -269,11 +263,12 @@ def _hybrid_pool_note(startup: pd.DataFrame) -> list[str]:
     return []
 
 
-def _acceptance_section(workloads: list[dict], cells: dict[str, dict]) -> str:
-    matrix = acceptance_matrix(workloads, cells)
+def _acceptance_section(evidence: dict) -> str:
+    acceptance = evidence.get("acceptance") or {}
+    matrix = pd.DataFrame(acceptance.get("matrix") or [])
     if matrix.empty:
         return ""
-    started = [name for name, facts in cells.items() if facts.get("started")]
+    started = [name for name, cell in (evidence.get("cells") or {}).items() if cell.get("started")]
     symbols = {"accepted": "✓", "rejected": "✗ rejected", "error": "⚠ error", "not run": "—", "not started": ""}
     view = matrix[["prompt", "prompt_tokens", *started]].copy()
     view["prompt_tokens"] = view.prompt_tokens.map(fmt_int)
@@ -282,7 +277,7 @@ def _acceptance_section(workloads: list[dict], cells: dict[str, dict]) -> str:
     out = ["## Prompt acceptance", "",
            "Every prompt was submitted to every started cell; ✗ means the engine refused it "
            "(nothing is predicted or truncated).", "", table(view)]
-    refused = rejections({n: cells[n] for n in started})
+    refused = pd.DataFrame(acceptance.get("rejections") or [], columns=["cell", "prompt", "kind", "message"])
     if not refused.empty:
         out += ["", "Engine messages (the first refusal of each cell; every message is in the cell files):", ""]
         for cell, group in refused.groupby("cell", sort=False):
@@ -292,8 +287,8 @@ def _acceptance_section(workloads: list[dict], cells: dict[str, dict]) -> str:
     return "\n".join(out)
 
 
-def _speed_section(cells: dict[str, dict]) -> str:
-    speed = speed_table(cells)
+def _speed_section(evidence: dict) -> str:
+    speed = pd.DataFrame(evidence.get("speed") or [])
     if speed.empty:
         return ""
     measured = speed[speed.runs > 0]
@@ -311,8 +306,7 @@ def _speed_section(cells: dict[str, dict]) -> str:
                          for a, b in zip(measured.decode_tok_s_min, measured.decode_tok_s_max)],
         f"Δ decode vs {BASELINE_KV}": measured.decode_delta_pct.map(fmt_pct),
     })
-    first = next(iter(cells.values()))
-    options = (first.get("engine_settings") or {})
+    options = evidence.get("speed_settings") or {}
     return "\n".join([
         "## Speed (concurrency 1)", "",
         "TTFT and decode tok/s from vLLM's per-request stats; each run decodes the same number of new tokens "
@@ -542,22 +536,15 @@ def _divergence_section(evidence: dict) -> str:
     return "\n".join(out)
 
 
-def _samples_section(workloads: list[dict], cells: dict[str, dict]) -> str:
+def _samples_section(evidence: dict) -> str:
     """The first short prompt's answer in every started cell, escaped, so a reader sees the text."""
-    from kveval.analysis.cell_records import generation_records
-
-    first = next((w for w in workloads if w.get("kind") == "short"), None)
-    if first is None:
-        return ""
-    rows = []
-    for name, facts in cells.items():
-        record = generation_records(facts).get(first["id"])
-        if record and record.get("accepted"):
-            rows.append({"cell": name, "tokens": record.get("output_tokens"), "finish": record.get("finish_reason"),
-                         "output (start)": _shorten(record.get("text") or "", 240)})
+    samples = evidence.get("sample_outputs") or {}
+    rows = [{"cell": row["cell"], "tokens": row.get("tokens"), "finish": row.get("finish"),
+             "output (start)": _shorten(row.get("text") or "", 240)} for row in samples.get("rows") or []]
     if not rows:
         return ""
-    return "\n".join([f"## Sample outputs — `{first['id']}`", "", table(pd.DataFrame(rows), untrusted=("output (start)",))])
+    return "\n".join([f"## Sample outputs — `{samples['prompt']}`", "",
+                      table(pd.DataFrame(rows), untrusted=("output (start)",))])
 
 
 def _shorten(text: str, limit: int) -> str:

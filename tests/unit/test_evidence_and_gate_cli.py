@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from kveval import api
 from kveval.cli.commands import cli
-from kveval.evidence import build_evidence, json_safe
+from kveval.analysis.json_values import json_safe
+from kveval.evidence import build_evidence
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
 from tests.support.constructed import expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
 

@@ -10,7 +10,7 @@ from kveval.analysis.identity import first_divergence, identity_pairs, identity_
 from kveval.analysis.speed import speed_table
 from kveval.gate import Thresholds
 from kveval.render.markdown import escape_cell
-from kveval.render.review import render_review
+from tests.support.review import review_of
 from tests.support.constructed import expected_kl, scoring_phase
 
 WORKLOADS = [
@@ -90,7 +90,7 @@ def test_logged_pool_ratio_for_cells_that_failed_after_sizing():
              "fp8-1024": _failed("fp8", 1024, reason="unsupported_dtype", logged=3584)}
     pools = pool_by_length(cells)
     assert pools.iloc[0].fallback_ratio == 2.0
-    review = render_review(MANIFEST | {"cells": [{"id": c} for c in cells]}, WORKLOADS, cells)
+    review = review_of(MANIFEST | {"cells": [{"id": c} for c in cells]}, WORKLOADS, cells)
     assert "known from the engine log" in review and "(2.00×)" in review
 
 
@@ -112,7 +112,7 @@ def test_identity_pairs_only_against_started_baseline_at_same_length():
 
 
 def test_review_contains_tables_and_escapes_model_output():
-    review = render_review(MANIFEST, WORKLOADS, CELLS)
+    review = review_of(MANIFEST, WORKLOADS, CELLS)
     assert review.startswith("# kveval review")
     assert "| 1,024 " in review and "2.00×" in review
     assert "auto-2048" in review and "kv_capacity" in review and "1,792" in review
@@ -130,7 +130,7 @@ def _flat(text):
 
 
 def test_review_leads_with_the_verdict_and_shows_divergence_with_noise_floor():
-    review = render_review(MANIFEST, WORKLOADS, CELLS)
+    review = review_of(MANIFEST, WORKLOADS, CELLS)
     assert review.index("## Verdict: **FAIL**") < review.index("## Run") < review.index("## Start-up")
     limit = f"{Thresholds().budget('cpu').kl_mean_fail:.2g}"
     assert f"- fp8-2048: divergence vs auto-1024 far outside the healthy range: KL mean 1.52 > harm limit {limit}" in review
@@ -150,7 +150,7 @@ def test_review_leads_with_the_verdict_and_shows_divergence_with_noise_floor():
 
 
 def test_review_degeneration_says_when_nothing_fired():
-    review = _flat(render_review(MANIFEST, WORKLOADS, CELLS))
+    review = _flat(review_of(MANIFEST, WORKLOADS, CELLS))
     assert "Nothing new: no detector fired on a non-`auto` output" in review
     assert "| fp8-1024 | 1 | 0 | 0 | none | 100.0 % |" in review  # every output stopped at max_tokens
 
@@ -158,7 +158,7 @@ def test_review_degeneration_says_when_nothing_fired():
 def test_review_without_scoring_is_inconclusive_and_says_why():
     cells = {name: {**facts, "phases": {k: v for k, v in facts["phases"].items() if k != "scoring"}}
              for name, facts in CELLS.items()}
-    review = render_review(MANIFEST, WORKLOADS, cells)
+    review = review_of(MANIFEST, WORKLOADS, cells)
     assert "## Verdict: **INCONCLUSIVE**" in review
     assert "- fp8-1024: no teacher-forced divergence (no scored sequences)" in review
     assert "_No comparison: a non-`auto` cell and an `auto` cell must both have started and scored._" in review

@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from kveval.cli.commands import cli
-from kveval.evidence import build_evidence, evidence_tables, write_results
+from kveval.evidence import build_evidence
+from kveval.render.outputs import evidence_tables, write_results
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, evaluate
 from kveval.render.plots import HEATMAP_FILE, task_heatmap
 from kveval.render.review import render_review
@@ -52,7 +53,7 @@ def make_cells(kind="mixed", tasks=True):
 def review_of(cells, manifest=None):
     manifest = manifest or manifest_for(cells)
     evidence = build_evidence(manifest, [], cells)
-    return render_review(manifest, [], cells, evidence, evaluate(evidence)), evidence
+    return render_review(manifest, evidence, evaluate(evidence)), evidence
 
 
 def section(review):

@@ -1,0 +1,38 @@
+"""The one-way pipeline from a stored run to its review: files -> evidence -> verdict -> outputs.
+
+    stored cells (files) -> analysis (pure) -> evidence -> gate (verdict) -> render (review.md,
+    results.json, tables/*.csv, figures)
+
+Each step reads only what the step before it produced; nothing downstream reads the cells again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kveval.evidence import build_evidence
+from kveval.files.rundir import RunDir, write_text_atomic
+from kveval.gate import Thresholds, Verdict, evaluate
+from kveval.render.outputs import write_results
+from kveval.render.review import render_review
+
+
+@dataclass
+class Review:
+    evidence: dict
+    verdict: Verdict
+    results_path: Path
+    review_path: Path
+
+
+def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, dict], thresholds: Thresholds) -> Review:
+    """Evidence from the stored files, the verdict on it, and every output written into the run."""
+    evidence = build_evidence(manifest, run.load_workloads(), cells, kv_ranges=run.load_kv_ranges())
+    return write_review(run, manifest, evidence, evaluate(evidence, thresholds))
+
+
+def write_review(run: RunDir, manifest: dict, evidence: dict, verdict: Verdict) -> Review:
+    """results.json, tables/*.csv, figures and review.md, from evidence and verdict alone."""
+    results_path = write_results(run.path, evidence, verdict, manifest)
+    write_text_atomic(run.review_path, render_review(manifest, evidence, verdict))
+    return Review(evidence, verdict, results_path, run.review_path)
