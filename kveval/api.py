@@ -502,7 +502,7 @@ def generate_task_data(out: str | Path, max_model_len: int, *, model: str | None
                        task_depths: Sequence[float] | None = None, task_samples: int | None = None,
                        suite: str = "standard", seed: int = 0, progress: Any = None) -> dict:
     """Write kveval's task data for one max_model_len into OUT/<task>.jsonl, for the stock lm_eval
-    CLI (`lm_eval --include_path tasks/ --tasks kveval_longctx --metadata '{"data_dir": "OUT"}'`)."""
+    CLI (`lm_eval --include_path "$(kveval tasks path)" --tasks kveval_longctx --metadata '{"data_dir": "OUT"}'`)."""
     try:
         shape = task_shape(get_suite(suite), tasks, task_lengths, task_depths, task_samples)
     except ValueError as error:  # TaskSelectionError is one

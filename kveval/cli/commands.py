@@ -231,7 +231,7 @@ def models(prepare) -> None:
 
 @cli.group("tasks", context_settings=CONTEXT)
 def tasks_group() -> None:
-    """kveval's long-context tasks (lm-eval YAMLs in tasks/): list them, or generate their data."""
+    """kveval's long-context tasks (lm-eval YAMLs at `kveval tasks path`): list them, or generate their data."""
 
 
 @tasks_group.command("list")
@@ -242,6 +242,14 @@ def tasks_list() -> None:
     for spec in TASKS.values():
         click.echo(f"{spec.name:<24} ({spec.short}, answer ≤ {spec.max_gen_toks} tokens) {spec.description}")
     click.echo(f"group: {TASK_GROUP} (all of them)")
+
+
+@tasks_group.command("path")
+def tasks_path() -> None:
+    """Print the directory of kveval's lm-eval task YAMLs (for lm_eval --include_path)."""
+    from kveval.inputs.resources import LM_EVAL_TASKS_DIR
+
+    click.echo(str(LM_EVAL_TASKS_DIR.resolve()))
 
 
 @tasks_group.command("generate", context_settings=CONTEXT)
@@ -255,7 +263,7 @@ def tasks_list() -> None:
 def tasks_generate(model, max_model_len, out, tasks, task_lengths, task_depths, task_samples, seed) -> None:
     """Generate task data for the stock lm_eval CLI:
 
-    lm_eval --include_path tasks/ --tasks kveval_longctx --metadata '{"data_dir": "OUT"}' ..."""
+    lm_eval --include_path "$(kveval tasks path)" --tasks kveval_longctx --metadata '{"data_dir": "OUT"}' ..."""
     from kveval.api import KvevalError, generate_task_data
 
     (length,) = parse_int_list([max_model_len], "--max-model-len")

@@ -1,7 +1,7 @@
 """lm-eval hooks for kveval's long-context tasks (the YAMLs next to this file).
 
 Self-contained on purpose (stdlib + `datasets` only, no kveval import), so the stock CLI can run
-these tasks: `lm_eval --include_path tasks/ --tasks kveval_longctx --metadata '{"data_dir": DIR}'`.
+these tasks: `lm_eval --include_path "$(kveval tasks path)" --tasks kveval_longctx --metadata '{"data_dir": DIR}'`.
 
 The docs are not generated here. They depend on the model's tokenizer and on max_model_len, so
 kveval writes them once per length (`kveval tasks generate ...`, see kveval/inputs/task_data.py) and every
