@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from kveval import defaults
 from kveval.run import environment
 from kveval.gate import GateConfigError, Thresholds, Verdict, load_thresholds
 from kveval.inputs.models import ModelError, resolve_model
-from kveval.worker.phases import DEFAULT_PHASES, PHASES
+from kveval.worker.phases import PHASES
 from kveval.run.cell_process import CellPlan, run_cell_process
 from kveval.inputs.checkpoint_scales import read_kv_scales
 from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, cell_id, read_json, write_json_atomic, write_text_atomic
@@ -57,30 +58,26 @@ class RunResult:
     def cell(self, kv_cache_dtype: str, max_model_len: int) -> dict | None:
         return self.cells.get(cell_id(kv_cache_dtype, max_model_len))
 
-    @property
-    def started(self) -> list[str]:
-        return [name for name, facts in self.cells.items() if facts.get("started")]
-
 
 @dataclass
 class CompareOptions:
     model: str | None = None
-    kv: Sequence[str] = ("fp8", "auto")
-    max_model_len: Sequence[int] = (2048, 8192, 32768)
+    kv: Sequence[str] = defaults.KV
+    max_model_len: Sequence[int] = defaults.MAX_MODEL_LEN
     out: str | Path | None = None
     kv_cache_memory: str | int | None = None
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
+    seed: int = defaults.SEED
     prompts: str | Path | None = None
-    suite: str = "standard"
+    suite: str = defaults.SUITE
     counts: dict[str, int] | None = None
     speed_runs: int | None = None
     speed_warmup: int | None = None
     speed_max_tokens: int | None = None
-    phases: Sequence[str] = DEFAULT_PHASES
-    cell_timeout: float | None = 3600.0
+    phases: Sequence[str] = defaults.PHASES
+    cell_timeout: float | None = defaults.CELL_TIMEOUT_S
     command: str | None = None
     gate_config: str | Path | None = None
     gate_overrides: dict[str, Any] = field(default_factory=dict)
@@ -89,8 +86,8 @@ class CompareOptions:
     task_lengths: Sequence[float] | None = None  # prompt sizes as shares of max_model_len (suite's)
     task_depths: Sequence[float] | None = None   # needle depths (suite's)
     task_samples: int | None = None             # samples per (task, size, depth) point (suite's)
-    diagnose: bool = True                       # per-layer K/V range pass through transformers (FP8 runs)
-    remedy: str = "auto"                        # auto: on an FP8 FAIL; always: after every FP8 cell; off
+    diagnose: bool = defaults.DIAGNOSE          # per-layer K/V range pass through transformers (FP8 runs)
+    remedy: str = defaults.REMEDY               # auto: on an FP8 FAIL; always: after every FP8 cell; off
 
 
 # Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
@@ -157,7 +154,7 @@ def resolve_thresholds(thresholds: Thresholds | None = None, gate_config: str | 
 
 def _default_out(model_name: str) -> Path:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-").lower() or "model"
-    return Path("runs") / f"{slug}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return Path(defaults.RUNS_DIR) / f"{slug}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def _load_tokenizer(model_path: str):
@@ -283,8 +280,8 @@ def _settings_fingerprint(manifest: dict) -> dict:
     return {key: manifest.get(key) for key in ("model", "options", "prompt_ids", "scoring_ids")}
 
 
-def compare(model: str | None = None, kv: Sequence[str] = ("fp8", "auto"),
-            max_model_len: Sequence[int] = (2048, 8192, 32768), *, progress: Any = None, **kwargs) -> RunResult:
+def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
+            max_model_len: Sequence[int] = defaults.MAX_MODEL_LEN, *, progress: Any = None, **kwargs) -> RunResult:
     """Run the (kv dtype x max_model_len) matrix, store every fact, write review.md."""
     options = CompareOptions(model=model, kv=tuple(kv), max_model_len=tuple(int(x) for x in max_model_len), **kwargs)
     _validate(options)
@@ -500,7 +497,7 @@ def gate(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_conf
 def generate_task_data(out: str | Path, max_model_len: int, *, model: str | None = None,
                        tasks: Sequence[str] | None = None, task_lengths: Sequence[float] | None = None,
                        task_depths: Sequence[float] | None = None, task_samples: int | None = None,
-                       suite: str = "standard", seed: int = 0, progress: Any = None) -> dict:
+                       suite: str = defaults.SUITE, seed: int = defaults.SEED, progress: Any = None) -> dict:
     """Write kveval's task data for one max_model_len into OUT/<task>.jsonl, for the stock lm_eval
     CLI (`lm_eval --include_path "$(kveval tasks path)" --tasks kveval_longctx --metadata '{"data_dir": "OUT"}'`)."""
     try:

@@ -1,7 +1,7 @@
 """Small shared readers over stored cell dicts."""
 from __future__ import annotations
 
-BASELINE_KV = "auto"
+from kveval.defaults import BASELINE_KV  # noqa: F401 - the analyses import it from here
 
 
 def generation_records(facts: dict | None) -> dict[str, dict]:

@@ -14,7 +14,6 @@ import pandas as pd
 from rapidfuzz import fuzz
 
 from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
-from kveval.analysis.identity import first_divergence
 
 EXCERPT_BEFORE = 60   # characters of shared text shown before the divergence
 EXCERPT_AFTER = 80    # characters shown from each side after it
@@ -25,6 +24,14 @@ SUMMARY_COLUMNS = ["workload", "cell", "reference", "comparison", "identical", "
                    "median_similarity", "median_length_ratio", "earliest_divergence", "prefix_only"]
 EXAMPLE_COLUMNS = ["workload", "cell", "reference", "comparison", "prompt", "first_divergent_token", "similarity",
                    "excerpt"]
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token; None when identical (length included)."""
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _tokens(record: dict) -> list[int]:

@@ -15,7 +15,9 @@ import click
 from kveval import __version__
 from kveval.cli.options import MultiValueOption, parse_float_list, parse_int_list, parse_key_value, split_values
 from kveval.gate import EXIT_USAGE, Thresholds, exit_code
-from kveval.worker.phases import DEFAULT_PHASES
+from kveval import defaults
+from kveval.inputs.suites import SUITES
+from kveval.run.remedy import REMEDY_MODES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERRUPTED = 130
@@ -26,6 +28,10 @@ class UsageFailure(click.ClickException):
     like click's own usage errors, so it never reads as FAIL (1) or INCONCLUSIVE (3)."""
 
     exit_code = EXIT_USAGE
+
+
+def _spaced(values) -> str:
+    return " ".join(str(v) for v in values)
 
 
 def gate_options(command):
@@ -45,10 +51,10 @@ def task_shape_options(default_prefix: str):
         command = click.option("--task-samples", type=int, default=None,
                                help=f"Samples per task x size x depth point (default: {default_prefix}1).")(command)
         command = click.option("--task-depths", cls=MultiValueOption, default=None, metavar="SHARE...",
-                               help=f"Needle depths in the haystack (default: {default_prefix}0.1 0.5 0.9).")(command)
+                               help=f"Needle depths in the haystack (default: {default_prefix}{_spaced(defaults.TASK_DEPTHS)}).")(command)
         return click.option("--task-lengths", cls=MultiValueOption, default=None, metavar="SHARE...",
                             help="Task prompt sizes as shares of max_model_len; above 1 probes rejection "
-                                 f"(default: {default_prefix}0.25 0.5 0.9).")(command)
+                                 f"(default: {default_prefix}{_spaced(defaults.TASK_LENGTHS)}).")(command)
     return decorate
 
 
@@ -87,11 +93,11 @@ def cli() -> None:
 @click.option("--model", default=None, metavar="ID|DIR|FILE.gguf",
               help="Hugging Face model id, local directory or GGUF file (dequantised once into $KVEVAL_HOME). "
                    "Default: the embedded SmolLM2-135M-Instruct.")
-@click.option("--kv", cls=MultiValueOption, default=("fp8", "auto"), show_default="fp8 auto",
+@click.option("--kv", cls=MultiValueOption, default=defaults.KV, show_default=_spaced(defaults.KV),
               help="KV-cache configurations to compare, e.g. --kv fp8 auto (also --kv fp8 --kv auto, --kv fp8,auto); "
                    "fp8:keep=0,1 keeps layers 0 and 1 in the model dtype.")
-@click.option("--max-model-len", "max_model_len", cls=MultiValueOption, default=("2048", "8192", "32768"),
-              show_default="2048 8192 32768", help="max_model_len values, e.g. --max-model-len 2048 8192 32768.")
+@click.option("--max-model-len", "max_model_len", cls=MultiValueOption, default=tuple(str(n) for n in defaults.MAX_MODEL_LEN),
+              show_default=_spaced(defaults.MAX_MODEL_LEN), help="max_model_len values, e.g. --max-model-len 2048 8192 32768.")
 @click.option("--out", default=None, metavar="DIR", help="Run directory. Default: runs/<model>-<time>.")
 @click.option("--kv-cache-memory", default=None, metavar="SIZE",
               help="KV-cache budget per engine (vLLM kv_cache_memory_bytes), e.g. 150MiB, to emulate a smaller GPU.")
@@ -99,10 +105,10 @@ def cli() -> None:
 @click.option("--enforce-eager/--no-enforce-eager", default=False, show_default=True, help="Passed to vLLM.")
 @click.option("--engine-arg", "engine_args", cls=MultiValueOption, split_commas=False, default=(), metavar="KEY=VALUE",
               help="Any other vllm.LLM argument, e.g. --engine-arg dtype=float32 (repeatable; JSON values).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=defaults.SEED, show_default=True)
 @click.option("--prompts", type=click.Path(dir_okay=False), default=None, metavar="FILE.jsonl",
               help='Your own prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]}.')
-@click.option("--suite", type=click.Choice(["standard", "quick", "full"]), default="standard", show_default=True,
+@click.option("--suite", type=click.Choice(list(SUITES)), default=defaults.SUITE, show_default=True,
               help="standard: field-study shape; quick: one prompt per workload, short answers, few task samples "
                    "(CPU demo); full: standard with 5 samples per task point (GPU runs).")
 @click.option("--full", is_flag=True, help="Same as --suite full.")
@@ -114,13 +120,14 @@ def cli() -> None:
 @task_shape_options("suite's, e.g. ")
 @click.option("--speed-runs", type=int, default=None, help="Measured speed runs per workload (default: suite's).")
 @click.option("--speed-warmup", type=int, default=None, help="Warm-up runs before them (default: suite's).")
-@click.option("--cell-timeout", type=float, default=3600, show_default=True, help="Seconds before a cell is stopped.")
-@click.option("--phases", cls=MultiValueOption, default=DEFAULT_PHASES,
-              show_default=" ".join(DEFAULT_PHASES), help="Phases to run in each cell, in order.")
-@click.option("--remedy", type=click.Choice(["auto", "always", "off"]), default="auto", show_default=True,
+@click.option("--cell-timeout", type=float, default=defaults.CELL_TIMEOUT_S, show_default=True,
+              help="Seconds before a cell is stopped.")
+@click.option("--phases", cls=MultiValueOption, default=defaults.PHASES,
+              show_default=_spaced(defaults.PHASES), help="Phases to run in each cell, in order.")
+@click.option("--remedy", type=click.Choice(list(REMEDY_MODES)), default=defaults.REMEDY, show_default=True,
               help="auto: when an FP8 cell FAILs, run it again with the layers whose K/V leave the FP8 range kept in "
                    "the model dtype; always: try that after every started FP8 cell; off: never.")
-@click.option("--diagnose/--no-diagnose", default=True, show_default=True,
+@click.option("--diagnose/--no-diagnose", default=defaults.DIAGNOSE, show_default=True,
               help="Measure each layer's K/V range with transformers (once per run) against the FP8 range.")
 @gate_options
 def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilization, enforce_eager, engine_args, seed,

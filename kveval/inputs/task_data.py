@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from kveval import defaults
 from kveval.inputs.resources import DATA_DIR, LM_EVAL_TASKS_DIR as TASKS_DIR
 from kveval.inputs.workloads import load_corpus, render_chat
 
 SIZE_TOLERANCE = 8          # a doc is target - SIZE_TOLERANCE .. target tokens
 MIN_HAYSTACK_TOKENS = 16    # below this a "depth" means nothing
-DEFAULT_FRACTIONS = (0.25, 0.5, 0.9)
-DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
+DEFAULT_FRACTIONS = defaults.TASK_LENGTHS
+DEFAULT_DEPTHS = defaults.TASK_DEPTHS
 TASK_GROUP = "kveval_longctx"
 _MAX_FIT_ROUNDS = 24
 

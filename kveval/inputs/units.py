@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["parse_size", "format_bytes"]
+__all__ = ["parse_size"]
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -68,24 +68,3 @@ def parse_size(text: str | int) -> int:
     if size <= 0:
         raise ValueError(f"size must be positive, got {raw!r}")
     return size
-
-
-_BINARY = [("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)]
-
-
-def format_bytes(n: int | float) -> str:
-    """Human form with binary units: ``150 MiB``, ``1.50 GiB``, ``512 B``.
-
-    Whole multiples print without decimals; others with two.
-    """
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for name, factor in _BINARY:
-        if n >= factor:
-            value = n / factor
-            if value == int(value):
-                return f"{sign}{int(value)} {name}"
-            return f"{sign}{value:.2f} {name}"
-    if n == int(n):
-        return f"{sign}{int(n)} B"
-    return f"{sign}{n:.2f} B"

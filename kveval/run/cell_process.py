@@ -8,6 +8,7 @@ it, merged with whatever the child had already written.
 from __future__ import annotations
 
 import json
+import dataclasses
 import os
 import signal
 import subprocess
@@ -17,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kveval.worker.failures import classify_startup_failure
-from kveval.worker.logfacts import kv_pool_from_log
+from kveval.worker.failures import classify_startup_failure, not_started_record
 from kveval.files.rundir import RunDir, write_json_atomic
 
 
@@ -130,15 +130,10 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int, timed_out: bool, ti
     if facts is None:
         # Died before the engine was up: a start-up failure, in vLLM's words if it left any.
         failure = classify_startup_failure(
-            log, exception_text="" if timed_out else death, kv_cache_dtype=plan.kv_cache_dtype, exit_code=exit_code
-        ).to_dict()
+            log, exception_text="" if timed_out else death, kv_cache_dtype=plan.kv_cache_dtype, exit_code=exit_code)
         if timed_out:  # say first that kveval stopped it; whatever vLLM logged follows
-            failure["message"] = f"{death}. {failure['message']}".strip()
-        facts = {
-            "cell": plan.id, "kv_cache_dtype": plan.kv_cache_dtype, "max_model_len": plan.max_model_len,
-            "started": False, "failure": failure, "logged_capacity": kv_pool_from_log(log),
-            "phases": {}, "info": {"attention_backend": failure.get("backend")},
-        }
+            failure = dataclasses.replace(failure, message=f"{death}. {failure.message}".strip())
+        facts = not_started_record(plan.id, plan.kv_cache_dtype, plan.max_model_len, failure, log)
     else:
         # Started, then died in a phase: keep every finished phase, mark the rest as lost.
         facts["crash"] = {"message": death, "last_log_line": _last_line(log)}

@@ -13,7 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
-from kveval.worker.failures import classify_startup_failure, detect_backend
+from kveval.worker.failures import classify_startup_failure, detect_backend, not_started_record
 from kveval.worker.logfacts import kv_pool_from_log
 from kveval.worker.phases.context import CellContext
 from kveval.files.rundir import read_json, write_json_atomic
@@ -69,16 +69,10 @@ def run_cell(spec: dict) -> dict:
         failure = classify_startup_failure(
             log, exception_text=f"{type(error).__name__}: {error}", kv_cache_dtype=settings.kv_cache_dtype
         )
-        facts.update(
-            started=False,
-            startup_seconds=time.perf_counter() - began,
-            failure=failure.to_dict(),
-            # vLLM may have sized the pool before failing (e.g. an FP8 backend check comes later).
-            logged_capacity=kv_pool_from_log(log),
-            info={"vllm_version": engine_module.vllm_version(), "platform": engine_module.platform_name(),
-                  "attention_backend": failure.backend},
-            complete=True,
-        )
+        facts = not_started_record(
+            facts["cell"], facts["kv_cache_dtype"], facts["max_model_len"], failure, log,
+            engine_settings=facts["engine_settings"], startup_seconds=time.perf_counter() - began,
+            info={"vllm_version": engine_module.vllm_version(), "platform": engine_module.platform_name()})
         write_json_atomic(result_path, facts, compact=True)
         emit(event="outcome", started=False, reason=failure.reason)
         return facts

@@ -134,9 +134,6 @@ class Engine:
             return None
         return None
 
-    def tokenizer(self):
-        return self.llm.get_tokenizer()
-
     # -- running prompts ---------------------------------------------------------------------
     def generate(self, token_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
                  stop: list[str] | None = None) -> dict[str, Any]:

@@ -121,9 +121,6 @@ _OLD_KV_TOKENS = re.compile(
     r"maximum number of tokens that can be stored in KV cache\s*\(([\d,]+)\)",
     re.IGNORECASE,
 )
-_DERIVED = re.compile(
-    r"derived max_model_len\s*\((?:[A-Za-z_]+=)?([\d,]+(?:\.\d+)?)", re.IGNORECASE
-)
 
 
 def _to_int(number: str) -> int:
@@ -138,14 +135,6 @@ def estimated_max_model_len(text: str) -> int | None:
     """
     text = text or ""
     m = _ESTIMATED.search(text) or _OLD_KV_TOKENS.search(text)
-    return _to_int(m.group(1)) if m else None
-
-
-def derived_max_model_len(text: str) -> int | None:
-    """The model's own length limit from vLLM's "User-specified max_model_len
-    (X) is greater than the derived max_model_len (max_position_embeddings=8192
-    ...)" error (the value may print as a float, e.g. ``32768.0``)."""
-    m = _DERIVED.search(text or "")
     return _to_int(m.group(1)) if m else None
 
 
@@ -420,3 +409,20 @@ def classify_startup_failure(
         return StartupFailure("other", _trim(exception_text), estimate, backend)
     code = f"exit code {exit_code}" if exit_code is not None else "unknown exit status"
     return StartupFailure("other", f"{code} with no error message", estimate, backend)
+
+
+def not_started_record(cell: str, kv_cache_dtype: str, max_model_len: int, failure: StartupFailure, log: str, *,
+                       engine_settings: dict | None = None, startup_seconds: float | None = None,
+                       info: dict | None = None) -> dict:
+    """The result file of a cell whose engine did not start. One shape whoever writes it: the child
+    (the engine raised) or the parent (the child died or timed out before the engine was up)."""
+    from kveval.worker.logfacts import kv_pool_from_log
+
+    return {
+        "cell": cell, "kv_cache_dtype": kv_cache_dtype, "max_model_len": max_model_len,
+        "engine_settings": engine_settings, "complete": True, "phases": {}, "started": False,
+        "startup_seconds": startup_seconds, "failure": failure.to_dict(),
+        # vLLM may have sized the pool before failing (e.g. an FP8 backend check comes later).
+        "logged_capacity": kv_pool_from_log(log),
+        "info": {"vllm_version": None, "platform": None, **(info or {}), "attention_backend": failure.backend},
+    }

@@ -6,7 +6,7 @@ import re
 import pandas as pd
 
 from kveval.analysis.capacity import pool_by_length
-from kveval.analysis.identity import first_divergence, identity_pairs, identity_summary
+from kveval.analysis.diff import first_divergence
 from kveval.analysis.speed import speed_table
 from kveval.gate import Thresholds
 from kveval.render.markdown import escape_cell
@@ -101,14 +101,6 @@ def test_speed_deltas_against_auto_at_same_length():
     assert round(fp8.decode_delta_pct, 6) == -20.0
     # fp8-2048 has no started auto at 2048: no delta rather than a wrong one
     assert pd.isna(table[table.cell == "fp8-2048"].iloc[0].decode_delta_pct)
-
-
-def test_identity_pairs_only_against_started_baseline_at_same_length():
-    pairs = identity_pairs(WORKLOADS, CELLS)
-    assert list(pairs.cell) == ["fp8-1024"]
-    assert pairs.iloc[0].first_divergent_token == 2 and not pairs.iloc[0].identical
-    summary = identity_summary(pairs)
-    assert summary.iloc[0].identical == 0 and summary.iloc[0].compared == 1
 
 
 def test_review_contains_tables_and_escapes_model_output():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kveval.inputs.units import format_bytes, parse_size
+from kveval.inputs.units import parse_size
 
 MiB = 1024**2
 GiB = 1024**3
@@ -53,27 +53,3 @@ def test_parse_size_messages_are_clear() -> None:
         parse_size("-150MiB")
     with pytest.raises(ValueError, match="positive"):
         parse_size("0")
-
-
-@pytest.mark.parametrize(
-    ("n", "text"),
-    [
-        (150 * MiB, "150 MiB"),
-        (1536 * MiB, "1.50 GiB"),
-        (2 * GiB, "2 GiB"),
-        (1024, "1 KiB"),
-        (1536, "1.50 KiB"),
-        (512, "512 B"),
-        (0, "0 B"),
-        (200_000_000, "190.73 MiB"),
-        (-150 * MiB, "-150 MiB"),
-        (3 * 1024**4, "3 TiB"),
-    ],
-)
-def test_format_bytes(n: int, text: str) -> None:
-    assert format_bytes(n) == text
-
-
-def test_round_trip() -> None:
-    for text in ("150 MiB", "1.50 GiB", "512 KiB", "2 GiB"):
-        assert format_bytes(parse_size(text)) == text

@@ -16,5 +16,3 @@ PHASES: dict[str, Callable] = {
     "speed": speed.run,
     "tasks": tasks.run,
 }
-
-DEFAULT_PHASES: tuple[str, ...] = ("generation", "scoring", "tasks", "speed")

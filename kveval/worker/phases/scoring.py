@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-BASELINE_KV = "auto"
+from kveval.defaults import BASELINE_KV
 
 
 def _reference_outputs(cell) -> dict[str, list[int]]:

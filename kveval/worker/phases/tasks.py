@@ -17,7 +17,6 @@ from pathlib import Path
 
 PRIMARY_METRIC = "all_match"     # kveval tasks: every expected value appears in the answer
 PARTIAL_METRIC = "partial_match"
-DOC_FIELDS = ("id", "length_fraction", "depth", "target_tokens", "needle_depths")
 
 
 def _primary_metric(entry: dict, max_model_len: int | None = None) -> str | None:
