@@ -364,7 +364,7 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     }
     reuse = _prepare_run_dir(run_dir, manifest)
     # Task data is part of what every cell reads: written before the first cell, into the run.
-    task_plan = write_run_task_data(run_dir.path, tokenizer, options.max_model_len, task_settings["tasks"],
+    task_plan = write_run_task_data(run_dir, tokenizer, options.max_model_len, task_settings["tasks"],
                                     model_limit=model_limit, fractions=task_fractions, depths=task_depths,
                                     samples=task_samples, seed=options.seed)
     manifest["task_data"] = task_plan  # cells read their length's data directory from here
@@ -423,9 +423,8 @@ def run_diagnosis(run_dir: RunDir, model_path: str, scales: dict | None, show) -
     command = [sys.executable, "-m", "kveval.worker.kv_ranges", "--model", model_path,
                "--documents", str(run_dir.scoring_path), "--out", str(path)]
     if scales and (scales.get("k_scale") or scales.get("v_scale")):
-        scales_path = run_dir.path / "kv_scales.json"
-        write_json_atomic(scales_path, scales)
-        command += ["--scales", str(scales_path)]
+        write_json_atomic(run_dir.kv_scales_path, scales)
+        command += ["--scales", str(run_dir.kv_scales_path)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=DIAGNOSIS_TIMEOUT_S)
         failed = done.returncode != 0 or not path.is_file()

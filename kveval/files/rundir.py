@@ -26,15 +26,13 @@ class StoreError(Exception):
     """A run directory is missing, unreadable, or not a kveval run."""
 
 
-def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
-    """Write JSON via a temp file + rename. `compact` for bulky data (token id lists)."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """The one atomic write: a temp file beside the target, then a rename, so readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=None if compact else 1, ensure_ascii=False, default=str,
-                      separators=(",", ":") if compact else None)
-            handle.write("\n")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; run directories are meant to be shared
         os.replace(tmp, path)
     except BaseException:
@@ -44,12 +42,14 @@ def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
+    """JSON, atomically. `compact` for bulky data (token id lists)."""
+    text = json.dumps(data, indent=None if compact else 1, ensure_ascii=False, default=str,
+                      separators=(",", ":") if compact else None)
+    write_text_atomic(path, text + "\n")
 
 
 def read_json(path: Path) -> Any:
@@ -66,6 +66,15 @@ def cell_id(kv_cache_dtype: str, max_model_len: int) -> str:
 
 
 class RunDir:
+    """Every path of a run directory, and the readers of its files. Nothing else builds these paths."""
+
+    RESULTS_FILE = "results.json"
+    REVIEW_FILE = "review.md"
+    TABLES_DIR = "tables"
+    TASK_HEATMAP = "tasks_heatmap.png"   # review.md links figures by these relative names
+    KV_RANGE_PLOT = "kv_range.png"
+    TASK_DATA_DIR = "taskdata"
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
@@ -86,8 +95,31 @@ class RunDir:
         return self.path / "kv_ranges.json"
 
     @property
+    def kv_scales_path(self) -> Path:
+        return self.path / "kv_scales.json"
+
+    @property
     def review_path(self) -> Path:
-        return self.path / "review.md"
+        return self.path / self.REVIEW_FILE
+
+    @property
+    def results_path(self) -> Path:
+        return self.path / self.RESULTS_FILE
+
+    def table_path(self, name: str) -> Path:
+        return self.path / self.TABLES_DIR / f"{name}.csv"
+
+    @property
+    def task_heatmap_path(self) -> Path:
+        return self.path / self.TASK_HEATMAP
+
+    @property
+    def kv_range_plot_path(self) -> Path:
+        return self.path / self.KV_RANGE_PLOT
+
+    def task_data_path(self, relative: str) -> Path:
+        """A task data directory the manifest's `task_data` names (relative to the run)."""
+        return self.path / relative
 
     @property
     def cells_dir(self) -> Path:

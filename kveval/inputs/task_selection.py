@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from kveval.files.rundir import RunDir
 from kveval.inputs.task_data import TASKS, resolve_task_names, write_task_data
 
 SKIP = {"none", "no", "off"}
-TASK_DATA_DIR = "taskdata"
 
 
 class TaskSelectionError(ValueError):
@@ -89,7 +89,7 @@ def task_shape(suite, tasks: Sequence[str] | None, fractions: Sequence[float] | 
     return shape
 
 
-def write_run_task_data(run_dir: Path, tokenizer, lengths: Sequence[int], tasks: Sequence[str], *,
+def write_run_task_data(run_dir: RunDir, tokenizer, lengths: Sequence[int], tasks: Sequence[str], *,
                         model_limit: int | None, fractions: Sequence[float], depths: Sequence[float],
                         samples: int, seed: int) -> dict:
     """Generate kveval-task data per max_model_len. Returns the plan stored in the manifest:
@@ -103,9 +103,9 @@ def write_run_task_data(run_dir: Path, tokenizer, lengths: Sequence[int], tasks:
             plan["skipped"][str(length)] = (f"beyond the model's own limit ({model_limit} tokens); "
                                             "the cell cannot start")
             continue
-        relative = f"{TASK_DATA_DIR}/L{length}"
+        relative = f"{RunDir.TASK_DATA_DIR}/L{length}"
         try:
-            written = write_task_data(tokenizer, run_dir / relative, length, own, fractions=fractions,
+            written = write_task_data(tokenizer, run_dir.task_data_path(relative), length, own, fractions=fractions,
                                       depths=depths, samples_per_point=samples, seed=seed)
         except ValueError as error:
             plan["skipped"][str(length)] = str(error)

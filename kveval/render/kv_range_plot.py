@@ -7,7 +7,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from kveval.render.plots import DPI, write_bytes_atomic
+from kveval.files.rundir import write_bytes_atomic
+from kveval.render.plots import DPI
 
 COLOURS = {"k": "#1f77b4", "v": "#ff7f0e"}
 

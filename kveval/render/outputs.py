@@ -13,13 +13,9 @@ from kveval.analysis.diff import EXAMPLE_COLUMNS, PAIR_COLUMNS, SUMMARY_COLUMNS
 from kveval.analysis.json_values import json_safe
 from kveval.analysis.task_accuracy import ACCURACY_COLUMNS, COMPARISON_COLUMNS, GRID_COLUMNS, SAMPLE_COLUMNS
 from kveval.evidence import RESULTS_SCHEMA_VERSION
-from kveval.files.rundir import write_json_atomic, write_text_atomic
+from kveval.files.rundir import RunDir, write_json_atomic, write_text_atomic
 from kveval.render.kv_range_plot import kv_range_plot
-from kveval.render.plots import HEATMAP_FILE, task_heatmap
-
-RESULTS_FILE = "results.json"
-KV_RANGE_PLOT = "kv_range.png"
-TABLES_DIR = "tables"
+from kveval.render.plots import task_heatmap
 
 SUMMARY_FIGURES = ["n", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "top1_n", "top1_agreement",
                    "top1_agreement_se", "dp_mean", "abs_dp_mean", "abs_dp_p99", "abs_dp_max", "dp_rms"]
@@ -109,20 +105,20 @@ def results_document(evidence: dict, verdict, manifest: dict | None = None) -> d
     })
 
 
-def write_results(run_dir: str | Path, evidence: dict, verdict, manifest: dict | None = None) -> Path:
+def write_results(run_dir: RunDir | str | Path, evidence: dict, verdict, manifest: dict | None = None) -> Path:
     """RUN_DIR/results.json (every figure, the verdict and its checks), RUN_DIR/tables/*.csv and
     RUN_DIR/tasks_heatmap.png (only when tasks have a depth × length grid; a stale one is removed)."""
-    run_dir = Path(run_dir)
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     for name, frame in evidence_tables(evidence, verdict).items():
-        write_text_atomic(run_dir / TABLES_DIR / f"{name}.csv", frame.to_csv(index=False))
-    heatmap = run_dir / HEATMAP_FILE
+        write_text_atomic(run_dir.table_path(name), frame.to_csv(index=False))
+    heatmap = run_dir.task_heatmap_path
     grid = (evidence.get("tasks") or {}).get("grid") or []
     if not (grid and task_heatmap(grid, heatmap, evidence.get("baseline_kv") or BASELINE_KV)):
         heatmap.unlink(missing_ok=True)
-    plot = run_dir / KV_RANGE_PLOT
+    plot = run_dir.kv_range_plot_path
     diagnoses = [d for d in (evidence.get("diagnosis") or {}).values() if not d.get("error")]
     if not (diagnoses and kv_range_plot(diagnoses[0], plot)):
         plot.unlink(missing_ok=True)
-    path = run_dir / RESULTS_FILE
+    path = run_dir.results_path
     write_json_atomic(path, results_document(evidence, verdict, manifest))
     return path

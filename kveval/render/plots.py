@@ -3,27 +3,12 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import tempfile
 from pathlib import Path
 
-HEATMAP_FILE = "tasks_heatmap.png"
+from kveval.files.rundir import write_bytes_atomic
+
 DPI = 90
 COLOURS = 64  # PNG palette size: anti-aliased text on colour compresses badly in RGBA; 64 colours keeps it small
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _panels(frame, baseline_kv: str) -> list[list[str]]:

@@ -15,7 +15,7 @@ from kveval.gate import NOTE, PASS, Verdict
 from kveval.render.diagnosis_section import render_diagnosis_section
 from kveval.render.headline import headline
 from kveval.render.markdown import escape_cell, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
-from kveval.render.outputs import KV_RANGE_PLOT
+from kveval.files.rundir import RunDir
 from kveval.render.tasks_section import tasks_section
 
 MAX_FINDING_ROWS = 30
@@ -563,7 +563,7 @@ def _diagnosis_sections(evidence: dict) -> list[str]:
     diagnoses = evidence.get("diagnosis") or {}
     if not diagnoses:
         return []
-    return ["\n".join(render_diagnosis_section(diagnosis, KV_RANGE_PLOT if not diagnosis.get("error") else None))
+    return ["\n".join(render_diagnosis_section(diagnosis, RunDir.KV_RANGE_PLOT if not diagnosis.get("error") else None))
             + ("" if len(diagnoses) == 1 else f"\n\n_(for {dtype})_") for dtype, diagnosis in diagnoses.items()]
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 from kveval.analysis.task_accuracy import ALL_TASKS
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.render.markdown import escape_cell, fmt_int, fmt_share, fmt_sig, table
-from kveval.render.plots import HEATMAP_FILE
+from kveval.files.rundir import RunDir
 
 MAX_TASK_EXAMPLES = 10
 
@@ -176,7 +176,7 @@ def tasks_section(manifest: dict, evidence: dict) -> str:
             for cell in grid_cells:
                 out += ["", f"**{cell}**", "", _grid_table(grid, cell)]
     if grid:
-        out += ["", f"![depth × length accuracy]({HEATMAP_FILE})"]
+        out += ["", f"![depth × length accuracy]({RunDir.TASK_HEATMAP})"]
     out += ["", "Every sample: `tables/task_samples.csv`; per point: `tables/task_accuracy.csv`; paired: "
                 "`tables/task_comparisons.csv`."]
     return "\n".join(out)

@@ -64,6 +64,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     """Run one cell in its own process and return its stored facts."""
     spec = {
         "cell_id": plan.id,
+        "run_dir": str(run_dir.path.resolve()),
         "engine": plan.engine,
         "kv_spec": plan.kv_cache_dtype,
         "phases": plan.phases,

@@ -16,7 +16,7 @@ from pathlib import Path
 from kveval.worker.failures import classify_startup_failure, detect_backend, not_started_record
 from kveval.worker.logfacts import kv_pool_from_log
 from kveval.worker.phases.context import CellContext
-from kveval.files.rundir import read_json, write_json_atomic
+from kveval.files.rundir import RunDir, read_json, write_json_atomic
 from kveval.inputs.workloads import PromptSpec
 
 
@@ -88,7 +88,7 @@ def run_cell(spec: dict) -> dict:
     context = CellContext(
         cell_id=spec["cell_id"], kv_cache_dtype=spec.get("kv_spec") or settings.kv_cache_dtype, max_model_len=settings.max_model_len,
         prompts=prompts, options=spec.get("phase_options", {}), emit=emit, facts=facts,
-        run_dir=Path(spec["result_path"]).parent.parent, model_path=settings.model,
+        run_dir=RunDir(spec["run_dir"]), model_path=settings.model,
         checkpoint=lambda: write_json_atomic(result_path, facts, compact=True),
     )
     for name in spec["phases"]:

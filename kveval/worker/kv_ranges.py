@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from kveval.analysis.kv_range import FP8_MAX, normalise_scales
+from kveval.files.rundir import write_json_atomic
 
 SCHEMA_VERSION = 1
 SAMPLE_LIMIT = 1_000_000   # |x| values kept per layer and tensor for quantiles (torch.quantile caps input size)
@@ -355,20 +354,6 @@ def load_scales(path: str) -> dict:
     except (ValueError, TypeError, AttributeError) as error:
         raise InputError(f"scales file {path}: {error}") from None
     return data
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=1, allow_nan=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:

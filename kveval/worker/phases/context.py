@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
+from kveval.files.rundir import RunDir
 from kveval.inputs.workloads import PromptSpec
 
 
@@ -17,7 +17,7 @@ class CellContext:
     options: dict[str, Any] = field(default_factory=dict)  # phase settings, e.g. {"speed": {"runs": 3}}
     emit: Callable[..., None] = lambda **event: None        # progress events for the parent
     facts: dict[str, Any] = field(default_factory=dict)     # this cell's facts so far (earlier phases)
-    run_dir: Path | None = None                             # to read cells that finished before this one
+    run_dir: RunDir | None = None                           # to read cells that finished before this one
     model_path: str | None = None                           # the model the engine loaded (for its tokenizer)
     checkpoint: Callable[[], None] = lambda: None           # store facts now (a long phase saves as it goes)
 

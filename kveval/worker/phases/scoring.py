@@ -15,9 +15,8 @@ difference is the noise floor — what "no real change" looks like on this platf
 """
 from __future__ import annotations
 
-import json
-
 from kveval.defaults import BASELINE_KV
+from kveval.files.rundir import read_json
 
 
 def _reference_outputs(cell) -> dict[str, list[int]]:
@@ -26,13 +25,12 @@ def _reference_outputs(cell) -> dict[str, list[int]]:
     if cell.kv_cache_dtype == BASELINE_KV:
         candidates.append(cell.facts)
     if cell.run_dir is not None:
-        manifest = json.loads((cell.run_dir / "manifest.json").read_text())
-        for planned in manifest.get("cells", []):
+        for planned in read_json(cell.run_dir.manifest_path).get("cells", []):
             if planned["kv_cache_dtype"] != BASELINE_KV:
                 continue
-            path = cell.run_dir / "cells" / f"{planned['id']}.json"
-            if path.is_file():
-                candidates.append(json.loads(path.read_text()))
+            earlier = cell.run_dir.load_cell(planned["id"])
+            if earlier is not None:
+                candidates.append(earlier)
     # The reference is the first auto cell in run order that generated: the same one for all cells.
     ordered = sorted((c for c in candidates if c.get("started")), key=lambda c: c.get("max_model_len", 0))
     for facts in ordered:
@@ -55,8 +53,8 @@ def _sequences(cell) -> tuple[list[dict], str | None]:
         ids = list(prompt.token_ids) + list(reference[prompt.id])
         sequences.append({"id": f"cont:{prompt.id}", "kind": "continuation", "token_ids": ids,
                           "scored_from": len(prompt.token_ids)})
-    if cell.run_dir is not None and (cell.run_dir / "scoring.json").is_file():
-        for document in json.loads((cell.run_dir / "scoring.json").read_text()):
+    if cell.run_dir is not None and cell.run_dir.scoring_path.is_file():
+        for document in read_json(cell.run_dir.scoring_path):
             sequences.append({"id": document["id"], "kind": "document", "token_ids": document["token_ids"],
                               "scored_from": 1})
     # Only what fits: vLLM refuses a prompt of max_model_len tokens or more (still recorded below).

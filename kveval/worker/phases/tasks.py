@@ -15,6 +15,8 @@ import json
 import logging
 from pathlib import Path
 
+from kveval.files.rundir import RunDir, read_json
+
 PRIMARY_METRIC = "all_match"     # kveval tasks: every expected value appears in the answer
 PARTIAL_METRIC = "partial_match"
 
@@ -88,12 +90,11 @@ def _doc_count(data_dir: Path | None, task: str) -> int | None:
     return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
 
 
-def _task_data_plan(run_dir: Path | None) -> dict:
+def _task_data_plan(run_dir: RunDir | None) -> dict:
     """The manifest's `task_data`: which data directory serves which max_model_len (inputs/task_selection.py)."""
-    path = run_dir / "manifest.json" if run_dir else None
-    if path is None or not path.is_file():
+    if run_dir is None or not run_dir.manifest_path.is_file():
         return {}
-    return json.loads(path.read_text(encoding="utf-8")).get("task_data") or {}
+    return read_json(run_dir.manifest_path).get("task_data") or {}
 
 
 def run(engine, cell) -> dict:
@@ -112,7 +113,7 @@ def run(engine, cell) -> dict:
     tasks = list(options.get("tasks") or [])
     plan = _task_data_plan(cell.run_dir)
     relative = plan.get("data_dirs", {}).get(str(cell.max_model_len))
-    data_dir = (cell.run_dir / relative) if relative and cell.run_dir else None
+    data_dir = cell.run_dir.task_data_path(relative) if relative and cell.run_dir else None
     limit = options.get("limit")
     phase = {"tasks": tasks, "lm_eval_version": getattr(lm_eval, "__version__", None),
              "data_dir": relative or "", "limit": limit, "lm_eval_results": {}, "task_errors": {}, "samples": []}
