@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from kveval import defaults
-from kveval.inputs.resources import DATA_DIR, LM_EVAL_TASKS_DIR as TASKS_DIR
+from kveval.inputs.resources import DATA_DIR
 from kveval.inputs.workloads import load_corpus, render_chat
 
 SIZE_TOLERANCE = 8          # a doc is target - SIZE_TOLERANCE .. target tokens

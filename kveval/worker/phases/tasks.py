@@ -105,7 +105,8 @@ def run(engine, cell) -> dict:
 
     from kveval.worker.lmeval_lm import EngineLM
     from kveval.inputs.task_selection import spread
-    from kveval.inputs.task_data import TASKS as KVEVAL_TASKS, TASKS_DIR
+    from kveval.inputs.resources import LM_EVAL_TASKS_DIR as TASKS_DIR
+    from kveval.inputs.task_data import TASKS as KVEVAL_TASKS
 
     # lm-eval logs every request at INFO; the cell log is for vLLM's words.
     logging.getLogger("lm_eval").setLevel(logging.WARNING)

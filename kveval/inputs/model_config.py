@@ -1,0 +1,59 @@
+"""What a run needs to know from the model's own files: its tokenizer, context limit, layer count and dtype."""
+from __future__ import annotations
+
+from kveval.errors import KvevalError
+
+
+def load_tokenizer(model_path: str):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception as error:  # noqa: BLE001 - hub/network/format errors all mean "cannot read it"
+        raise KvevalError(f"cannot load the tokenizer of {model_path!r}: {type(error).__name__}: {error}") from None
+
+
+def prompt_format(tokenizer) -> dict:
+    """How prompts were made: a base model without a chat template (or a tokenizer that drops BOS)
+    explains odd outputs, so the manifest and the review say so."""
+    probe = tokenizer("x", add_special_tokens=True)["input_ids"]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return {"chat_template": bool(getattr(tokenizer, "chat_template", None)),
+            "bos_token": getattr(tokenizer, "bos_token", None),
+            "adds_bos": bool(bos is not None and probe and probe[0] == bos)}
+
+
+def text_config_number(model_path: str, name: str) -> int | None:
+    """A positive whole number from the model's (text) config, or None when it does not say."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+    except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
+        return None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text_config, name, None)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def model_length_limit(model_path: str) -> int | None:
+    """The model's own maximum context (max_position_embeddings), if its config says."""
+    return text_config_number(model_path, "max_position_embeddings")
+
+
+def model_layer_count(model_path: str) -> int | None:
+    """num_hidden_layers of the model's (text) config, if its config says."""
+    return text_config_number(model_path, "num_hidden_layers")
+
+
+def model_dtype(model_path: str) -> str:
+    """The checkpoint's own dtype as a vLLM kv_cache_dtype name (bfloat16 when the config says none)."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+    except Exception:  # noqa: BLE001 - unreadable config: the common case
+        return "bfloat16"
+    dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
+    dtype = dtype.replace("torch.", "")
+    return dtype if dtype in ("bfloat16", "float16") else "bfloat16"

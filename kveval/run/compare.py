@@ -1,0 +1,215 @@
+"""One `kveval compare` run, parent side: set the run up, run every cell in its own process, judge, remedy.
+
+    set_up_run   options -> model, prompts, scoring documents, task data, manifest (written to the run)
+    run_matrix   every planned cell, the verdict on them, and the remedy cells an FP8 FAIL asks for
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from dataclasses import dataclass
+
+from kveval.errors import KvevalError, RunInterrupted
+from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, write_json_atomic
+from kveval.gate import Thresholds
+from kveval.inputs.checkpoint_scales import read_kv_scales
+from kveval.inputs.kvspec import parse_kv
+from kveval.inputs.model_config import load_tokenizer, model_dtype, model_layer_count, model_length_limit, prompt_format
+from kveval.inputs.models import ModelError, ModelInfo, resolve_model
+from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workloads
+from kveval.inputs.resources import LM_EVAL_TASKS_DIR
+from kveval.inputs.task_selection import TaskSelectionError, TaskShape, check_lm_eval_names, task_shape, write_run_task_data
+from kveval.inputs.units import parse_size
+from kveval.inputs.workloads import PromptFileError, PromptSpec, build_workloads, load_user_prompts
+from kveval.pipeline import judge_stored_run
+from kveval.run import environment
+from kveval.run.cell_process import CellPlan, run_cell_process
+from kveval.run.diagnosis import run_diagnosis
+from kveval.run.options import CompareOptions
+from kveval.run.plan import cell_plan, check_keep_layers, default_out, plan_cells, scoring_documents, suite_counts
+from kveval.run.remedy import plan_remedy
+
+
+@dataclass
+class RunSetup:
+    """Everything decided before the first engine starts; the manifest is already on disk."""
+    options: CompareOptions
+    run: RunDir
+    model: ModelInfo
+    manifest: dict
+    plans: list[CellPlan]
+    phase_options: dict
+    baseline_dtype: str | None
+    reuse: bool          # finished cells of an identical earlier run in this directory are kept
+
+
+def _suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareOptions]:
+    """The suite, the task shape, and the options without the tasks phase when no task is asked for."""
+    try:
+        suite = get_suite(options.suite)
+        if options.kv_cache_memory is not None:
+            parse_size(options.kv_cache_memory)
+    except ValueError as error:
+        raise KvevalError(str(error)) from None
+    try:
+        shape = task_shape(suite, options.tasks, options.task_lengths, options.task_depths, options.task_samples,
+                           options.task_limit)
+        if "tasks" in options.phases and shape.names:
+            check_lm_eval_names(shape.names, LM_EVAL_TASKS_DIR)
+    except TaskSelectionError as error:
+        raise KvevalError(str(error)) from None
+    phases = tuple(p for p in options.phases if p != "tasks" or shape.names)
+    return suite, shape, dataclasses.replace(options, phases=phases)
+
+
+def _prompts(options: CompareOptions, suite: Suite, tokenizer, model_limit: int | None) -> list[PromptSpec]:
+    try:
+        user_prompts = load_user_prompts(options.prompts) if options.prompts else []
+        prompts = build_workloads(tokenizer, options.max_model_len, seed=options.seed,
+                                  counts=options.counts if options.counts is not None
+                                  else suite_counts(suite, options.max_model_len, model_limit),
+                                  user_prompts=user_prompts, context_basis=model_limit)
+    except PromptFileError as error:
+        raise KvevalError(str(error)) from None
+    except ValueError as error:
+        raise KvevalError(f"cannot build the workloads: {error}") from None
+    return scale_max_tokens(prompts, suite.max_tokens_scale)
+
+
+def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSpec], task_names: list[str]) -> dict:
+    return {"scoring": {"top_k": suite.scoring_top_k, "noise": True}, "speed": {
+        "runs": options.speed_runs or suite.speed_runs,
+        "warmup": options.speed_warmup if options.speed_warmup is not None else suite.speed_warmup,
+        "workloads": speed_workloads(prompts, suite.speed_workloads),
+        "max_tokens": options.speed_max_tokens or suite.speed_max_tokens,
+    }, "tasks": {"tasks": task_names, "limit": options.task_limit}}
+
+
+def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: ModelInfo, tokenizer,
+              model_limit: int | None, prompts: list[PromptSpec], documents: list[dict], phase_options: dict,
+              kv_scales: dict, baseline_dtype: str | None, plans: list[CellPlan]) -> dict:
+    task_names = list(phase_options["tasks"]["tasks"])
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "kveval",
+        "command": options.command or f"kveval.compare(model={options.model!r}, kv={list(options.kv)!r}, "
+                                      f"max_model_len={list(options.max_model_len)!r}, ...)",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": {**model.to_dict(), "max_position_embeddings": model_limit, "dtype": model_dtype(model.path)},
+        "options": {
+            "kv": list(options.kv), "max_model_len": list(options.max_model_len), "seed": options.seed,
+            "kv_cache_memory_bytes": parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None,
+            "gpu_memory_utilization": options.gpu_memory_utilization,
+            "enforce_eager": options.enforce_eager, "engine_args": options.engine_args, "suite": suite.name,
+            "counts": options.counts, "phases": list(options.phases), "phase_options": phase_options,
+            "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
+            "tasks": task_names, "lengths": list(shape.fractions), "depths": list(shape.depths),
+            "samples_per_point": shape.samples, "limit": options.task_limit,
+        },
+        "prompt_ids": [p.id for p in prompts],
+        "prompt_format": prompt_format(tokenizer),
+        "kv_scales": kv_scales,
+        "baseline_engine_dtype": baseline_dtype,
+        "scoring_ids": [d["id"] for d in documents],
+        "cells": [plan.to_dict() for plan in plans],
+        **environment.describe(),
+    }
+
+
+def set_up_run(options: CompareOptions, show) -> RunSetup:
+    """Resolve the model and every input, plan the cells, and write the run's input files."""
+    suite, shape, options = _suite_and_tasks(options)
+    try:
+        model = resolve_model(options.model, progress=show.note)
+    except ModelError as error:
+        raise KvevalError(str(error)) from None
+    tokenizer = load_tokenizer(model.path)
+    model_limit = model_length_limit(model.path)
+    check_keep_layers(options.kv, model_layer_count(model.path), model.name)
+    prompts = _prompts(options, suite, tokenizer, model_limit)
+    documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_doc_fraction, model_limit,
+                                  options.seed)
+    task_names = list(shape.names) if "tasks" in options.phases else []
+    phase_options = _phase_options(options, suite, prompts, task_names)
+    run = RunDir(options.out or default_out(model.name))
+    kv_scales = read_kv_scales(model.path)
+    # For ModelOpt FP8-KV checkpoints vLLM resolves `auto` to FP8 (vllm#34752): `auto` would be no
+    # baseline, so the baseline cells run the model dtype instead, and the review says so.
+    baseline_dtype = model_dtype(model.path) if kv_scales.get("auto_is_fp8") else None
+    plans = plan_cells(options, model.path, phase_options, baseline_dtype)
+    manifest = _manifest(options, suite, shape, model, tokenizer, model_limit, prompts, documents, phase_options,
+                         kv_scales, baseline_dtype, plans)
+    reuse = _prepare_run_dir(run, manifest)
+    # Task data is part of what every cell reads: written before the first cell, into the run.
+    manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
+                                                model_limit=model_limit, fractions=shape.fractions,
+                                                depths=shape.depths, samples=shape.samples, seed=options.seed)
+    write_json_atomic(run.manifest_path, manifest)
+    write_json_atomic(run.workloads_path, [p.to_dict() for p in prompts], compact=True)
+    write_json_atomic(run.scoring_path, documents, compact=True)
+    show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
+    if options.diagnose and any(parse_kv(kv).dtype.startswith("fp8") for kv in options.kv):
+        run_diagnosis(run, model.path, manifest.get("kv_scales"), show)
+    return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse)
+
+
+def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
+    """Every planned cell; then, when the verdict asks for it, the remedy cells (kept in the manifest).
+    Ctrl-C keeps finished cells and writes a partial review before it stops the run."""
+    run, manifest, options = setup.run, setup.manifest, setup.options
+    try:
+        _run_cells(run, setup.plans, setup.reuse, options, show)
+        review = judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
+        remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
+        extra = [cell_plan(options, setup.model.path, setup.phase_options, kv, length, setup.baseline_dtype)
+                 for kv, length in remedy["cells"]]
+        if remedy["notes"]:
+            manifest["remedy"] = {"mode": options.remedy, "notes": remedy["notes"],
+                                  "cells": [plan.id for plan in extra] or (manifest.get("remedy") or {}).get("cells", [])}
+            known = {c["id"] for c in manifest["cells"]}
+            manifest["cells"] += [plan.to_dict() for plan in extra if plan.id not in known]
+            write_json_atomic(run.manifest_path, manifest)
+            for note in remedy["notes"]:
+                show.note(note)
+        _run_cells(run, extra, True, options, show)
+    except KeyboardInterrupt:
+        # Finished cells are on disk already; render what exists so the user has a review now.
+        judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
+        raise RunInterrupted(run.path) from None
+
+
+def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show) -> None:
+    for plan in plans:
+        previous = run_dir.load_cell(plan.id) if reuse else None
+        if previous is not None and previous.get("complete") and not previous.get("crash"):
+            show.cell_reused(plan.id, previous)
+            continue
+        show.cell_started(plan.id)
+        facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
+                                 on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
+        show.cell_finished(plan.id, facts)
+
+
+def _settings_fingerprint(manifest: dict) -> dict:
+    # What must match for a re-run into the same directory to reuse finished cells.
+    return {key: manifest.get(key) for key in ("model", "options", "prompt_ids", "scoring_ids")}
+
+
+def _prepare_run_dir(run_dir: RunDir, manifest: dict) -> bool:
+    """True when finished cells of an earlier, identical run in this directory can be reused."""
+    if run_dir.path.exists() and not run_dir.path.is_dir():
+        raise KvevalError(f"--out {run_dir.path} exists and is not a directory")
+    if not run_dir.exists():
+        if run_dir.path.is_dir() and any(run_dir.path.iterdir()):
+            raise KvevalError(f"--out {run_dir.path} is not empty and is not a kveval run; choose another directory")
+        return False
+    try:
+        earlier = run_dir.load_manifest()
+    except StoreError as error:
+        raise KvevalError(f"--out {run_dir.path}: {error}") from None
+    if _settings_fingerprint(earlier) != _settings_fingerprint(manifest):
+        raise KvevalError(
+            f"--out {run_dir.path} holds a run with different settings; give another --out "
+            "(kveval never overwrites measured results)"
+        )
+    return True

@@ -1,0 +1,94 @@
+"""The settings of one `kveval compare` run, with their defaults (kveval.defaults) and their checks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from kveval import defaults
+from kveval.errors import KvevalError
+from kveval.inputs.kvspec import KVSpecError, parse_kv
+from kveval.run.remedy import REMEDY_MODES
+from kveval.worker.phases import PHASES
+
+
+@dataclass
+class CompareOptions:
+    model: str | None = None
+    kv: Sequence[str] = defaults.KV
+    max_model_len: Sequence[int] = defaults.MAX_MODEL_LEN
+    out: str | Path | None = None
+    kv_cache_memory: str | int | None = None
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = False
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    seed: int = defaults.SEED
+    prompts: str | Path | None = None
+    suite: str = defaults.SUITE
+    counts: dict[str, int] | None = None
+    speed_runs: int | None = None
+    speed_warmup: int | None = None
+    speed_max_tokens: int | None = None
+    phases: Sequence[str] = defaults.PHASES
+    cell_timeout: float | None = defaults.CELL_TIMEOUT_S
+    command: str | None = None
+    gate_config: str | Path | None = None
+    gate_overrides: dict[str, Any] = field(default_factory=dict)
+    tasks: Sequence[str] | None = None          # None: kveval's six; ["none"]: skip; else names
+    task_limit: int | None = None               # samples per task at most (spread over sizes, depths)
+    task_lengths: Sequence[float] | None = None  # prompt sizes as shares of max_model_len (suite's)
+    task_depths: Sequence[float] | None = None   # needle depths (suite's)
+    task_samples: int | None = None             # samples per (task, size, depth) point (suite's)
+    diagnose: bool = defaults.DIAGNOSE          # per-layer K/V range pass through transformers (FP8 runs)
+    remedy: str = defaults.REMEDY               # auto: on an FP8 FAIL; always: after every FP8 cell; off
+
+
+# Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
+# Through --engine-arg they would make a cell something other than its id says.
+
+
+CONTROLLED_ENGINE_ARGS = {
+    "model": "--model",
+    "kv_cache_dtype": "--kv (e.g. --kv fp8 auto)",
+    "kv_cache_dtype_skip_layers": "--kv fp8:keep=0,1 (layers kept in the model dtype)",
+    "max_model_len": "--max-model-len",
+    "seed": "--seed",
+    "kv_cache_memory_bytes": "--kv-cache-memory",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "enforce_eager": "--enforce-eager",
+    "disable_log_stats": "nothing: kveval needs per-request stats for TTFT and decode speed",
+    "enable_prefix_caching": "nothing: repeated speed runs must not be served from the prefix cache",
+}
+
+
+def validate_options(options: CompareOptions) -> None:
+    if not options.kv:
+        raise KvevalError("--kv needs at least one KV-cache dtype (e.g. --kv fp8 auto)")
+    for kv in options.kv:
+        try:
+            parse_kv(kv)
+        except KVSpecError as error:
+            raise KvevalError(str(error)) from None
+    for key in options.engine_args:
+        normal = str(key).replace("-", "_").lstrip("_")
+        if normal in CONTROLLED_ENGINE_ARGS:
+            raise KvevalError(f"--engine-arg {key}=...: kveval sets {normal} itself, per cell, so that a cell is what "
+                              f"its id says; use {CONTROLLED_ENGINE_ARGS[normal]}")
+    if options.remedy not in REMEDY_MODES:
+        raise KvevalError(f"--remedy {options.remedy!r}: choose one of {', '.join(REMEDY_MODES)}")
+    if not options.max_model_len:
+        raise KvevalError("--max-model-len needs at least one value (e.g. --max-model-len 2048 8192)")
+    for length in options.max_model_len:
+        if int(length) < 64:
+            raise KvevalError(f"--max-model-len {length} is too small (at least 64)")
+    unknown = [p for p in options.phases if p not in PHASES]
+    if unknown:
+        raise KvevalError(f"unknown phase(s) {', '.join(unknown)}; known: {', '.join(PHASES)}")
+    if options.gpu_memory_utilization is not None and not 0 < options.gpu_memory_utilization <= 1:
+        raise KvevalError("--gpu-memory-utilization must be in (0, 1]")
+    for name in ("speed_runs", "speed_max_tokens"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            raise KvevalError(f"--{name.replace('_', '-')} must be at least 1")
+    if options.speed_warmup is not None and options.speed_warmup < 0:
+        raise KvevalError("--speed-warmup must be 0 or more")

@@ -1,0 +1,84 @@
+"""Which cells a run has, in which order, with which engine settings; and the documents every cell scores."""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from pathlib import Path
+from typing import Sequence
+
+from kveval import defaults
+from kveval.errors import KvevalError
+from kveval.files.rundir import cell_id
+from kveval.inputs.kvspec import KVSpec, parse_kv
+from kveval.inputs.units import parse_size
+from kveval.inputs.workloads import CTX_1K_TOKENS, document_tokens
+from kveval.run.cell_process import CellPlan
+from kveval.run.options import CompareOptions
+
+
+def default_out(model_name: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-").lower() or "model"
+    return Path(defaults.RUNS_DIR) / f"{slug}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def suite_counts(suite, lengths: Sequence[int], model_limit: int | None) -> dict | None:
+    """A suite's counts, minus the ~1K-token workload when no cell could hold it (small max_model_len)."""
+    if suite.counts is None:
+        return None
+    counts = dict(suite.counts)
+    if min(max(lengths), model_limit or max(lengths)) <= CTX_1K_TOKENS:
+        counts.pop("ctx_1k", None)
+    return counts
+
+
+def check_keep_layers(kv: Sequence[str], layers: int | None, model_name: str) -> None:
+    """fp8:keep=N with N past the model's last layer would silently keep nothing."""
+    if layers is None:
+        return
+    for text in kv:
+        beyond = [k for k in parse_kv(text).keep if k.isdigit() and int(k) >= layers]
+        if beyond:
+            raise KvevalError(f"--kv {text}: {model_name} has layers 0-{layers - 1}; no layer {', '.join(beyond)}")
+
+
+def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_limit: int | None,
+                      seed: int) -> list[dict]:
+    """Plain documents for teacher-forced scoring, one per max_model_len (capped at the model's limit)."""
+    documents, seen = [], set()
+    for length in sorted(set(int(x) for x in lengths)):
+        size = int(fraction * min(length, model_limit or length))
+        if size < 16 or size in seen:
+            continue
+        seen.add(size)
+        documents.append({"id": f"doc:{size}", "kind": "document", "token_ids": document_tokens(tokenizer, size, seed=seed)})
+    return documents
+
+
+def plan_cells(options: CompareOptions, model_path: str, phase_options: dict,
+               baseline_dtype: str | None = None) -> list[CellPlan]:
+    """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length."""
+    specs = [parse_kv(kv).text for kv in options.kv]
+    kv_order = sorted(dict.fromkeys(specs), key=lambda kv: (kv != "auto", specs.index(kv)))
+    plans = []
+    for length in sorted(dict.fromkeys(int(x) for x in options.max_model_len)):
+        for kv in kv_order:
+            plans.append(cell_plan(options, model_path, phase_options, kv, length, baseline_dtype))
+    return plans
+
+
+def cell_plan(options: CompareOptions, model_path: str, phase_options: dict, kv: str, length: int,
+              baseline_dtype: str | None = None) -> CellPlan:
+    """One cell: a KV spec (e.g. fp8, fp8:keep=0) at one max_model_len. `baseline_dtype`: what the
+    `auto` baseline really runs when vLLM would resolve `auto` to FP8 for this checkpoint."""
+    spec = parse_kv(kv)
+    if spec.dtype == "auto" and baseline_dtype:
+        spec = KVSpec(baseline_dtype)
+    kv_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
+    return CellPlan(
+        id=cell_id(kv, length), kv_cache_dtype=parse_kv(kv).text, max_model_len=length,
+        engine={"model": model_path, "kv_cache_dtype": spec.dtype, "kv_cache_dtype_skip_layers": list(spec.keep),
+                "max_model_len": length, "seed": options.seed,
+                "kv_cache_memory_bytes": kv_bytes, "gpu_memory_utilization": options.gpu_memory_utilization,
+                "enforce_eager": options.enforce_eager, "extra": dict(options.engine_args)},
+        phases=list(options.phases), phase_options=phase_options,
+    )
