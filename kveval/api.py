@@ -84,12 +84,18 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
     """Recompute the evidence and the verdict from the stored files alone (no engine); write
     results.json, tables/*.csv and review.md. Thresholds: `thresholds`, or defaults < the YAML file
     `gate_config` < `gate_overrides`."""
-    from kveval.pipeline import judge_stored_run
+    from kveval.pipeline import judge_stored_run, rejudge_stored_evidence
 
     limits = resolve_thresholds(thresholds, gate_config, gate_overrides)
     result = load_run(run_dir)
+    run = RunDir(run_dir)
     try:
-        review = judge_stored_run(RunDir(run_dir), result.manifest, result.cells, limits)
+        # A published report keeps manifest and results but not the bulky cells: re-judge its evidence.
+        published = not result.cells and not run.has_cell_files() and run.results_path.is_file()
+        if published:
+            review = rejudge_stored_evidence(run, result.manifest, run.load_results()["evidence"], limits)
+        else:
+            review = judge_stored_run(run, result.manifest, result.cells, limits)
     except StoreError as error:
         raise KvevalError(str(error)) from None
     result.results_path, result.review_path = review.results_path, review.review_path

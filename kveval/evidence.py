@@ -19,7 +19,7 @@ from kveval.analysis.speed import speed_table
 from kveval.analysis.task_accuracy import task_evidence
 from kveval.inputs.kvspec import parse_kv
 
-RESULTS_SCHEMA_VERSION = 1
+RESULTS_SCHEMA_VERSION = 2  # kveval.files.schema.RESULTS_VERSION
 
 
 # --- evidence ------------------------------------------------------------------------------------

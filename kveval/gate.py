@@ -63,7 +63,7 @@ class Budget:
 
 PROFILES: dict[str, tuple[Budget, str]] = {
     # H200 / FA3 (vLLM 0.26), healthy SmolLM2-135M: KL mean 0.0107-0.0137, top-1 90.8-92.3 %
-    # (reports/h200-tasks, h200-planted/healthy). Harmed: K×48 0.111, K×64 on layers 20-29 0.063,
+    # (reports/archive/h200-tasks, archive/h200-planted/healthy). Harmed: K×48 0.111, K×64 on layers 20-29 0.063,
     # K×128 0.595 (top-1 47.9 %). Harm limits at 3× the healthy budget.
     "gpu": (Budget(kl_mean_max=0.03, kl_late_max=0.05, kl_p99_max=0.5, top1_agreement_min=0.85,
                    kl_mean_fail=0.09, kl_late_fail=0.15, kl_p99_fail=1.5, top1_agreement_fail=0.70),

@@ -31,6 +31,11 @@ def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, dict], thresh
     return write_review(run, manifest, evidence, evaluate(evidence, thresholds))
 
 
+def rejudge_stored_evidence(run: RunDir, manifest: dict, evidence: dict, thresholds: Thresholds) -> Review:
+    """A run directory without cells (a published report): the verdict on its stored evidence."""
+    return write_review(run, manifest, evidence, evaluate(evidence, thresholds))
+
+
 def write_review(run: RunDir, manifest: dict, evidence: dict, verdict: Verdict) -> Review:
     """results.json, tables/*.csv, figures and review.md, from evidence and verdict alone."""
     results_path = write_results(run.path, evidence, verdict, manifest)

@@ -217,6 +217,18 @@ def _short(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+@cli.command("schema", context_settings=CONTEXT)
+@click.argument("kind", type=click.Choice(["results", "manifest", "cell", "kv_ranges"]), default="results")
+def schema_command(kind) -> None:
+    """Print the JSON Schema of a run file: results.json (default), manifest.json, cells/<cell>.json
+    or kv_ranges.json. `kveval report` checks every file it reads against these."""
+    import json
+
+    from kveval.files import schema
+
+    click.echo(json.dumps(schema.json_schema(kind), indent=1))
+
+
 @cli.command(context_settings=CONTEXT)
 @click.option("--prepare", is_flag=True, help="Convert the default model now if it is not yet.")
 def models(prepare) -> None:

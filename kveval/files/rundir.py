@@ -9,17 +9,26 @@ Ctrl-C never leaves a half-written result and never loses a finished cell. The l
     DIR/scoring.json            documents every cell scores teacher-forced (token ids)
     DIR/cells/<cell>.json       one cell's facts (start-up, capacity, phases)
     DIR/cells/<cell>.log        that cell's process output (vLLM's own words)
+    DIR/kv_ranges.json          per-layer K/V ranges (the diagnosis pass), when the run made one
+    DIR/results.json            evidence + verdict (`kveval report` writes it; .json.gz in published reports)
+    DIR/tables/*.csv, *.png     the evidence as tables and figures
     DIR/review.md               the rendered review
+
+manifest, cell, results and kv_ranges files are validated against kveval.files.schema when read
+(and kveval's own documents when written), so a damaged or older file is named with its bad field.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from kveval.files import schema
+
+SCHEMA_VERSION = schema.MANIFEST_VERSION
 
 
 class StoreError(Exception):
@@ -42,7 +51,9 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
+    """Text, atomically; a path ending in .gz is gzip-compressed (mtime 0, so the bytes are reproducible)."""
+    data = text.encode("utf-8")
+    write_bytes_atomic(path, gzip.compress(data, mtime=0) if path.suffix == ".gz" else data)
 
 
 def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
@@ -52,8 +63,18 @@ def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
     write_text_atomic(path, text + "\n")
 
 
+def _validated(kind: str, path: Path) -> dict:
+    """One run file, checked against its schema; the plain dict as it was read."""
+    try:
+        return schema.dump(schema.load(kind, path))
+    except schema.FileError as error:
+        raise StoreError(str(error)) from None
+
+
 def read_json(path: Path) -> Any:
     try:
+        if path.suffix == ".gz":
+            return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise StoreError(f"{path} does not exist") from None
@@ -104,7 +125,10 @@ class RunDir:
 
     @property
     def results_path(self) -> Path:
-        return self.path / self.RESULTS_FILE
+        """results.json; a published report keeps it compressed (results.json.gz) and it stays so."""
+        plain = self.path / self.RESULTS_FILE
+        packed = self.path / f"{self.RESULTS_FILE}.gz"
+        return packed if packed.is_file() and not plain.is_file() else plain
 
     def table_path(self, name: str) -> Path:
         return self.path / self.TABLES_DIR / f"{name}.csv"
@@ -146,22 +170,35 @@ class RunDir:
             raise StoreError(f"{self.path}: no such run directory")
         if not self.manifest_path.is_file():
             raise StoreError(f"{self.path} is not a kveval run directory (no manifest.json)")
-        manifest = read_json(self.manifest_path)
-        version = manifest.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise StoreError(f"{self.manifest_path}: schema_version {version!r}, this kveval reads {SCHEMA_VERSION}")
-        return manifest
+        return _validated("manifest", self.manifest_path)
+
+    def write_manifest(self, manifest: dict) -> None:
+        """The manifest, checked against its schema first: kveval never writes a file it would refuse."""
+        schema.parse("manifest", json.loads(json.dumps(manifest, default=str)), str(self.manifest_path))
+        write_json_atomic(self.manifest_path, manifest)
+
+    def has_cell_files(self) -> bool:
+        return self.cells_dir.is_dir() and any(p for p in self.cells_dir.glob("*.json")
+                                               if not p.name.endswith(".spec.json"))
+
+    def load_results(self) -> dict:
+        """results.json (or .json.gz): the stored evidence and verdict, validated."""
+        return _validated("results", self.results_path)
 
     def load_workloads(self) -> list[dict]:
         return read_json(self.workloads_path) if self.workloads_path.is_file() else []
 
     def load_kv_ranges(self) -> dict | None:
         """The per-layer K/V range measurement, or None when this run made none."""
-        return read_json(self.kv_ranges_path) if self.kv_ranges_path.is_file() else None
+        return _validated("kv_ranges", self.kv_ranges_path) if self.kv_ranges_path.is_file() else None
 
-    def load_cell(self, cell: str) -> dict | None:
+    def load_cell(self, cell: str, *, validate: bool = True) -> dict | None:
+        """One cell's result, or None before it has one. `validate=False` for kveval's own processes
+        reading a file a child just wrote (still running, or to add what the parent saw)."""
         path = self.cell_path(cell)
-        return read_json(path) if path.is_file() else None
+        if not path.is_file():
+            return None
+        return _validated("cell", path) if validate else read_json(path)
 
     def load_cells(self, manifest: dict | None = None) -> dict[str, dict]:
         """Cells in the manifest's planned order; a planned cell with no file yet is left out."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +14,7 @@ from kveval.analysis.diff import EXAMPLE_COLUMNS, PAIR_COLUMNS, SUMMARY_COLUMNS
 from kveval.analysis.json_values import json_safe
 from kveval.analysis.task_accuracy import ACCURACY_COLUMNS, COMPARISON_COLUMNS, GRID_COLUMNS, SAMPLE_COLUMNS
 from kveval.evidence import RESULTS_SCHEMA_VERSION
+from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic, write_text_atomic
 from kveval.render.kv_range_plot import kv_range_plot
 from kveval.render.plots import task_heatmap
@@ -120,5 +122,11 @@ def write_results(run_dir: RunDir | str | Path, evidence: dict, verdict, manifes
     if not (diagnoses and kv_range_plot(diagnoses[0], plot)):
         plot.unlink(missing_ok=True)
     path = run_dir.results_path
-    write_json_atomic(path, results_document(evidence, verdict, manifest))
+    document = results_document(evidence, verdict, manifest)
+    try:
+        schema.parse("results", document, str(path))
+    except schema.FileError as error:
+        # A kveval bug, not the user's: the measured evidence is still written, and the bug is shown.
+        warnings.warn(f"results.json does not match its own schema (please report): {error}", stacklevel=2)
+    write_json_atomic(path, document)
     return path

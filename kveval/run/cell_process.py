@@ -118,7 +118,7 @@ def _kill_group(child: subprocess.Popen) -> None:
 
 
 def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int, timed_out: bool, timeout_s, seconds: float) -> dict:
-    facts = run_dir.load_cell(plan.id)
+    facts = run_dir.load_cell(plan.id, validate=False)
     if facts is not None and facts.get("complete"):
         facts["process"] = {"exit_code": exit_code, "seconds": seconds}
         write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)

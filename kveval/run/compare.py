@@ -144,7 +144,7 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
                                                 model_limit=model_limit, fractions=shape.fractions,
                                                 depths=shape.depths, samples=shape.samples, seed=options.seed)
-    write_json_atomic(run.manifest_path, manifest)
+    run.write_manifest(manifest)
     write_json_atomic(run.workloads_path, [p.to_dict() for p in prompts], compact=True)
     write_json_atomic(run.scoring_path, documents, compact=True)
     show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
@@ -168,7 +168,7 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
                                   "cells": [plan.id for plan in extra] or (manifest.get("remedy") or {}).get("cells", [])}
             known = {c["id"] for c in manifest["cells"]}
             manifest["cells"] += [plan.to_dict() for plan in extra if plan.id not in known]
-            write_json_atomic(run.manifest_path, manifest)
+            run.write_manifest(manifest)
             for note in remedy["notes"]:
                 show.note(note)
         _run_cells(run, extra, True, options, show)
@@ -180,7 +180,11 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
 
 def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show) -> None:
     for plan in plans:
-        previous = run_dir.load_cell(plan.id) if reuse else None
+        try:
+            previous = run_dir.load_cell(plan.id) if reuse else None
+        except StoreError as error:  # a damaged result is measured again, not trusted
+            show.note(f"{plan.id}: re-running it; its stored result is unusable ({error})")
+            previous = None
         if previous is not None and previous.get("complete") and not previous.get("crash"):
             show.cell_reused(plan.id, previous)
             continue

@@ -3,7 +3,7 @@ healthy default model must not.
 
 tests/support/planted.py scales every layer's K projection by 128 and Q by 1/128: exact in bf16,
 so `auto` behaves bit-identically, while K values leave the FP8 e4m3 range (±448). On the H200
-this moved KL mean from 0.0115 to 0.595 and top-1 agreement from 92 % to 48 % (reports/h200-planted).
+this moved KL mean from 0.0115 to 0.595 and top-1 agreement from 92 % to 48 % (reports/archive/h200-planted).
 vLLM's CPU backend runs an FP8 KV cache only with AVX-512 or AMX; elsewhere the fp8 cells cannot
 start, the verdict must be INCONCLUSIVE (never FAIL, never PASS), and the FAIL check is skipped.
 """
@@ -73,7 +73,7 @@ def test_harmed_model_fails_for_divergence(runs):
         assert failure["reason"] == "unsupported_dtype"
         assert harmed.verdict.status == "INCONCLUSIVE"
         pytest.skip(f"this CPU cannot run an FP8 KV cache ({failure['message']}); the FAIL is shown on the H200 "
-                    "in reports/h200-planted")
+                    "in reports/archive/h200-planted")
     assert harmed.verdict.status == "FAIL"
     failed = [r.message for r in harmed.verdict.reasons if r.level == "FAIL"]
     assert any("KL mean" in message for message in failed), failed

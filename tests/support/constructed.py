@@ -8,9 +8,15 @@ distribution per position; `shape` picks the candidate's distribution:
 """
 from __future__ import annotations
 
+import copy
+import json
 import math
+from pathlib import Path
 
 from kveval.files.rundir import RunDir, write_json_atomic
+
+# A real manifest (the CPU demo's) is the template: constructed runs are valid run directories.
+TEMPLATE_MANIFEST = json.loads((Path(__file__).resolve().parents[2] / "reports/cpu-demo/manifest.json").read_text())
 
 TOP_K = 5
 REFERENCE_P = [0.6, 0.2, 0.1, 0.05, 0.03]
@@ -58,7 +64,7 @@ def rejected(prompt_id: str, message: str = "VLLMValidationError: This model's m
 
 
 def speed_phase(ttft: float, decode: float) -> dict:
-    return {"workloads": [{"workload": "short_256", "prompt_tokens": 3, "max_tokens": 32, "runs": [{}],
+    return {"concurrency": 1, "warmup_runs": 0, "measured_runs": 1, "workloads": [{"workload": "short_256", "prompt_tokens": 3, "max_tokens": 32, "runs": [{}],
                            "ttft_s": {"median": ttft, "min": ttft, "max": ttft, "n": 1},
                            "decode_tok_s": {"median": decode, "min": decode, "max": decode, "n": 1},
                            "throughput_tok_s": {"median": decode, "n": 1}}]}
@@ -66,31 +72,45 @@ def speed_phase(ttft: float, decode: float) -> dict:
 
 def started_cell(kv: str, length: int, pool: int, records: list[dict], scoring: dict | None = None,
                  ttft: float = 0.1, decode: float = 50.0) -> dict:
-    phases = {"generation": {"records": records}, "speed": speed_phase(ttft, decode)}
+    phases = {"generation": {"sampling": {"temperature": 0.0}, "records": records}, "speed": speed_phase(ttft, decode)}
     if scoring is not None:
         phases["scoring"] = scoring
     return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": True,
             "complete": True, "startup_seconds": 7.0,
-            "capacity": {"kv_pool_tokens": pool, "max_concurrency": pool / length},
-            "info": {"attention_backend": "CPU_ATTN", "platform": "cpu"}, "phases": phases}
+            "capacity": {"kv_pool_tokens": pool, "kv_pool_tokens_source": "engine", "max_concurrency": pool / length,
+                         "num_blocks": None, "block_size": None, "cache_dtype": kv},
+            "info": {"attention_backend": "CPU_ATTN", "platform": "cpu"}, "phases": phases,
+            "logged_capacity": {"kv_pool_tokens": None, "max_concurrency": None}}
 
 
 def failed_cell(kv: str, length: int, reason: str = "unsupported_dtype",
                 message: str = "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.") -> dict:
     return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": False,
-            "complete": True, "failure": {"reason": reason, "message": message, "estimated_max_model_len": None},
-            "logged_capacity": {"kv_pool_tokens": 2 * 1792, "max_concurrency": None}, "phases": {}}
+            "complete": True, "failure": {"reason": reason, "message": message, "estimated_max_model_len": None,
+                                          "backend": None},
+            "logged_capacity": {"kv_pool_tokens": 2 * 1792, "max_concurrency": None}, "phases": {},
+            "info": {"attention_backend": None}}
 
 
 def manifest_for(cells: dict[str, dict]) -> dict:
-    kvs = list(dict.fromkeys(c["kv_cache_dtype"] for c in cells.values()))
-    lengths = sorted({c["max_model_len"] for c in cells.values()})
-    return {"schema_version": 1, "command": "kveval compare --kv fp8 auto", "model": {"name": "m", "path": "/m"},
-            "options": {"kv": kvs, "max_model_len": lengths, "suite": "quick",
-                        "phase_options": {"scoring": {"top_k": TOP_K}}},
-            "cells": [{"id": name, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": c["max_model_len"]}
-                      for name, c in cells.items()],
-            "versions": {}, "hardware": {}}
+    planned = [{"id": name, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": c["max_model_len"]}
+               for name, c in cells.items()]
+    return planned_manifest(planned)
+
+
+def planned_manifest(planned: list[dict], **changes) -> dict:
+    """A valid manifest for these planned cells (id, kv_cache_dtype, max_model_len), no tasks."""
+    manifest = copy.deepcopy(TEMPLATE_MANIFEST)
+    kvs = list(dict.fromkeys(c["kv_cache_dtype"] for c in planned))
+    lengths = sorted({c["max_model_len"] for c in planned})
+    manifest.update(command="kveval compare --kv fp8 auto", cells=planned)
+    manifest["model"].update(name="m", path="/m")
+    manifest["options"].update(kv=kvs, max_model_len=lengths, suite="quick", tasks=[],
+                               phases=["generation", "scoring", "speed"],
+                               phase_options={"scoring": {"top_k": TOP_K}})
+    manifest["task_data"] = {"data_dirs": {}, "files": {}, "skipped": {}}
+    manifest.update(changes)
+    return manifest
 
 
 def write_run(path, workloads: list[dict], cells: dict[str, dict]) -> RunDir:

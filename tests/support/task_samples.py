@@ -30,7 +30,7 @@ def sample(task: str, index: int, *, length: int = 1024, fraction: float | None 
 
 def tasks_phase(samples: list[dict], tasks: list[str] | None = None) -> dict:
     return {"tasks": tasks or list(dict.fromkeys(s["task"] for s in samples)), "lm_eval_version": "0.4.13",
-            "data_dir": "taskdata", "limit": None, "lm_eval_results": {}, "samples": samples}
+            "data_dir": "taskdata", "limit": None, "lm_eval_results": {}, "task_errors": {}, "samples": samples}
 
 
 def with_tasks(facts: dict, samples: list[dict] | None = None, error: str | None = None) -> dict:

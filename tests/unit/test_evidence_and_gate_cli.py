@@ -14,7 +14,7 @@ from kveval.cli.commands import cli
 from kveval.analysis.json_values import json_safe
 from kveval.evidence import build_evidence
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
-from tests.support.constructed import expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
+from tests.support.constructed import planned_manifest, expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
 
 N = 700  # scored positions per cell: 200+ in all, 100+ from position 512 (the late half of 1024)
 CPU = Thresholds().budget("cpu")  # constructed cells ran on CPU_ATTN: the CPU profile applies
@@ -128,7 +128,7 @@ def test_healthy_run_passes_with_every_figure_stored(run_dir):
     assert result.exit_code == EXIT_PASS, result.output
     assert str(path / "review.md") in result.stdout
     results = _results(path)
-    assert results["schema_version"] == 1
+    assert results["schema_version"] == 2
     assert results["verdict"]["status"] == "PASS" and results["verdict"]["exit_code"] == 0
     summary = _kv(results)["summary"]
     assert summary["n"] == N
@@ -373,7 +373,8 @@ def test_run_with_no_cell_results_yet_is_inconclusive_not_a_crash(tmp_path):
     from kveval.files.rundir import RunDir, write_json_atomic
 
     store = RunDir(tmp_path / "r")
-    write_json_atomic(store.manifest_path, {"schema_version": 1, "cells": [{"id": "auto-1024"}, {"id": "fp8-1024"}]})
+    write_json_atomic(store.manifest_path, planned_manifest([{"id": "auto-1024", "kv_cache_dtype": "auto", "max_model_len": 1024},
+                                                             {"id": "fp8-1024", "kv_cache_dtype": "fp8", "max_model_len": 1024}]))
     result = CliRunner().invoke(cli, ["gate", str(store.path)])
     assert result.exit_code == EXIT_INCONCLUSIVE, result.output
     review = store.review_path.read_text()

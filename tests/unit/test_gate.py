@@ -21,13 +21,13 @@ from kveval.gate import (
     load_thresholds,
 )
 
-# Measured fp8-vs-auto figures (SmolLM2-135M). H200 FA3: reports/h200-tasks (fp8-2048);
+# Measured fp8-vs-auto figures (SmolLM2-135M). H200 FA3: reports/archive/h200-tasks (fp8-2048);
 # CPU AVX-512/AMX: issue 8 (2048, standard suite: KL mean 0.049; late positions ~0.054+).
 HEALTHY_H200 = {"kl_mean": 0.0107, "kl_p99": 0.08, "top1_agreement": 0.923}
 HEALTHY_CPU = {"kl_mean": 0.049, "kl_p99": 0.6, "top1_agreement": 0.88}
 HARMED_K128 = {"kl_mean": 0.595, "kl_p99": 4.38, "top1_agreement": 0.479}
 K32_H200 = {"kl_mean": 0.0174, "kl_p99": 0.14, "top1_agreement": 0.905}
-# Healthy task pairing on the H200 (reports/h200-tasks, fp8-2048: 127 -> 123 of 270).
+# Healthy task pairing on the H200 (reports/archive/h200-tasks, fp8-2048: 127 -> 123 of 270).
 TASKS_HEALTHY = {"n": 270, "b": 10, "c": 6, "baseline_accuracy": 127 / 270, "cell_accuracy": 123 / 270,
                  "recovery": 123 / 127, "mcnemar_p": 0.45, "reference": "auto-8192"}
 

@@ -34,7 +34,7 @@ def test_comma_lists_keep_a_keep_list_together():
 
 
 def test_recovery_bound_matches_the_h200_healthy_pairing():
-    # reports/h200-tasks fp8-2048: 127 -> 123 of 270; the bound clears the 0.90 margin.
+    # reports/archive/h200-tasks fp8-2048: 127 -> 123 of 270; the bound clears the 0.90 margin.
     bound = paired_recovery_bound(270, 10, 6, 127 / 270)
     assert 0.90 < bound < 0.97
 

@@ -8,14 +8,17 @@ from click.testing import CliRunner
 
 from kveval.cli.commands import cli
 from kveval.files.rundir import RunDir, StoreError, write_json_atomic
+from tests.support.constructed import failed_cell, planned_manifest
 
 
 def test_cell_round_trip_and_planned_order(tmp_path):
     store = RunDir(tmp_path)
-    manifest = {"schema_version": 1, "cells": [{"id": "auto-1024"}, {"id": "fp8-1024"}]}
+    manifest = planned_manifest([{"id": "auto-1024", "kv_cache_dtype": "auto", "max_model_len": 1024},
+                                 {"id": "fp8-1024", "kv_cache_dtype": "fp8", "max_model_len": 1024}])
     write_json_atomic(store.manifest_path, manifest)
-    write_json_atomic(store.cell_path("fp8-1024"), {"cell": "fp8-1024", "text": "ünïcode ⏎"})
-    assert store.load_cells() == {"fp8-1024": {"cell": "fp8-1024", "text": "ünïcode ⏎"}}
+    cell = {**failed_cell("fp8", 1024), "text": "ünïcode ⏎"}  # a key kveval does not know is kept
+    write_json_atomic(store.cell_path("fp8-1024"), cell)
+    assert store.load_cells() == {"fp8-1024": cell}
     assert not list(store.cells_dir.glob(".*"))  # no temp files left behind
 
 
@@ -69,8 +72,10 @@ def test_compare_refuses_to_overwrite_a_different_run(tmp_path, default_model_di
     (out / "notes.txt").write_text("mine")
     result = CliRunner().invoke(cli, ["compare", "--out", str(out)])
     _clean_error(result, "not empty")
-    write_json_atomic(RunDir(out).manifest_path, {"schema_version": 1, "model": {"name": "other"}, "cells": []})
+    other = planned_manifest([])
+    other["model"]["name"] = "other"
+    write_json_atomic(RunDir(out).manifest_path, other)
     (out / "notes.txt").unlink()
     result = CliRunner().invoke(cli, ["compare", "--out", str(out)])
     _clean_error(result, "different settings")
-    assert json.loads(RunDir(out).manifest_path.read_text())["model"] == {"name": "other"}
+    assert json.loads(RunDir(out).manifest_path.read_text())["model"]["name"] == "other"

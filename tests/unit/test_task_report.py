@@ -95,10 +95,11 @@ def test_review_has_task_tables_grid_and_heatmap_link():
 
 def test_review_omits_tasks_when_none_ran_and_says_when_skipped():
     cells = make_cells(tasks=False)
-    review, evidence = review_of(cells)
+    manifest = manifest_for(cells)
+    del manifest["options"]["tasks"]  # a manifest that does not say (render stays silent)
+    review, evidence = review_of(cells, manifest)
     assert evidence["tasks"] == {}
     assert "Long-context tasks" not in review
-    manifest = manifest_for(cells)
     manifest["options"]["tasks"] = []
     review, _ = review_of(cells, manifest)
     assert "## Long-context tasks\n\n_Skipped: the run asked for no task (`tasks: none`)._" in review

@@ -1,0 +1,303 @@
+"""kveval.files.schema: real run files validate and round-trip exactly; damaged and old ones fail clearly."""
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from kveval.files import schema as files
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+OLD_REPORTS = REPORTS / "archive"
+QWEN = REPORTS / "h200-qwen2.5-coder-1.5b"
+CPU = REPORTS / "cpu-demo"
+STARTED_CELL = CPU / "cells/auto-1024.json"
+KIND_OF = {"manifest.json": "manifest", "results.json": "results", "results.json.gz": "results",
+           "kv_ranges.json": "kv_ranges"}
+
+
+def _real_files() -> list[tuple[str, Path]]:
+    found = []
+    for run in sorted(p.parent for p in REPORTS.rglob("manifest.json") if "archive" not in p.parts):
+        for name, kind in KIND_OF.items():
+            if (run / name).is_file():
+                found.append((kind, run / name))
+        found += [("cell", path) for path in sorted((run / "cells").glob("*.json"))
+                  if not path.name.endswith(".spec.json")]
+    return found
+
+
+REAL = _real_files()
+
+
+def _text(path: Path) -> str:
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
+
+
+def _read(path: Path):
+    return json.loads(_text(path))
+
+
+def _as_written(kind: str, data) -> str:
+    """The text kveval's writers make of `data`: cells compact, manifest and results indented
+    (files.rundir.write_json_atomic)."""
+    if kind == "cell":
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
+    return json.dumps(data, ensure_ascii=False, indent=1) + "\n"
+
+
+def _same(a, b) -> bool:
+    """== on the dicts, with NaN (which is never == itself) compared as text."""
+    return a == b or json.loads(json.dumps(a), parse_constant=str) == json.loads(json.dumps(b), parse_constant=str)
+
+
+def _error(kind, path) -> str:
+    with pytest.raises(files.FileError) as caught:
+        files.load(kind, path)
+    message = str(caught.value)
+    assert str(path) in message and "Traceback" not in message
+    return message
+
+
+def _damaged(tmp_path: Path, source: Path, change, name: str | None = None) -> Path:
+    data = _read(source)
+    change(data)
+    path = tmp_path / (name or source.name.removesuffix(".gz"))
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+# --- real files ------------------------------------------------------------------------------------
+
+def test_every_kind_has_real_examples():
+    kinds = {kind for kind, _ in REAL}
+    assert kinds == {"manifest", "cell", "results", "kv_ranges"}
+    assert len([p for k, p in REAL if k == "cell"]) == 4
+
+
+@pytest.mark.parametrize("kind,path", REAL, ids=[str(p.relative_to(REPORTS)) for _, p in REAL])
+def test_real_file_validates_and_round_trips_exactly(kind, path):
+    model = files.load(kind, path)
+    assert isinstance(model, files.KINDS[kind])
+    text = _text(path)
+    original, dumped = json.loads(text), files.dump(model)
+    assert _same(dumped, original)
+    # Written back the way kveval writes it, the bytes equal the file's: same key order (json.dumps
+    # with sort_keys=False), ints still ints, floats floats, None None, NaN NaN. This is json.dumps
+    # of both compared, and more (json.dumps of the 30 MB cells twice more would only cost time).
+    assert _as_written(kind, dumped) == text
+
+
+@pytest.mark.parametrize("kind,path", [(k, p) for k, p in REAL if k != "cell" or "cpu-demo" in str(p)])
+def test_pydantic_model_dump_round_trips_too(kind, path):
+    model = files.load(kind, path)
+    assert json.dumps(model.model_dump(exclude_unset=True)) == json.dumps(_read(path))
+
+
+def test_typed_fields_are_typed():
+    manifest = files.load("manifest", QWEN / "manifest.json")
+    assert manifest.options.max_model_len == [8192, 32768] and manifest.cells[0].id == "auto-8192"
+    results = files.load("results", QWEN / "results.json.gz")
+    assert results.verdict.status == "FAIL" and results.verdict.cells == {"fp8-8192": "FAIL", "fp8-32768": "FAIL"}
+    assert isinstance(results.evidence.tasks, files.TaskEvidence)
+    assert results.evidence.platform.profile == "gpu"
+    cell = files.load("cell", STARTED_CELL)
+    assert cell.started and cell.capacity.kv_pool_tokens > 0 and cell.phases.tasks.samples
+
+
+def test_cells_that_did_not_start_from_the_child():
+    # Written by the child when the engine failed to start (then `process` added by the parent).
+    cell = files.load("cell", CPU / "cells/fp8-1024.json")
+    assert not cell.started and cell.failure.reason == "unsupported_dtype"
+    assert cell.engine_settings is not None and cell.startup_seconds is not None
+    assert cell.info.vllm_version == "0.32.0" and cell.process.timed_out is None
+
+
+RUNNER_NOT_STARTED = {  # as the parent wrote it before issue 9, when the child died before writing anything
+    "cell": "fp8-2048", "kv_cache_dtype": "fp8", "max_model_len": 2048, "started": False,
+    "failure": {"reason": "oom", "message": "kveval stopped the cell after its timeout of 60 s. CUDA out of memory",
+                "estimated_max_model_len": None, "backend": None},
+    "logged_capacity": {"kv_pool_tokens": None, "max_concurrency": None},
+    "phases": {}, "info": {"attention_backend": None}, "complete": True,
+    "process": {"exit_code": -9, "seconds": 61.2, "timed_out": True},
+}
+
+
+def test_cells_that_did_not_start_from_the_parent():
+    cell = files.parse("cell", copy.deepcopy(RUNNER_NOT_STARTED), "cells/fp8-2048.json")
+    assert cell.engine_settings is None and cell.startup_seconds is None and cell.process.timed_out
+    assert json.dumps(files.dump(cell)) == json.dumps(RUNNER_NOT_STARTED)
+
+
+def test_started_cell_that_crashed_in_a_phase():
+    data = _read(STARTED_CELL)
+    data["phases"]["speed"] = {"error": "RuntimeError: engine died", "seconds": 1.5}
+    data["crash"] = {"message": "cell process exited with code -11 before finishing", "last_log_line": "Segfault"}
+    cell = files.parse("cell", data)
+    assert cell.phases.speed.error and cell.crash.last_log_line == "Segfault"
+    assert json.dumps(files.dump(cell)) == json.dumps(data)
+
+
+def test_run_without_tasks_and_failed_diagnosis():
+    data = _read(REPORTS / "h200-smollm2/results.json.gz")
+    data["evidence"]["tasks"] = {}
+    data["evidence"]["diagnosis"] = {"fp8": {"error": "the K/V range pass failed: out of memory"}}
+    results = files.parse("results", data)
+    assert results.evidence.tasks == {} and results.evidence.diagnosis["fp8"].error.startswith("the K/V")
+    assert json.dumps(files.dump(results)) == json.dumps(data)
+    failed = files.parse("kv_ranges", {"error": "the K/V range pass failed: timed out after 1800 s"})
+    assert failed.layers is None and files.dump(failed) == {"error": "the K/V range pass failed: timed out after 1800 s"}
+
+
+def test_whole_numbers_in_number_fields_stay_ints():
+    # kveval.compare(gpu_memory_utilization=1, cell_timeout=600) stores ints; 1.0 would change the file.
+    data = _read(QWEN / "manifest.json")
+    data["options"].update(gpu_memory_utilization=1, cell_timeout_s=600, lengths=[0.5, 1])
+    dumped = files.dump(files.parse("manifest", data))
+    assert json.dumps(dumped) == json.dumps(data) and '"cell_timeout_s": 600,' in json.dumps(dumped)
+
+
+def test_newer_optional_keys_are_kept_in_place():
+    data = _read(CPU / "manifest.json")
+    data = {"schema_version": 1, "new_top_key": {"x": 1}, **data}
+    data["model"]["revision"] = "abc"
+    assert json.dumps(files.dump(files.parse("manifest", data))) == json.dumps(data)
+
+
+# --- damaged files ---------------------------------------------------------------------------------
+
+def test_missing_required_key(tmp_path):
+    path = _damaged(tmp_path, STARTED_CELL, lambda d: d.pop("max_model_len"))
+    assert f"{path}: field max_model_len: missing (required)" in _error("cell", path)
+
+
+def test_missing_started(tmp_path):
+    path = _damaged(tmp_path, CPU / "cells/fp8-2048.json", lambda d: d.pop("started"))
+    assert "field started: missing" in _error("cell", path)
+
+
+def test_missing_key_of_one_shape(tmp_path):
+    path = _damaged(tmp_path, STARTED_CELL, lambda d: d.pop("capacity"))
+    assert "field capacity: missing (a started cell" in _error("cell", path)
+    path = _damaged(tmp_path, STARTED_CELL, lambda d: d["phases"]["speed"].pop("workloads"))
+    assert "field phases.speed.workloads: missing" in _error("cell", path)
+
+
+def test_wrong_type(tmp_path):
+    def change(d):
+        d["capacity"]["kv_pool_tokens"] = "abc"
+    path = _damaged(tmp_path, STARTED_CELL, change)
+    assert f"{path}: field capacity.kv_pool_tokens: expected an integer, got 'abc'" in _error("cell", path)
+
+
+def test_number_as_text_is_damage_not_a_number(tmp_path):
+    def change(d):
+        d["options"]["max_model_len"][1] = "32768"
+        d["hardware"]["memory_gib"] = "125.8"
+    message = _error("manifest", _damaged(tmp_path, QWEN / "manifest.json", change))
+    assert "field options.max_model_len[1]: expected an integer, got '32768'" in message
+    assert "field hardware.memory_gib: expected a number, got '125.8'" in message
+
+
+def test_wrong_status_in_results(tmp_path):
+    def change(d):
+        d["verdict"]["cells"]["fp8-8192"] = "GOOD"
+        d["verdict"]["checks"][2]["passed"] = "yes"
+    message = _error("results", _damaged(tmp_path, QWEN / "results.json.gz", change))
+    assert "field verdict.cells.fp8-8192: expected 'PASS', 'FAIL', 'INCONCLUSIVE', 'NOT STARTED' or 'MISSING'" in message
+    assert "field verdict.checks[2].passed: expected true or false, got 'yes'" in message
+
+
+def test_at_most_five_problems_are_listed(tmp_path):
+    def change(d):
+        for key in ("tool", "command", "created", "model", "options", "prompt_ids", "cells"):
+            d.pop(key)
+    message = _error("manifest", _damaged(tmp_path, QWEN / "manifest.json", change))
+    assert len(message.splitlines()) == 6 and message.endswith("... and 2 more problems")
+
+
+def test_bad_json(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text('{"schema_version": 1,', encoding="utf-8")
+    message = _error("results", path)
+    assert message.startswith(f"{path}: not valid JSON") and "\n" not in message
+
+
+def test_top_level_not_an_object(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text("[1, 2]", encoding="utf-8")
+    assert _error("manifest", path) == f"{path}: expected a JSON object at the top level, got a list"
+
+
+def test_missing_file(tmp_path):
+    assert _error("cell", tmp_path / "cells/auto-2048.json") == f"{tmp_path / 'cells/auto-2048.json'}: no such file"
+
+
+@pytest.mark.parametrize("kind,source", [("manifest", QWEN / "manifest.json"), ("results", QWEN / "results.json.gz"),
+                                         ("cell", STARTED_CELL), ("kv_ranges", QWEN / "kv_ranges.json")])
+def test_wrong_schema_version(tmp_path, kind, source):
+    expected = files.VERSIONS[files.KINDS[kind]]
+    path = _damaged(tmp_path, source, lambda d: d.update(schema_version=expected + 1))
+    message = _error(kind, path)
+    assert message.startswith(f"{path}: schema_version {expected + 1} — this kveval reads {expected} "
+                              "(re-run with the kveval that wrote it")
+    assert "\n" not in message
+
+
+def test_missing_schema_version_only_allowed_for_cells(tmp_path):
+    path = _damaged(tmp_path, QWEN / "manifest.json", lambda d: d.pop("schema_version"))
+    assert "field schema_version: missing (required)" in _error("manifest", path)
+    assert files.load("cell", STARTED_CELL).schema_version == files.CELL_VERSION
+
+
+# --- older files (written before the current format): expected to fail, naming the field -------------
+
+@pytest.mark.parametrize("path", sorted(OLD_REPORTS.glob("h200-planted/*/results.json.gz")), ids=lambda p: p.parent.name)
+def test_old_results_fail_naming_the_field(path):
+    assert _error("results", path).startswith(f"{path}: schema_version 1 — this kveval reads 2")
+
+
+def test_old_manifest_fails_naming_the_field():
+    path = OLD_REPORTS / "h200-tasks/manifest.json"
+    assert f"{path}: field task_data.files.2048.kveval_passkey.skipped: missing (required)" in _error("manifest", path)
+
+
+# --- JSON Schema -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", list(files.KINDS))
+def test_json_schema_generates(kind):
+    schema = files.json_schema(kind)
+    assert schema["type"] == "object" and schema["properties"]
+    json.dumps(schema)
+
+
+def test_results_json_schema():
+    required = files.json_schema("results")["required"]
+    assert {"schema_version", "verdict", "evidence"} <= set(required)
+
+
+def test_old_results_version_is_named(tmp_path):
+    # results.json of schema 1 (before the evidence held acceptance and sample outputs).
+    path = _damaged(tmp_path, QWEN / "results.json.gz", lambda d: d.update(schema_version=1))
+    assert "schema_version 1 — this kveval reads 2" in _error("results", path)
+
+
+def test_cli_schema_command_prints_each_kind():
+    from click.testing import CliRunner
+
+    from kveval.cli.commands import cli
+
+    for kind in files.KINDS:
+        outcome = CliRunner().invoke(cli, ["schema", kind])
+        assert outcome.exit_code == 0 and json.loads(outcome.output) == files.json_schema(kind)
+
+
+def test_results_json_schema_validates_real_results_with_jsonschema():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = files.json_schema("results")
+    for path in [CPU / "results.json", QWEN / "results.json.gz"]:
+        jsonschema.validate(json.loads(_text(path), parse_constant=lambda _: None), schema)

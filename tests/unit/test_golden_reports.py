@@ -1,0 +1,72 @@
+"""Golden: every run directory under reports/ re-renders to the review and tables kveval wrote before
+the restructuring (issue 9); results.json differs only as tests/golden/INTENDED_DIFFERENCES.md lists."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kveval.cli.commands import cli
+from kveval.files.rundir import RunDir, read_json
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = ROOT / "reports"
+GOLDEN = ROOT / "tests" / "golden"
+RUN_DIRS = sorted(p.parent for p in REPORTS.rglob("manifest.json") if "archive" not in p.parts)
+ARCHIVED = sorted(p.parent for p in (REPORTS / "archive").rglob("manifest.json"))
+ADDED_EVIDENCE = {"acceptance", "sample_outputs", "speed_settings"}
+
+
+def _rendered_copy(source: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / source.name
+    shutil.copytree(source, copy)
+    (copy / "review.md").unlink()
+    outcome = CliRunner().invoke(cli, ["report", str(copy)])
+    assert outcome.exit_code in (0, 1, 3), outcome.output  # a verdict, not an error
+    return copy
+
+
+def test_every_published_report_is_covered():
+    names = {str(p.relative_to(REPORTS)) for p in RUN_DIRS}
+    assert {"cpu-demo", "h200-smollm2", "h200-planted-layers", "h200-qwen2.5-coder-1.5b",
+            "h200-qwen2.5-coder-1.5b/keep-layers"} <= names
+
+
+@pytest.mark.parametrize("source", RUN_DIRS, ids=[str(p.relative_to(REPORTS)) for p in RUN_DIRS])
+def test_report_re_renders_the_same_review_tables_and_results(source, tmp_path):
+    copy = _rendered_copy(source, tmp_path)
+    assert (copy / "review.md").read_text(encoding="utf-8") == (source / "review.md").read_text(encoding="utf-8")
+    for table in sorted((source / "tables").glob("*.csv")):  # published reports keep the smaller tables
+        assert (copy / "tables" / table.name).read_text(encoding="utf-8") == table.read_text(encoding="utf-8"), table.name
+    stored, written = RunDir(source).results_path, RunDir(copy).results_path
+    assert written.name == stored.name
+    assert read_json(written) == read_json(stored)
+
+
+def test_results_differ_from_before_only_as_listed(tmp_path):
+    copy = _rendered_copy(REPORTS / "cpu-demo", tmp_path)
+    now = read_json(copy / "results.json")
+    before = json.loads((GOLDEN / "cpu-demo.results.before-issue-9.json").read_text(encoding="utf-8"))
+    assert (before["schema_version"], now["schema_version"]) == (1, 2)
+    assert set(now["evidence"]) - set(before["evidence"]) == ADDED_EVIDENCE
+    assert set(before["evidence"]) <= set(now["evidence"])
+    for document in (now, before):
+        document.pop("schema_version")
+        document["evidence"].pop("schema_version")
+    for key in ADDED_EVIDENCE:
+        now["evidence"].pop(key)
+    assert now == before
+
+
+@pytest.mark.parametrize("source", ARCHIVED, ids=[str(p.relative_to(REPORTS)) for p in ARCHIVED])
+def test_archived_reports_of_older_kveval_are_refused_by_file_and_field(source, tmp_path):
+    copy = tmp_path / source.name
+    shutil.copytree(source, copy)
+    outcome = CliRunner().invoke(cli, ["report", str(copy)])
+    assert outcome.exit_code == 2, outcome.output
+    message = outcome.output
+    assert "Traceback" not in message and ("manifest.json" in message or "results.json" in message)
+    assert "field " in message or "schema_version" in message
