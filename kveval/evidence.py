@@ -17,9 +17,10 @@ from kveval.analysis.json_values import json_safe, records
 from kveval.analysis.kv_range import diagnose
 from kveval.analysis.speed import speed_table
 from kveval.analysis.task_accuracy import task_evidence
+from kveval.files import schema
 from kveval.inputs.kvspec import parse_kv
 
-RESULTS_SCHEMA_VERSION = 2  # kveval.files.schema.RESULTS_VERSION
+RESULTS_SCHEMA_VERSION = schema.RESULTS_VERSION
 
 
 # --- evidence ------------------------------------------------------------------------------------

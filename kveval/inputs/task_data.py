@@ -1,4 +1,4 @@
-"""Long-context task data: RULER-style synthetic documents for lm-eval (see tasks/).
+"""Long-context task data: RULER-style synthetic documents for lm-eval (see lm_eval_tasks/).
 
 Six tasks (passkey, three needle-in-a-haystack variants, variable tracking, common-word
 extraction) are generated here as JSONL docs, one file per task, in the schema that

@@ -13,7 +13,6 @@ from kveval.analysis.degeneration import FINDING_COLUMNS
 from kveval.analysis.diff import EXAMPLE_COLUMNS, PAIR_COLUMNS, SUMMARY_COLUMNS
 from kveval.analysis.json_values import json_safe
 from kveval.analysis.task_accuracy import ACCURACY_COLUMNS, COMPARISON_COLUMNS, GRID_COLUMNS, SAMPLE_COLUMNS
-from kveval.evidence import RESULTS_SCHEMA_VERSION
 from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic, write_text_atomic
 from kveval.render.kv_range_plot import kv_range_plot
@@ -98,7 +97,7 @@ def evidence_tables(evidence: dict, verdict=None) -> dict[str, pd.DataFrame]:
 def results_document(evidence: dict, verdict, manifest: dict | None = None) -> dict:
     manifest = manifest or {}
     return json_safe({
-        "schema_version": RESULTS_SCHEMA_VERSION,
+        "schema_version": schema.RESULTS_VERSION,
         "kveval_version": __version__,
         "model": (manifest.get("model") or {}).get("name"),
         "command": manifest.get("command"),

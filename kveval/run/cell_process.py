@@ -1,4 +1,4 @@
-"""Run the planned cells, one child process each, and keep every result on disk.
+"""The parent side of one cell: start its child process, relay its progress, and keep its result on disk.
 
 The parent never imports vLLM. It writes a spec for the cell, starts `python -m kveval.worker.cell_main`
 with the cell's log as stdout/stderr, follows its progress events, and — if the child dies

@@ -1,4 +1,4 @@
-"""The one module that imports vLLM.
+"""One cell's vLLM engine: start it, read its KV pool, generate and score. The one module that imports vLLM.
 
 An `Engine` wraps `vllm.LLM` for one cell: start it with the cell's KV dtype and max_model_len,
 read what it holds, and submit prompts one at a time so that a refused prompt is recorded with

@@ -1,0 +1,94 @@
+"""The package's shape: data flows one way (no module imports a layer above its own, no cycle), and
+vLLM is imported in one module only."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import graphlib
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "kveval"
+
+# Lowest first. A module may import its own part and any part ranked below it, nothing above:
+# files -> inputs -> analysis -> evidence -> gate -> render -> pipeline -> run -> api -> cli,
+# with worker (the child processes) beside pipeline: it may use files, inputs and analysis only.
+LAYERS = {
+    "defaults": 0, "errors": 0, "files": 0,
+    "inputs": 1,
+    "analysis": 2,
+    "evidence": 3,
+    "gate": 4,
+    "render": 5,
+    "pipeline": 6, "worker": 6,
+    "run": 7,
+    "api": 8,
+    "cli": 9, "__main__": 10,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """kveval modules `path` imports, anywhere in the file (lazy imports inside functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kveval"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("kveval"))
+    return found
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "lm_eval_tasks" not in p.parts}
+
+
+def _part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the kveval modules it imports."""
+    return {name: {t for t in _imports(path) if t in MODULES and t != name} for name, path in MODULES.items()}
+
+
+def test_every_part_has_a_layer():
+    assert {_part(m) for m in MODULES if _part(m)} <= set(LAYERS)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _part(m)))
+def test_no_module_imports_a_layer_above_its_own(module):
+    mine = _part(module)
+    upward = [t for t in sorted(_graph()[module])
+              if _part(t) and _part(t) != mine and LAYERS[_part(t)] >= LAYERS[mine]]
+    assert not upward, f"{module} ({mine}, layer {LAYERS[mine]}) imports {upward}"
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    del graph["kveval"]  # the package's lazy `kveval.compare` shortcut, resolved on first use
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the cycle
+
+
+def test_only_the_engine_module_imports_vllm():
+    importers = sorted(name for name, path in MODULES.items()
+                       if any(isinstance(node, (ast.Import, ast.ImportFrom)) and
+                              any((alias.name if isinstance(node, ast.Import) else (node.module or "")).split(".")[0]
+                                  == "vllm" for alias in node.names)
+                              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+    assert importers == ["kveval.worker.engine"]
+
+
+def test_render_builds_no_evidence():
+    # Rendering works from evidence and verdict: it never imports the analyses that walk stored cells.
+    walkers = {"kveval.evidence", "kveval.pipeline", "kveval.analysis.acceptance", "kveval.analysis.capacity",
+               "kveval.analysis.speed", "kveval.analysis.divergence"}
+    graph = _graph()
+    for module in (m for m in MODULES if _part(m) == "render"):
+        assert not graph[module] & walkers, f"{module} imports {sorted(graph[module] & walkers)}"
