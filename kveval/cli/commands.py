@@ -89,6 +89,23 @@ def cli() -> None:
     """May this model run with an FP8 KV cache? Start real vLLM engines and find out."""
 
 
+def compare_arguments(given: dict) -> dict:
+    """`kveval compare`'s parsed options as keyword arguments of kveval.api.compare (CompareOptions)."""
+    options = dict(given)
+    full = options.pop("full")
+    if full and options["suite"] not in ("standard", "full"):
+        raise UsageFailure(f"--full and --suite {options['suite']} contradict each other; give one")
+    tasks = options.pop("tasks")
+    options.update(
+        kv=split_values(options["kv"]), max_model_len=parse_int_list(options["max_model_len"], "--max-model-len"),
+        engine_args=parse_key_value(options["engine_args"], "--engine-arg"), phases=split_values(options["phases"]),
+        suite="full" if full else options["suite"], tasks=split_values(tasks) if tasks else None,
+        gate_overrides=parse_thresholds(options.pop("thresholds")), command=shlex.join(["kveval", *sys.argv[1:]]),
+        **task_shape_kwargs(options.pop("task_lengths"), options.pop("task_depths"), options.pop("task_samples")),
+    )
+    return options
+
+
 @cli.command(context_settings=CONTEXT)
 @click.option("--model", default=None, metavar="ID|DIR|FILE.gguf",
               help="Hugging Face model id, local directory or GGUF file (dequantised once into $KVEVAL_HOME). "
@@ -130,29 +147,14 @@ def cli() -> None:
 @click.option("--diagnose/--no-diagnose", default=defaults.DIAGNOSE, show_default=True,
               help="Measure each layer's K/V range with transformers (once per run) against the FP8 range.")
 @gate_options
-def compare(model, kv, max_model_len, out, kv_cache_memory, gpu_memory_utilization, enforce_eager, engine_args, seed,
-            prompts, suite, full, tasks, task_limit, task_lengths, task_depths, task_samples, speed_runs, speed_warmup,
-            cell_timeout, phases, remedy, diagnose, gate_config, thresholds) -> None:
+def compare(**given) -> None:
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell.
 
     Exits 0 on PASS, 1 on FAIL, 3 on INCONCLUSIVE, 2 on a usage error, 130 when interrupted."""
     from kveval.api import KvevalError, RunInterrupted, compare as run_compare
 
-    lengths = parse_int_list(max_model_len, "--max-model-len")
-    overrides = parse_thresholds(thresholds)
-    if full and suite not in ("standard", "full"):
-        raise UsageFailure(f"--full and --suite {suite} contradict each other; give one")
-    suite = "full" if full else suite
     try:
-        result = run_compare(
-            model=model, kv=split_values(kv), max_model_len=lengths, out=out, kv_cache_memory=kv_cache_memory,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-            engine_args=parse_key_value(engine_args, "--engine-arg"), seed=seed, prompts=prompts, suite=suite,
-            speed_runs=speed_runs, speed_warmup=speed_warmup, cell_timeout=cell_timeout, phases=split_values(phases),
-            command=shlex.join(["kveval", *sys.argv[1:]]), gate_config=gate_config, gate_overrides=overrides,
-            tasks=split_values(tasks) if tasks else None, task_limit=task_limit, remedy=remedy, diagnose=diagnose,
-            **task_shape_kwargs(task_lengths, task_depths, task_samples),
-        )
+        result = run_compare(**compare_arguments(given))
     except RunInterrupted as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(EXIT_INTERRUPTED)
