@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kveval.analysis.acceptance import acceptance_matrix, rejections
 from kveval.analysis.capacity import pool_by_length, startup_table
+from kveval.analysis.capacity_model import capacity_rows
 from kveval.analysis.cell_records import BASELINE_KV, generation_records
 from kveval.analysis.degeneration import DETECTORS, INFORMATIONAL_DETECTORS, degeneration_summary, scan_cells
 from kveval.analysis.diff import diff_pairs, diff_summary, first_diverging_examples
@@ -122,6 +123,15 @@ def _sample_outputs(workloads: list[dict], cells: dict[str, dict]) -> dict | Non
     return json_safe({"prompt": first["id"], "rows": rows})
 
 
+def _capacity_evidence(manifest: dict, cells: dict[str, dict], baseline_kv: str) -> list[dict] | None:
+    """Predicted vs measured KV pool per cell; None for runs that did not record the model's KV layout."""
+    model = manifest.get("model") or {}
+    if not model.get("kv_layout"):
+        return None
+    budget = (manifest.get("options") or {}).get("kv_cache_memory_bytes")
+    return json_safe(capacity_rows(cells, model["kv_layout"], model.get("dtype") or "bfloat16", budget, baseline_kv))
+
+
 def _speed_settings(cells: dict[str, dict]) -> dict:
     """The engine setting the speed figures depend on (the same in every cell of a run)."""
     first = next(iter(cells.values()), {})
@@ -173,6 +183,7 @@ def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict]
         "speed": records(speed_table(cells)),
         "speed_settings": _speed_settings(cells),
         "acceptance": _acceptance_evidence(workloads, cells),
+        "capacity_model": _capacity_evidence(manifest, cells, baseline_kv),
         "sample_outputs": _sample_outputs(workloads, cells),
         "tasks": tasks,
         "diagnosis": diagnosis_evidence(manifest, kv_ranges),

@@ -89,6 +89,18 @@ def _either(full: Any, other: Any, other_tag: str, is_other) -> Any:
 
 # --- manifest.json (run/compare.py; run/environment.py; inputs/models.ModelInfo; inputs/task_selection) ---
 
+class KvLayout(FileModel):
+    """What one token costs in the KV cache (inputs/model_config.kv_layout)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    attention: Literal["mha", "gqa", "mla"]
+    per_layer_elements: int
+    sliding_window_layers: list[int]
+    sliding_window: Optional[int]
+
+
 class ModelEntry(FileModel):
     name: str
     path: str
@@ -96,6 +108,7 @@ class ModelEntry(FileModel):
     ready: bool
     max_position_embeddings: Optional[int]  # None: the model's config names no limit
     dtype: Optional[str] = None             # absent in manifests of older kveval builds (cpu-demo)
+    kv_layout: Optional[KvLayout] = None     # inputs/model_config.kv_layout; absent before issue 10
 
 
 class Options(FileModel):
@@ -629,6 +642,7 @@ class Evidence(FileModel):
     startup: list[dict[str, Any]]
     speed: list[dict[str, Any]]
     speed_settings: SpeedSettings
+    capacity_model: Optional[list[dict[str, Any]]] = None  # predicted vs measured pool per cell (issue 10)
     acceptance: Acceptance
     sample_outputs: Optional[SampleOutputs]
     tasks: TasksOrNone

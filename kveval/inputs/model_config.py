@@ -57,3 +57,34 @@ def model_dtype(model_path: str) -> str:
     dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
     dtype = dtype.replace("torch.", "")
     return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
+
+
+def kv_layout(model_path: str) -> dict | None:
+    """What one token costs in the KV cache, from the model's (text) config: layers, KV heads, head
+    dim, elements per layer (K and V; MLA's one latent), and which layers use a sliding window.
+    None when the config cannot be read or does not say."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+    except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_attention_heads", None)
+    if not layers or not heads:
+        return None
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or getattr(text, "hidden_size", 0) // heads
+    lora_rank = getattr(text, "kv_lora_rank", None)
+    if lora_rank:  # MLA: one compressed latent plus the rotary part per token and layer
+        per_layer, attention = lora_rank + (getattr(text, "qk_rope_head_dim", None) or 0), "mla"
+    else:
+        per_layer, attention = 2 * kv_heads * head_dim, "mha" if kv_heads == heads else "gqa"
+    types = list(getattr(text, "layer_types", None) or [])
+    sliding = [i for i, kind in enumerate(types) if "sliding" in str(kind)]
+    if not types and getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
+        sliding = list(range(layers))  # a window on every layer (e.g. Mistral-7B-v0.1)
+    return {"layers": int(layers), "kv_heads": int(kv_heads), "head_dim": int(head_dim), "attention": attention,
+            "per_layer_elements": int(per_layer), "sliding_window_layers": sliding,
+            "sliding_window": getattr(text, "sliding_window", None) if sliding else None}

@@ -31,6 +31,7 @@ def render_review(manifest: dict, evidence: dict, verdict: Verdict) -> str:
         _remedy_section(evidence),
         _run_section(manifest, evidence),
         _startup_section(evidence),
+        _capacity_model_section(evidence),
         _acceptance_section(evidence),
         _speed_section(evidence),
         _diff_section(evidence),
@@ -238,6 +239,44 @@ def _startup_section(evidence: dict) -> str:
         out.append(f"- **{row.cell}** started, then its process died: {escape_cell(row.crash, 300)} "
                    "(phases finished before the crash are kept)")
     return "\n".join(out)
+
+
+def _capacity_model_section(evidence: dict) -> str:
+    """Predicted next to measured pools, so a pool that departs from the model's own arithmetic is seen."""
+    rows = evidence.get("capacity_model")
+    if not rows:
+        return ""  # runs that did not record the model's KV layout
+    predicted = [r for r in rows if r.get("predicted_tokens")]
+    out = ["## KV capacity: predicted vs measured", ""]
+    if not predicted:
+        reasons = sorted({r["flag"] for r in rows if r.get("flag")})
+        return "\n".join(out + [f"_Not predicted: {'; '.join(reasons) or 'no budget known'}._"])
+    sources = sorted({r["budget_source"] for r in predicted if r.get("budget_source")})
+    out += ["Each pool predicted from the model's KV layout and the budget: bytes per token = layers × KV heads × "
+            "head dim × 2 (K and V) × bytes per element (1 for FP8; layers kept in the model dtype cost their full "
+            "bytes), pool = ⌊budget ÷ (block size × bytes per token)⌋ × block size, as vLLM allocates whole blocks. "
+            f"Budget: {', '.join(sources)}. A measured pool more than 3 % off the prediction is flagged.", ""]
+    view = pd.DataFrame({
+        "cell": [r["cell"] for r in rows],
+        "bytes per token": [fmt_int(r.get("bytes_per_token")) for r in rows],
+        "budget": [_mib(r.get("budget_bytes")) for r in rows],
+        "predicted tokens": [fmt_int(r.get("predicted_tokens")) for r in rows],
+        "measured tokens": [fmt_int(r.get("measured_tokens")) if r.get("started") else "did not start" for r in rows],
+        "Δ": [fmt_pct(100 * r["deviation"]) if r.get("deviation") is not None else "" for r in rows],
+        "longest max_model_len it holds": [fmt_int(r.get("predicted_max_model_len")) for r in rows],
+    })
+    out.append(table(view))
+    flagged = [r for r in rows if r.get("flag") and r.get("predicted_tokens")]
+    if flagged:
+        out += ["", *(f"- **{r['cell']}**: {fmt_pct(100 * r['deviation'])} — {r['flag']}." for r in flagged)]
+    out += ["", "On one budget the pool ratio is the ratio of bytes per token (plain FP8 2.00×, fewer with layers "
+                "kept), in whole blocks; concurrency at a length is pool ÷ max_model_len. A measured ratio far from "
+                "that means the cells did not get the same memory, not that FP8 stores more."]
+    return "\n".join(out)
+
+
+def _mib(value) -> str:
+    return "" if value is None else f"{value / 2 ** 20:,.1f} MiB"
 
 
 def _prompt_format_line(fmt: dict | None) -> str | None:

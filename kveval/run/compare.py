@@ -14,7 +14,8 @@ from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, write_json_a
 from kveval.gate import Thresholds
 from kveval.inputs.checkpoint_scales import read_kv_scales
 from kveval.inputs.kvspec import parse_kv
-from kveval.inputs.model_config import load_tokenizer, model_dtype, model_layer_count, model_length_limit, prompt_format
+from kveval.inputs.model_config import (kv_layout, load_tokenizer, model_dtype, model_layer_count, model_length_limit,
+                                        prompt_format)
 from kveval.inputs.models import ModelError, ModelInfo, resolve_model
 from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workloads
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
@@ -95,7 +96,8 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
         "command": options.command or f"kveval.compare(model={options.model!r}, kv={list(options.kv)!r}, "
                                       f"max_model_len={list(options.max_model_len)!r}, ...)",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": {**model.to_dict(), "max_position_embeddings": model_limit, "dtype": model_dtype(model.path)},
+        "model": {**model.to_dict(), "max_position_embeddings": model_limit, "dtype": model_dtype(model.path),
+                  "kv_layout": kv_layout(model.path)},
         "options": {
             "kv": list(options.kv), "max_model_len": list(options.max_model_len), "seed": options.seed,
             "kv_cache_memory_bytes": parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None,

