@@ -1,4 +1,5 @@
-"""Speed at concurrency 1, with the change against the baseline cell at the same max_model_len."""
+"""Speed at concurrency 1, with the change against the baseline cell at the same max_model_len, and
+whether that change exceeds the run-to-run spread (a Δ inside the spread is not called a speed-up)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -40,7 +41,28 @@ def speed_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.Da
                 return None
             return 100.0 * (row[column] - reference) / reference
         table[delta] = table.apply(change, axis=1)
+    for column, verdict in (("ttft_ms", "ttft_vs_noise"), ("decode_tok_s", "decode_vs_noise")):
+        table[verdict] = table.apply(lambda row, column=column: _against_noise(row, column, base, baseline_kv), axis=1)
     return table
+
+
+MIN_RUNS_FOR_NOISE = 2
+
+
+def _against_noise(row, column: str, base: pd.DataFrame, baseline_kv: str) -> str | None:
+    """"beyond" when the measured ranges of cell and baseline do not overlap, "within" when they do,
+    "too few runs" below MIN_RUNS_FOR_NOISE on either side; None where there is no baseline."""
+    key = (row.workload, row.max_model_len)
+    if row.kv_cache_dtype == baseline_kv or key not in base.index:
+        return None
+    reference = base.loc[key]
+    low, high = row[f"{column}_min"], row[f"{column}_max"]
+    ref_low, ref_high = reference[f"{column}_min"], reference[f"{column}_max"]
+    if any(v is None or pd.isna(v) for v in (low, high, ref_low, ref_high)):
+        return None
+    if min(row.runs, reference.runs) < MIN_RUNS_FOR_NOISE:
+        return "too few runs"
+    return "beyond" if high < ref_low or low > ref_high else "within"
 
 
 def _median(values):

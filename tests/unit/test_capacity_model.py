@@ -96,3 +96,25 @@ def test_review_has_no_capacity_section_for_runs_without_a_layout():
 
     cells = {"auto-1024": started_cell("auto", 1024, 1792, [])}
     assert "KV capacity: predicted" not in review_of(manifest_for(cells), [], cells)
+
+
+def test_speed_delta_inside_the_run_to_run_spread_is_not_called_a_speed_up():
+    import pandas as pd
+
+    from kveval.analysis.speed import speed_table
+    from tests.support.constructed import speed_phase
+
+    def cell(kv, ttft, decode_range):
+        phase = speed_phase(ttft, decode_range[0])
+        entry = phase["workloads"][0]
+        entry["decode_tok_s"] = {"median": sum(decode_range) / 2, "min": decode_range[0], "max": decode_range[1], "n": 2}
+        entry["ttft_s"]["n"] = 2
+        return {"cell": f"{kv}-1024", "kv_cache_dtype": kv, "max_model_len": 1024, "phases": {"speed": phase}}
+
+    # The CPU case of issue 10: fp8 "+27.4 % decode" with overlapping ranges of 2 runs each.
+    table = speed_table({"auto-1024": cell("auto", 0.1, (18.0, 26.0)), "fp8-1024": cell("fp8", 0.1, (22.0, 30.0))})
+    fp8 = table[table.cell == "fp8-1024"].iloc[0]
+    assert fp8.decode_delta_pct == pytest.approx(18.18, abs=0.01) and fp8.decode_vs_noise == "within"
+    table = speed_table({"auto-1024": cell("auto", 0.1, (18.0, 20.0)), "fp8-1024": cell("fp8", 0.1, (25.0, 30.0))})
+    assert table[table.cell == "fp8-1024"].iloc[0].decode_vs_noise == "beyond"
+    assert pd.isna(table[table.cell == "auto-1024"].iloc[0].decode_vs_noise)
