@@ -130,6 +130,7 @@ class Options(FileModel):
     depths: list[Number]
     samples_per_point: int
     limit: Optional[int]
+    kv_budget_note: Optional[str] = None     # why kveval chose the CPU KV budget (issue 10); absent before
 
 
 class PromptFormat(FileModel):

