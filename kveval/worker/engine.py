@@ -192,6 +192,22 @@ class Engine:
                             "output_tokens": len(completion.token_ids), "wall_seconds": share})
         return results
 
+    def generate_concurrent(self, token_ids: list[int], max_tokens: int, concurrency: int) -> dict[str, Any]:
+        """`concurrency` copies of one prompt submitted at once (vLLM schedules as many together as its
+        KV pool and max_num_seqs allow, and queues the rest), each decoding exactly `max_tokens`.
+        Returns the wall time and each request's timing; a refusal or error instead of results."""
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=self.settings.seed, ignore_eos=True)
+        prompts = [TokensPrompt(prompt_token_ids=list(token_ids)) for _ in range(concurrency)]
+        began = time.perf_counter()
+        try:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        except Exception as error:  # noqa: BLE001 - recorded, the sweep goes on
+            return {"accepted": False, "error": f"{type(error).__name__}: {error}"}
+        wall = time.perf_counter() - began
+        return {"accepted": True, "error": None, "wall_seconds": wall,
+                "requests": [{"output_tokens": len(o.outputs[0].token_ids), **_timing(o.metrics, wall)}
+                             for o in outputs]}
+
     def score(self, sequences: list[list[int]], top_k: int, *, together: bool = False) -> list[dict[str, Any]]:
         """Teacher-forced log-probabilities of every position of each sequence (prompt_logprobs).
 
@@ -251,12 +267,14 @@ def _timing(metrics: Any, wall: float) -> dict[str, Any]:
     ttft = getattr(metrics, "first_token_latency", None)
     if ttft is None and first and queued:
         ttft = first - queued
-    decode = None
+    decode = itl = None
     if first and last and generated and generated > 1 and last > first:
         decode = (generated - 1) / (last - first)
+        itl = (last - first) / (generated - 1)
     return {
         "ttft_s": ttft,
         "decode_tok_s": decode,
+        "itl_s": itl,
         "queue_s": (scheduled - queued) if scheduled and queued else None,
         "generation_tokens": generated,
         "preemptions": getattr(metrics, "num_preemptions", None),

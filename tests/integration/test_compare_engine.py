@@ -139,3 +139,27 @@ def test_the_tasks_phase_runs_by_default_between_scoring_and_speed(run):
     assert {s["task"] for s in samples} == {"kveval_passkey"}
     assert {s["length_fraction"] for s in samples} == {0.25, 0.5}  # the quick suite's sizes
     assert all(s["accepted"] and s["score"] in (0.0, 1.0) for s in samples)
+
+
+def test_throughput_sweep_ran_on_the_cells_own_engine(run):
+    phase = run.cell("auto", 1024)["phases"]["throughput"]
+    assert phase["levels"] == [1, 2, 4] and phase["prompt_tokens"] == 256  # quick suite: 25 % of 1024
+    assert [r["concurrency"] for r in phase["runs"]] == [1, 2, 4]
+    for level in phase["runs"]:
+        assert level["accepted"] and len(level["requests"]) == level["concurrency"]
+        assert all(r["output_tokens"] == 16 and r["ttft_s"] and r["ttft_s"] > 0 for r in level["requests"])
+    rows = [r for r in run.evidence["throughput"] if r["cell"] == "auto-1024"]
+    assert [r["concurrency"] for r in rows] == [1, 2, 4] and all(r["output_tok_s"] > 0 for r in rows)
+    assert "## Throughput under concurrency" in run.review_path.read_text()
+
+
+def test_predicted_pool_equals_the_measured_one(run):
+    assert run.manifest["model"]["kv_layout"]["per_layer_elements"] == 384
+    rows = {r["cell"]: r for r in run.evidence["capacity_model"]}
+    auto = rows["auto-1024"]
+    assert auto["bytes_per_token"] == 23_040 and auto["predicted_tokens"] == auto["measured_tokens"] == 1792
+    assert auto["deviation"] == 0 and auto["flag"] is None
+    assert rows["fp8-1024"]["predicted_tokens"] == 3584
+    if _fp8_supported(run):
+        assert rows["fp8-1024"]["deviation"] == 0
+    assert "## KV capacity: predicted vs measured" in run.review_path.read_text()

@@ -17,7 +17,7 @@ REPORTS = ROOT / "reports"
 GOLDEN = ROOT / "tests" / "golden"
 RUN_DIRS = sorted(p.parent for p in REPORTS.rglob("manifest.json") if "archive" not in p.parts)
 ARCHIVED = sorted(p.parent for p in (REPORTS / "archive").rglob("manifest.json"))
-ADDED_EVIDENCE = {"acceptance", "sample_outputs", "speed_settings", "capacity_model"}
+ADDED_EVIDENCE = {"acceptance", "sample_outputs", "speed_settings", "capacity_model", "throughput"}
 
 
 def _rendered_copy(source: Path, tmp_path: Path) -> Path:

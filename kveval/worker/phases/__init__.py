@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kveval.worker.phases import generation, scoring, speed, tasks
+from kveval.worker.phases import generation, scoring, speed, tasks, throughput
 
 PHASES: dict[str, Callable] = {
     "generation": generation.run,
     "scoring": scoring.run,
     "speed": speed.run,
     "tasks": tasks.run,
+    "throughput": throughput.run,
 }

@@ -1,0 +1,49 @@
+"""Throughput sweep: levels, the long prompt, and the aggregation into requests/s, tokens/s and latency."""
+from __future__ import annotations
+
+import pytest
+
+from kveval.analysis.throughput import throughput_table
+from kveval.worker.phases.throughput import levels_for
+
+
+def test_levels_add_the_cells_own_maximum_and_stay_below_max_num_seqs():
+    assert levels_for([1, 4, 16, 64], 22.75) == [1, 4, 16, 22, 64]
+    assert levels_for([1, 4, 16, 64], 0.4) == [1, 4, 16, 64]
+    assert levels_for([1, 512], 938.3) == [1, 256]
+
+
+def _run(level, wall, ttfts, itls, tokens=16):
+    return {"concurrency": level, "accepted": True, "error": None, "wall_seconds": wall,
+            "requests": [{"output_tokens": tokens, "ttft_s": t, "itl_s": i, "preemptions": 0} for t, i in zip(ttfts, itls)]}
+
+
+def _cell(kv, runs, max_concurrency):
+    return {"cell": f"{kv}-1024", "kv_cache_dtype": kv, "max_model_len": 1024,
+            "phases": {"throughput": {"prompt_tokens": 256, "max_tokens": 16, "levels": [1, 4],
+                                      "max_concurrency": max_concurrency, "runs": runs}}}
+
+
+def test_aggregation_and_ratio_against_the_baseline():
+    cells = {"auto-1024": _cell("auto", [_run(1, 2.0, [0.5], [0.1]), _run(4, 8.0, [0.5, 1, 2, 4], [0.1] * 4)], 1.75),
+             "fp8-1024": _cell("fp8", [_run(1, 2.0, [0.5], [0.1]), _run(4, 4.0, [0.5] * 4, [0.2] * 4)], 3.5)}
+    table = throughput_table(cells)
+    auto4 = table[(table.cell == "auto-1024") & (table.concurrency == 4)].iloc[0]
+    assert auto4.requests_per_s == 0.5 and auto4.output_tok_s == 8.0
+    assert auto4.ttft_ms_p50 == pytest.approx(1500.0) and auto4.ttft_ms_p99 == pytest.approx(3940.0)
+    fp8 = table[table.cell == "fp8-1024"].set_index("concurrency")
+    assert fp8.loc[1].output_tok_s_vs_baseline == 1.0 and fp8.loc[4].output_tok_s_vs_baseline == 2.0
+    assert fp8.loc[4].itl_ms_p50 == pytest.approx(200.0)
+
+
+def test_review_says_where_fp8_outruns_auto():
+    from tests.support.constructed import manifest_for
+    from tests.support.review import review_of
+
+    cells = {"auto-1024": _cell("auto", [_run(1, 2.0, [0.5], [0.1]), _run(4, 8.0, [0.5] * 4, [0.1] * 4)], 1.75),
+             "fp8-1024": _cell("fp8", [_run(1, 2.0, [0.5], [0.1]), _run(4, 4.0, [0.5] * 4, [0.2] * 4)], 3.5)}
+    for facts in cells.values():
+        facts.update(started=True, complete=True)
+    review = review_of(manifest_for(cells), [], cells)
+    assert "## Throughput under concurrency" in review
+    assert "- **fp8-1024**: ahead of `auto` at concurrency 4 (its pool holds 3.5 requests of max_model_len)." in review
