@@ -9,8 +9,9 @@ what=${1:?usage: gpu_verdict.sh qwen|smollm2 RUN_DIR [TIMEOUT_S]}
 run_dir=${2:?usage: gpu_verdict.sh qwen|smollm2 RUN_DIR [TIMEOUT_S]}
 limit=${3:-3000}
 source "$(dirname "$0")/gpu_env.sh"
-# Short generation and speed workloads (the quick suite), the full task grid: 6 tasks x 3 sizes x 3 depths.
-tasks="--suite quick --task-lengths 0.25 0.5 0.9 --task-depths 0.1 0.5 0.9 --task-samples"
+# Short generation and speed workloads (the quick suite), the full task grid: 6 tasks x 3 sizes x 3 depths,
+# and the throughput sweep at 1, 4, 16, 64 requests at once (plus each cell's maximum).
+tasks="--suite quick --concurrency 1 4 16 64 --task-lengths 0.25 0.5 0.9 --task-depths 0.1 0.5 0.9 --task-samples"
 case "$what" in
   qwen)
     gguf=/tmp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf

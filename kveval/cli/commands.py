@@ -96,6 +96,8 @@ def compare_arguments(given: dict) -> dict:
     if full and options["suite"] not in ("standard", "full"):
         raise UsageFailure(f"--full and --suite {options['suite']} contradict each other; give one")
     tasks = options.pop("tasks")
+    if options.get("concurrency"):
+        options["concurrency"] = parse_int_list(options["concurrency"], "--concurrency")
     options.update(
         kv=split_values(options["kv"]), max_model_len=parse_int_list(options["max_model_len"], "--max-model-len"),
         engine_args=parse_key_value(options["engine_args"], "--engine-arg"), phases=split_values(options["phases"]),
@@ -137,6 +139,9 @@ def compare_arguments(given: dict) -> dict:
 @task_shape_options("suite's, e.g. ")
 @click.option("--speed-runs", type=int, default=None, help="Measured speed runs per workload (default: suite's).")
 @click.option("--speed-warmup", type=int, default=None, help="Warm-up runs before them (default: suite's).")
+@click.option("--concurrency", cls=MultiValueOption, default=None, metavar="N...",
+              help="Throughput sweep: requests submitted at once per level (default: suite's, e.g. 1 4 16 64; "
+                   "each cell also runs its own maximum concurrency).")
 @click.option("--cell-timeout", type=float, default=defaults.CELL_TIMEOUT_S, show_default=True,
               help="Seconds before a cell is stopped.")
 @click.option("--phases", cls=MultiValueOption, default=defaults.PHASES,

@@ -34,7 +34,11 @@ from kveval.run.remedy import plan_remedy
 
 def _cpu_concurrency(options: CompareOptions, suite: Suite) -> int:
     """Requests a cell serves at once: the throughput sweep's largest level, else one at a time."""
-    return max(suite.throughput_levels) if "throughput" in options.phases else 1
+    return max(_levels(options, suite)) if "throughput" in options.phases else 1
+
+
+def _levels(options: CompareOptions, suite: Suite) -> list[int]:
+    return sorted({int(c) for c in (options.concurrency or suite.throughput_levels)})
 
 
 @dataclass
@@ -90,7 +94,7 @@ def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSp
         "workloads": speed_workloads(prompts, suite.speed_workloads),
         "max_tokens": options.speed_max_tokens or suite.speed_max_tokens,
     }, "tasks": {"tasks": task_names, "limit": options.task_limit},
-        "throughput": {"levels": list(suite.throughput_levels), "prompt_share": suite.throughput_prompt_share,
+        "throughput": {"levels": _levels(options, suite), "prompt_share": suite.throughput_prompt_share,
                        "max_tokens": suite.throughput_max_tokens}}
 
 

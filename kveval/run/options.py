@@ -40,6 +40,7 @@ class CompareOptions:
     task_depths: Sequence[float] | None = None   # needle depths (suite's)
     task_samples: int | None = None             # samples per (task, size, depth) point (suite's)
     diagnose: bool = defaults.DIAGNOSE          # per-layer K/V range pass through transformers (FP8 runs)
+    concurrency: Sequence[int] | None = None    # throughput sweep levels (suite's when None)
     remedy: str = defaults.REMEDY               # auto: on an FP8 FAIL; always: after every FP8 cell; off
 
 
@@ -90,5 +91,7 @@ def validate_options(options: CompareOptions) -> None:
         value = getattr(options, name)
         if value is not None and value < 1:
             raise KvevalError(f"--{name.replace('_', '-')} must be at least 1")
+    if options.concurrency is not None and (not options.concurrency or any(int(c) < 1 for c in options.concurrency)):
+        raise KvevalError("--concurrency needs whole numbers of at least 1 (e.g. --concurrency 1 4 16 64)")
     if options.speed_warmup is not None and options.speed_warmup < 0:
         raise KvevalError("--speed-warmup must be 0 or more")
