@@ -29,6 +29,7 @@ def render_review(manifest: dict, evidence: dict, verdict: Verdict) -> str:
         _title(manifest),
         _verdict_section(verdict, evidence, manifest),
         _remedy_section(evidence),
+        _recommendation_section(evidence, verdict, manifest),
         _run_section(manifest, evidence),
         _startup_section(evidence),
         _capacity_model_section(evidence),
@@ -144,6 +145,37 @@ def _verdict_section(verdict: Verdict, evidence: dict, manifest: dict) -> str:
         out += ["", "Per tested cell:", "", status_table]
     out += ["", _profile_line(verdict), "", _thresholds_line(verdict.thresholds), "", _noise_floor_line(verdict.noise_floor)]
     return "\n".join(line for line in out if line is not None)
+
+
+def _recommendation_section(evidence: dict, verdict: Verdict, manifest: dict) -> str:
+    """The planning answer: per KV configuration, the longest context this budget starts, the
+    concurrency it holds at the lengths run, and the quality verdict beside it. Needs the capacity
+    model (runs from issue 10 on); older runs show no such table."""
+    capacity = evidence.get("capacity_model")
+    if not capacity:
+        return ""
+    limit = (manifest.get("model") or {}).get("max_position_embeddings")
+    startup = {row["cell"]: row for row in evidence.get("startup") or []}
+    rows = []
+    for kv in dict.fromkeys(r["kv_cache_dtype"] for r in capacity):
+        mine = sorted((r for r in capacity if r["kv_cache_dtype"] == kv), key=lambda r: r["max_model_len"])
+        predicted = max((r["predicted_max_model_len"] or 0 for r in mine), default=0)
+        started = [r["max_model_len"] for r in mine if r["started"]]
+        if predicted:
+            longest = fmt_int(min(predicted, limit) if limit else predicted) + (
+                f" (the model's limit; the pool holds {fmt_int(predicted)})" if limit and predicted > limit else "")
+        else:
+            longest = f"≥ {fmt_int(max(started))} (largest that started; not predicted)" if started else "none of the lengths run"
+        held = ", ".join(f"{fmt_int(r['max_model_len'])}: {fmt_float(startup.get(r['cell'], {}).get('max_concurrency'), 1)}×"
+                         for r in mine if r["started"] and startup.get(r["cell"], {}).get("max_concurrency")) or "—"
+        judged = ", ".join(f"{verdict.cells[r['cell']]} at {fmt_int(r['max_model_len'])}" for r in mine
+                           if r["cell"] in verdict.cells)
+        rows.append({"KV configuration": kv, "longest max_model_len on this budget": longest,
+                     "requests of max_model_len it holds": held,
+                     "quality verdict": "baseline" if kv == BASELINE_KV else (judged or "not judged")})
+    return "\n".join(["## Recommendation", "",
+                      "What each configuration buys on this run's KV budget, with the quality verdict beside it.", "",
+                      table(pd.DataFrame(rows))])
 
 
 def _run_section(manifest: dict, evidence: dict) -> str:

@@ -118,3 +118,19 @@ def test_speed_delta_inside_the_run_to_run_spread_is_not_called_a_speed_up():
     table = speed_table({"auto-1024": cell("auto", 0.1, (18.0, 20.0)), "fp8-1024": cell("fp8", 0.1, (25.0, 30.0))})
     assert table[table.cell == "fp8-1024"].iloc[0].decode_vs_noise == "beyond"
     assert pd.isna(table[table.cell == "auto-1024"].iloc[0].decode_vs_noise)
+
+
+def test_recommendation_puts_capacity_and_verdict_side_by_side():
+    from tests.support.constructed import manifest_for, started_cell
+    from tests.support.review import review_of
+
+    cells = {"auto-1024": started_cell("auto", 1024, 1792, []), "fp8-1024": started_cell("fp8", 1024, 3584, [])}
+    cells["auto-1024"]["capacity"].update(num_blocks=14, block_size=128)
+    cells["fp8-1024"]["capacity"].update(num_blocks=28, block_size=128)
+    manifest = manifest_for(cells)
+    manifest["model"].update(kv_layout=SMOLLM2, max_position_embeddings=8192)
+    manifest["options"]["kv_cache_memory_bytes"] = 40 * MiB
+    review = re.sub(r" {2,}", " ", review_of(manifest, [], cells))
+    section = review[review.index("## Recommendation"):]
+    assert "| auto | 1,792 | 1,024: 1.8× | baseline |" in section
+    assert "| fp8 | 3,584 | 1,024: 3.5× |" in section
