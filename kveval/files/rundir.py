@@ -94,6 +94,8 @@ class RunDir:
     TABLES_DIR = "tables"
     TASK_HEATMAP = "tasks_heatmap.png"   # review.md links figures by these relative names
     KV_RANGE_PLOT = "kv_range.png"
+    CAPACITY_PLOT = "kv_capacity.png"
+    THROUGHPUT_PLOT = "throughput.png"
     TASK_DATA_DIR = "taskdata"
 
     def __init__(self, path: str | Path):

@@ -15,6 +15,7 @@ from kveval.analysis.json_values import json_safe
 from kveval.analysis.task_accuracy import ACCURACY_COLUMNS, COMPARISON_COLUMNS, GRID_COLUMNS, SAMPLE_COLUMNS
 from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic, write_text_atomic
+from kveval.render.capacity_plots import capacity_plot, throughput_plot
 from kveval.render.kv_range_plot import kv_range_plot
 from kveval.render.plots import task_heatmap
 
@@ -122,6 +123,11 @@ def write_results(run_dir: RunDir | str | Path, evidence: dict, verdict, manifes
     diagnoses = [d for d in (evidence.get("diagnosis") or {}).values() if not d.get("error")]
     if not (diagnoses and kv_range_plot(diagnoses[0], plot)):
         plot.unlink(missing_ok=True)
+    for name, draw, rows in ((RunDir.CAPACITY_PLOT, capacity_plot, evidence.get("capacity_model")),
+                             (RunDir.THROUGHPUT_PLOT, throughput_plot, evidence.get("throughput"))):
+        figure = run_dir.path / name
+        if not (rows and draw(rows, figure)):
+            figure.unlink(missing_ok=True)
     path = run_dir.results_path
     document = results_document(evidence, verdict, manifest)
     try:

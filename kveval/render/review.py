@@ -305,7 +305,8 @@ def _capacity_model_section(evidence: dict) -> str:
         out += ["", *(f"- **{r['cell']}**: {fmt_pct(100 * r['deviation'])} — {r['flag']}." for r in flagged)]
     out += ["", "On one budget the pool ratio is the ratio of bytes per token (plain FP8 2.00×, fewer with layers "
                 "kept), in whole blocks; concurrency at a length is pool ÷ max_model_len. A measured ratio far from "
-                "that means the cells did not get the same memory, not that FP8 stores more."]
+                "that means the cells did not get the same memory, not that FP8 stores more.",
+            "", f"![KV pool per max_model_len, measured and predicted]({RunDir.CAPACITY_PLOT})"]
     return "\n".join(out)
 
 
@@ -433,6 +434,8 @@ def _throughput_section(evidence: dict) -> str:
            "per level, so small differences are not significant. × auto: output tokens/s against the `auto` cell at "
            "the same length and level.", "", table(view)]
     out += _throughput_findings(rows)
+    if rows.output_tok_s.notna().any():
+        out += ["", f"![output tokens/s and TTFT against concurrency]({RunDir.THROUGHPUT_PLOT})"]
     return "\n".join(out)
 
 

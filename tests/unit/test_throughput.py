@@ -47,3 +47,17 @@ def test_review_says_where_fp8_outruns_auto():
     review = review_of(manifest_for(cells), [], cells)
     assert "## Throughput under concurrency" in review
     assert "- **fp8-1024**: ahead of `auto` at concurrency 4 (its pool holds 3.5 requests of max_model_len)." in review
+
+
+def test_capacity_and_throughput_figures_are_written_from_evidence_rows(tmp_path):
+    from kveval.render.capacity_plots import capacity_plot, throughput_plot
+
+    rows = [{"cell": "auto-1024", "kv_cache_dtype": "auto", "max_model_len": 1024, "predicted_tokens": 1792,
+             "measured_tokens": 1792, "started": True},
+            {"cell": "auto-2048", "kv_cache_dtype": "auto", "max_model_len": 2048, "predicted_tokens": 1792,
+             "measured_tokens": None, "started": False}]
+    assert capacity_plot(rows, tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
+    assert capacity_plot([{**rows[0], "predicted_tokens": None}], tmp_path / "none.png") is None
+    sweep = [{"cell": "auto-1024", "concurrency": c, "output_tok_s": 10.0 * c, "ttft_ms_p50": 50.0 * c} for c in (1, 4)]
+    assert throughput_plot(sweep, tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
+    assert throughput_plot([], tmp_path / "t2.png") is None and not (tmp_path / "t2.png").exists()
