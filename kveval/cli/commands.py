@@ -96,8 +96,8 @@ def compare_arguments(given: dict) -> dict:
     if full and options["suite"] not in ("standard", "full"):
         raise UsageFailure(f"--full and --suite {options['suite']} contradict each other; give one")
     tasks = options.pop("tasks")
-    if options.get("concurrency"):
-        options["concurrency"] = parse_int_list(options["concurrency"], "--concurrency")
+    # Not given: the suite's levels (click hands an empty tuple for a multi-value option left out).
+    options["concurrency"] = parse_int_list(options["concurrency"], "--concurrency") if options.get("concurrency") else None
     options.update(
         kv=split_values(options["kv"]), max_model_len=parse_int_list(options["max_model_len"], "--max-model-len"),
         engine_args=parse_key_value(options["engine_args"], "--engine-arg"), phases=split_values(options["phases"]),

@@ -335,6 +335,14 @@ def test_compare_exits_with_the_verdict_and_passes_thresholds(run_dir, monkeypat
     monkeypatch.setattr(api, "compare", fake_compare)
     result = CliRunner().invoke(cli, ["compare", "--out", str(path)])
     assert result.exit_code == EXIT_FAIL and str(path / "review.md") in result.stdout
+    # What the CLI hands the API with every option left at its default must pass the API's own checks.
+    from kveval.run.options import CompareOptions, validate_options
+
+    arguments = {k: v for k, v in seen.items() if k not in ("model", "kv", "max_model_len")}
+    validate_options(CompareOptions(model=seen["model"], kv=seen["kv"], max_model_len=seen["max_model_len"], **arguments))
+    assert seen["concurrency"] is None
+    CliRunner().invoke(cli, ["compare", "--out", str(path), "--concurrency", "1", "8"])
+    assert seen["concurrency"] == (1, 8) or list(seen["concurrency"]) == [1, 8]
     config = tmp_path / "gate.yaml"
     config.write_text(LOOSE)
     result = CliRunner().invoke(cli, ["compare", "--out", str(path), "--gate-config", str(config),
