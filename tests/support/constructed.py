@@ -105,6 +105,8 @@ def planned_manifest(planned: list[dict], **changes) -> dict:
     lengths = sorted({c["max_model_len"] for c in planned})
     manifest.update(command="kveval compare --kv fp8 auto", cells=planned)
     manifest["model"].update(name="m", path="/m")
+    manifest["model"].pop("kv_layout", None)  # no capacity prediction unless a test asks for one
+    manifest["options"].pop("kv_budget_note", None)
     manifest["options"].update(kv=kvs, max_model_len=lengths, suite="quick", tasks=[],
                                phases=["generation", "scoring", "speed"],
                                phase_options={"scoring": {"top_k": TOP_K}})

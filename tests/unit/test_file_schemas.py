@@ -9,20 +9,24 @@ from pathlib import Path
 import pytest
 
 from kveval.files import schema as files
+from tests.support.golden import old_cpu_demo
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 OLD_REPORTS = REPORTS / "archive"
 QWEN = REPORTS / "h200-qwen2.5-coder-1.5b"
+OLD_CPU = old_cpu_demo()   # complete run directory with real cell files (tests/golden)
 CPU = REPORTS / "cpu-demo"
-STARTED_CELL = CPU / "cells/auto-1024.json"
+STARTED_CELL = OLD_CPU / "cells/auto-1024.json"
 KIND_OF = {"manifest.json": "manifest", "results.json": "results", "results.json.gz": "results",
            "kv_ranges.json": "kv_ranges"}
 
 
 def _real_files() -> list[tuple[str, Path]]:
     found = []
-    for run in sorted(p.parent for p in REPORTS.rglob("manifest.json") if "archive" not in p.parts):
+    for run in [*sorted(p.parent for p in REPORTS.rglob("manifest.json") if "archive" not in p.parts), OLD_CPU]:
         for name, kind in KIND_OF.items():
+            if run == OLD_CPU and kind == "results":
+                continue  # results schema 1: refused by version (test_old_results_version_is_named)
             if (run / name).is_file():
                 found.append((kind, run / name))
         found += [("cell", path) for path in sorted((run / "cells").glob("*.json"))
@@ -79,7 +83,7 @@ def test_every_kind_has_real_examples():
     assert len([p for k, p in REAL if k == "cell"]) == 4
 
 
-@pytest.mark.parametrize("kind,path", REAL, ids=[str(p.relative_to(REPORTS)) for _, p in REAL])
+@pytest.mark.parametrize("kind,path", REAL, ids=[str(p.relative_to(REPORTS)) if REPORTS in p.parents else f"old/{p.relative_to(OLD_CPU)}" for _, p in REAL])
 def test_real_file_validates_and_round_trips_exactly(kind, path):
     model = files.load(kind, path)
     assert isinstance(model, files.KINDS[kind])
@@ -111,7 +115,7 @@ def test_typed_fields_are_typed():
 
 def test_cells_that_did_not_start_from_the_child():
     # Written by the child when the engine failed to start (then `process` added by the parent).
-    cell = files.load("cell", CPU / "cells/fp8-1024.json")
+    cell = files.load("cell", OLD_CPU / "cells/fp8-1024.json")
     assert not cell.started and cell.failure.reason == "unsupported_dtype"
     assert cell.engine_settings is not None and cell.startup_seconds is not None
     assert cell.info.vllm_version == "0.32.0" and cell.process.timed_out is None
@@ -176,7 +180,7 @@ def test_missing_required_key(tmp_path):
 
 
 def test_missing_started(tmp_path):
-    path = _damaged(tmp_path, CPU / "cells/fp8-2048.json", lambda d: d.pop("started"))
+    path = _damaged(tmp_path, OLD_CPU / "cells/fp8-2048.json", lambda d: d.pop("started"))
     assert "field started: missing" in _error("cell", path)
 
 
@@ -299,5 +303,5 @@ def test_cli_schema_command_prints_each_kind():
 def test_results_json_schema_validates_real_results_with_jsonschema():
     jsonschema = pytest.importorskip("jsonschema")
     schema = files.json_schema("results")
-    for path in [CPU / "results.json", QWEN / "results.json.gz"]:
+    for path in [CPU / "results.json.gz", QWEN / "results.json.gz"]:
         jsonschema.validate(json.loads(_text(path), parse_constant=lambda _: None), schema)

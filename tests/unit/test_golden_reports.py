@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from kveval.cli.commands import cli
 from kveval.files.rundir import RunDir, read_json
+from tests.support.golden import old_cpu_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
@@ -32,7 +33,7 @@ def _rendered_copy(source: Path, tmp_path: Path) -> Path:
 def test_every_published_report_is_covered():
     names = {str(p.relative_to(REPORTS)) for p in RUN_DIRS}
     assert {"cpu-demo", "h200-smollm2", "h200-planted-layers", "h200-qwen2.5-coder-1.5b",
-            "h200-qwen2.5-coder-1.5b/keep-layers"} <= names
+            "h200-qwen2.5-coder-1.5b/keep-layers", "h200-sweep-smollm2-1gib"} <= names
 
 
 @pytest.mark.parametrize("source", RUN_DIRS, ids=[str(p.relative_to(REPORTS)) for p in RUN_DIRS])
@@ -46,10 +47,20 @@ def test_report_re_renders_the_same_review_tables_and_results(source, tmp_path):
     assert read_json(written) == read_json(stored)
 
 
+def test_the_old_cpu_demo_re_renders_the_same_review_from_its_cells(tmp_path):
+    # The complete run directory (cells included) that the code before issue 9 wrote and rendered.
+    source = old_cpu_demo()
+    copy = _rendered_copy(source, tmp_path)
+    assert (copy / "review.md").read_text(encoding="utf-8") == (source / "review.md").read_text(encoding="utf-8")
+    for table in sorted((source / "tables").glob("*.csv")):
+        if table.name != "speed.csv":  # gains the noise columns (INTENDED_DIFFERENCES.md)
+            assert (copy / "tables" / table.name).read_text(encoding="utf-8") == table.read_text(encoding="utf-8")
+
+
 def test_results_differ_from_before_only_as_listed(tmp_path):
-    copy = _rendered_copy(REPORTS / "cpu-demo", tmp_path)
+    copy = _rendered_copy(old_cpu_demo(), tmp_path)
     now = read_json(copy / "results.json")
-    before = json.loads((GOLDEN / "cpu-demo.results.before-issue-9.json").read_text(encoding="utf-8"))
+    before = json.loads((old_cpu_demo() / "results.json").read_text(encoding="utf-8"))
     assert (before["schema_version"], now["schema_version"]) == (1, 2)
     assert set(now["evidence"]) - set(before["evidence"]) == ADDED_EVIDENCE
     assert set(before["evidence"]) <= set(now["evidence"])
