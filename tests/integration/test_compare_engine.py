@@ -132,9 +132,9 @@ def test_manifest_records_command_versions_and_options(run):
     assert "the model's chat template applied" in run.review_path.read_text()
 
 
-def test_the_tasks_phase_runs_by_default_between_scoring_and_speed(run):
+def test_the_tasks_phase_runs_by_default_between_scoring_and_speed_and_throughput_last(run):
     facts = run.cell("auto", 1024)
-    assert list(facts["phases"]) == ["generation", "scoring", "tasks", "speed"]
+    assert list(facts["phases"]) == ["generation", "scoring", "tasks", "speed", "throughput"]
     samples = facts["phases"]["tasks"]["samples"]
     assert {s["task"] for s in samples} == {"kveval_passkey"}
     assert {s["length_fraction"] for s in samples} == {0.25, 0.5}  # the quick suite's sizes
