@@ -30,6 +30,7 @@ def run(tmp_path_factory, default_model_dir):
         kv=["fp8", "auto"], max_model_len=[1024, 2048], out=out, kv_cache_memory="40MiB", enforce_eager=True,
         suite="quick", counts=COUNTS, speed_runs=1, speed_warmup=0, speed_max_tokens=8,
         tasks=("passkey",), progress=Quiet(),  # the tasks phase in the default order; test_tasks_engine covers it
+        diagnose=False,  # the K/V range pass is covered by test_kv_ranges_model and test_remedy_engine (CI time)
     )
 
 
