@@ -12,16 +12,16 @@ from typing import Any, Sequence
 
 from kveval import defaults
 from kveval.errors import KvevalError, RunInterrupted
-from kveval.files.rundir import RunDir, StoreError, cell_id
+from kveval.files.rundir import RunDir, StoreError, cell_id, ensure_writable_dir
 from kveval.gate import GateConfigError, Thresholds, Verdict, load_thresholds
 from kveval.inputs.model_config import load_tokenizer
 from kveval.inputs.models import ModelError, resolve_model
 from kveval.inputs.suites import get_suite
 from kveval.inputs.task_data import TASKS as TASKS_BY_NAME, write_task_data
 from kveval.inputs.task_selection import task_shape
-from kveval.run.options import CompareOptions, validate_options
+from kveval.run.options import CompareOptions, normalized, validate_options
 
-__all__ = ["CompareOptions", "KvevalError", "RunInterrupted", "RunResult", "compare", "gate", "generate_task_data",
+__all__ = ["CompareOptions", "KvevalError", "RunInterrupted", "RunResult", "compare", "compare_options", "gate", "generate_task_data",
            "load_run", "report", "resolve_thresholds"]
 
 
@@ -52,15 +52,25 @@ def resolve_thresholds(thresholds: Thresholds | None = None, gate_config: str | 
         raise KvevalError(str(error)) from None
 
 
+def compare_options(model: str | None = None, kv: Sequence[str] = defaults.KV,
+                    max_model_len: Sequence[int] | None = None, **kwargs) -> CompareOptions:
+    """The checked settings `compare` runs with (a KvevalError for a bad one). `max_model_len` left
+    out: the default lengths, without those over the model's limit."""
+    lengths = defaults.MAX_MODEL_LEN if max_model_len is None else max_model_len
+    options = normalized(CompareOptions(model=model, kv=tuple(kv), max_model_len=tuple(int(x) for x in lengths),
+                                        lengths_given=max_model_len is not None, **kwargs))
+    validate_options(options)
+    return options
+
+
 def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
-            max_model_len: Sequence[int] = defaults.MAX_MODEL_LEN, *, progress: Any = None, **kwargs) -> RunResult:
+            max_model_len: Sequence[int] | None = None, *, progress: Any = None, **kwargs) -> RunResult:
     """Run the (KV configuration x max_model_len) matrix, store every fact, write review.md.
-    Keyword arguments: the fields of kveval.run.options.CompareOptions."""
+    Keyword arguments: the fields of kveval.run.options.CompareOptions (see compare_options)."""
     from kveval.run.compare import run_matrix, set_up_run
     from kveval.run.progress import ConsoleProgress
 
-    options = CompareOptions(model=model, kv=tuple(kv), max_model_len=tuple(int(x) for x in max_model_len), **kwargs)
-    validate_options(options)
+    options = compare_options(model, kv, max_model_len, **kwargs)
     # Before any engine starts: a bad thresholds file must not cost a run.
     thresholds = resolve_thresholds(None, options.gate_config, options.gate_overrides)
     show = progress if progress is not None else ConsoleProgress()
@@ -127,15 +137,19 @@ def generate_task_data(out: str | Path, max_model_len: int, *, model: str | None
     if int(max_model_len) < 64:
         raise KvevalError(f"--max-model-len {max_model_len} is too small (at least 64)")
     try:
+        ensure_writable_dir(Path(out), "--out")
+    except StoreError as error:
+        raise KvevalError(str(error)) from None
+    try:
         model_info = resolve_model(model, progress=progress)
     except ModelError as error:
         raise KvevalError(str(error)) from None
     tokenizer = load_tokenizer(model_info.path)
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise KvevalError(f"--out {out} exists and is not a directory")
     try:
         return write_task_data(tokenizer, out, int(max_model_len), shape.names, fractions=shape.fractions,
                                depths=shape.depths, samples_per_point=shape.samples, seed=seed)
     except ValueError as error:
         raise KvevalError(f"cannot generate task data for max_model_len {max_model_len}: {error}") from None
+    except OSError as error:
+        raise KvevalError(f"--out {out}: cannot write the task data ({error.strerror or error})") from None

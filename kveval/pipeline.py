@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kveval.analysis.capacity_model import with_pool_ratios
+from kveval.analysis.cell_records import BASELINE_KV
 from kveval.evidence import build_evidence
 from kveval.files.rundir import RunDir, write_text_atomic
 from kveval.gate import Thresholds, Verdict, evaluate
@@ -32,7 +34,12 @@ def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, dict], thresh
 
 
 def rejudge_stored_evidence(run: RunDir, manifest: dict, evidence: dict, thresholds: Thresholds) -> Review:
-    """A run directory without cells (a published report): the verdict on its stored evidence."""
+    """A run directory without cells (a published report): the verdict on its stored evidence.
+    Capacity rows stored before the pool ratios existed get them (derived from the rows alone)."""
+    rows = evidence.get("capacity_model")
+    if rows and any("measured_ratio" not in row for row in rows):
+        evidence = {**evidence, "capacity_model": with_pool_ratios([dict(row) for row in rows],
+                                                                  evidence.get("baseline_kv") or BASELINE_KV)}
     return write_review(run, manifest, evidence, evaluate(evidence, thresholds))
 
 

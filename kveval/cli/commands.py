@@ -99,7 +99,9 @@ def compare_arguments(given: dict) -> dict:
     # Not given: the suite's levels (click hands an empty tuple for a multi-value option left out).
     options["concurrency"] = parse_int_list(options["concurrency"], "--concurrency") if options.get("concurrency") else None
     options.update(
-        kv=split_values(options["kv"]), max_model_len=parse_int_list(options["max_model_len"], "--max-model-len"),
+        kv=split_values(options["kv"]),
+        # Left out: None, so the API runs the default lengths that the model can hold.
+        max_model_len=parse_int_list(options["max_model_len"], "--max-model-len") if options["max_model_len"] else None,
         engine_args=parse_key_value(options["engine_args"], "--engine-arg"), phases=split_values(options["phases"]),
         suite="full" if full else options["suite"], tasks=split_values(tasks) if tasks else None,
         gate_overrides=parse_thresholds(options.pop("thresholds")), command=shlex.join(["kveval", *sys.argv[1:]]),
@@ -115,8 +117,9 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--kv", cls=MultiValueOption, default=defaults.KV, show_default=_spaced(defaults.KV),
               help="KV-cache configurations to compare, e.g. --kv fp8 auto (also --kv fp8 --kv auto, --kv fp8,auto); "
                    "fp8:keep=0,1 keeps layers 0 and 1 in the model dtype.")
-@click.option("--max-model-len", "max_model_len", cls=MultiValueOption, default=tuple(str(n) for n in defaults.MAX_MODEL_LEN),
-              show_default=_spaced(defaults.MAX_MODEL_LEN), help="max_model_len values, e.g. --max-model-len 2048 8192 32768.")
+@click.option("--max-model-len", "max_model_len", cls=MultiValueOption, default=(),
+              show_default=_spaced(defaults.MAX_MODEL_LEN) + ", without those over the model's limit",
+              help="max_model_len values, e.g. --max-model-len 2048 8192 32768.")
 @click.option("--out", default=None, metavar="DIR", help="Run directory. Default: runs/<model>-<time>.")
 @click.option("--kv-cache-memory", default=None, metavar="SIZE",
               help="KV-cache budget per engine (vLLM kv_cache_memory_bytes), e.g. 150MiB, to emulate a smaller GPU.")
@@ -151,6 +154,12 @@ def compare_arguments(given: dict) -> dict:
                    "the model dtype; always: try that after every started FP8 cell; off: never.")
 @click.option("--diagnose/--no-diagnose", default=defaults.DIAGNOSE, show_default=True,
               help="Measure each layer's K/V range with transformers (once per run) against the FP8 range.")
+@click.option("--retry-failed", is_flag=True,
+              help="Resuming into the same --out: also redo cells that did not start for a reason of their "
+                   "configuration (by default only unfinished, crashed and transiently failed cells are redone).")
+@click.option("--fresh", is_flag=True,
+              help="--out holds a run with other settings (or a damaged one): move it aside to OUT.replaced-<time> "
+                   "and start anew.")
 @gate_options
 def compare(**given) -> None:
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell.

@@ -56,9 +56,13 @@ def split_values(values: Iterable[str]) -> tuple[str, ...]:
 
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-\d")
+
+
 def _looks_like_option(token: str) -> bool:
-    """Stop token for greedy value taking: ``--out``, ``-x``, ``--``."""
-    return token.startswith("-") and len(token) > 1
+    """Stop token for greedy value taking: ``--out``, ``-x``, ``--``; not a negative number such as
+    ``-5`` or ``-0.5``, which is a (bad) value that the option's own check then names."""
+    return token.startswith("-") and len(token) > 1 and not _NEGATIVE_NUMBER.match(token)
 
 
 class MultiValueOption(click.Option):
@@ -157,6 +161,8 @@ _SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
 
 def _parse_one_int(text: str, name: str) -> int:
     cleaned = text.strip().replace("_", "")
+    if _NEGATIVE_NUMBER.match(cleaned):
+        raise click.BadParameter(f"{text!r} is negative: give a whole number of at least 1.", param_hint=[name])
     m = _INT_WITH_SUFFIX.match(cleaned)
     if not m:
         raise click.BadParameter(

@@ -35,6 +35,26 @@ class StoreError(Exception):
     """A run directory is missing, unreadable, or not a kveval run."""
 
 
+def ensure_writable_dir(path: Path, label: str) -> None:
+    """Prove that `path` is (or can become) a directory kveval can write in, before any work depends
+    on it; creates nothing that is not there, so a refused run leaves no trace."""
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"{label} {path} exists and is not a directory")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StoreError(f"{label} {path}: {existing} is a file, not a directory")
+    try:
+        if existing == path:
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".kveval-write-check-"):
+                pass
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied or read-only file system")
+    except OSError as error:
+        raise StoreError(f"{label} {path}: cannot write there ({error.strerror or error})") from None
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """The one atomic write: a temp file beside the target, then a rename, so readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +116,7 @@ class RunDir:
     KV_RANGE_PLOT = "kv_range.png"
     CAPACITY_PLOT = "kv_capacity.png"
     THROUGHPUT_PLOT = "throughput.png"
+    KL_POSITION_PLOT = "kl_by_position.png"
     TASK_DATA_DIR = "taskdata"
 
     def __init__(self, path: str | Path):

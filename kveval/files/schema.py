@@ -229,7 +229,7 @@ class Manifest(FileModel):
 class Failure(FileModel):
     """failures.StartupFailure.to_dict(): why the engine did not start."""
 
-    reason: Literal["kv_capacity", "model_limit", "unsupported_dtype", "oom", "other"]
+    reason: Literal["kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted", "other"]
     message: str
     estimated_max_model_len: Optional[int]
     backend: Optional[str]
@@ -244,6 +244,8 @@ class Capacity(FileModel):
     num_blocks: Optional[int]
     block_size: Optional[int]
     cache_dtype: str
+    max_num_batched_tokens: Optional[int] = None     # recorded from issue 10 on
+    hybrid_kv_cache_manager: Optional[bool] = None   # ditto; None: this vLLM has no such setting
 
 
 class LoggedCapacity(FileModel):
@@ -271,14 +273,19 @@ class EngineSettings(FileModel):
 
 
 class Process(FileModel):
-    exit_code: int
+    exit_code: Optional[int]
     seconds: Number
     timed_out: Optional[bool] = None     # only in records the parent wrote for a dead child
+    interrupted: Optional[bool] = None   # ditto, from issue 11 on
+    cause: Optional[str] = None          # ditto: run/death.py's cause (timeout, oom_killed, ...)
 
 
 class Crash(FileModel):
     message: str
     last_log_line: str
+    cause: Optional[str] = None          # run/death.py, from issue 11 on
+    advice: Optional[str] = None
+    log_tail: Optional[str] = None
 
 
 class Phase(FileModel):

@@ -55,6 +55,7 @@ def parse_kv(text: str) -> KVSpec:
     """'fp8:keep=0,1' -> KVSpec('fp8', ('0', '1')); a clear error for anything else."""
     raw = str(text).strip()
     dtype, sep, rest = raw.partition(":")
+    dtype = dtype.lower()  # vLLM's names are lower case: FP8 and fp8 are one configuration
     if not _DTYPE.match(dtype):
         raise KVSpecError(f"--kv {raw!r}: {dtype!r} is not a KV-cache dtype name (e.g. auto, fp8, fp8_e4m3, fp8_e5m2)")
     if not sep:

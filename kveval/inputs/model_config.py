@@ -41,6 +41,27 @@ def model_length_limit(model_path: str) -> int | None:
     return text_config_number(model_path, "max_position_embeddings")
 
 
+def served_length_limit(model_path: str) -> tuple[int, str] | None:
+    """The longest max_model_len vLLM surely refuses to exceed for this model, and how it was derived:
+    max_position_embeddings, times a RoPE scaling factor where the config has one (an upper bound of
+    vLLM's own derivation, so kveval never refuses what vLLM would start). None when the config does not say."""
+    limit = model_length_limit(model_path)
+    if limit is None:
+        return None
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        rope = getattr(text, "rope_scaling", None) or {}
+    except Exception:  # noqa: BLE001
+        rope = {}
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if isinstance(factor, (int, float)) and factor > 1:
+        return int(limit * factor), f"max_position_embeddings {limit:,} × RoPE scaling factor {factor:g}"
+    return limit, f"max_position_embeddings {limit:,}"
+
+
 def model_layer_count(model_path: str) -> int | None:
     """num_hidden_layers of the model's (text) config, if its config says."""
     return text_config_number(model_path, "num_hidden_layers")

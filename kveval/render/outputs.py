@@ -16,6 +16,7 @@ from kveval.analysis.task_accuracy import ACCURACY_COLUMNS, COMPARISON_COLUMNS, 
 from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic, write_text_atomic
 from kveval.render.capacity_plots import capacity_plot, throughput_plot
+from kveval.render.divergence_plot import kl_position_plot
 from kveval.render.kv_range_plot import kv_range_plot
 from kveval.render.plots import task_heatmap
 
@@ -124,7 +125,8 @@ def write_results(run_dir: RunDir | str | Path, evidence: dict, verdict, manifes
     if not (diagnoses and kv_range_plot(diagnoses[0], plot)):
         plot.unlink(missing_ok=True)
     for name, draw, rows in ((RunDir.CAPACITY_PLOT, capacity_plot, evidence.get("capacity_model")),
-                             (RunDir.THROUGHPUT_PLOT, throughput_plot, evidence.get("throughput"))):
+                             (RunDir.THROUGHPUT_PLOT, throughput_plot, evidence.get("throughput")),
+                             (RunDir.KL_POSITION_PLOT, kl_position_plot, evidence.get("divergence"))):
         figure = run_dir.path / name
         if not (rows and draw(rows, figure)):
             figure.unlink(missing_ok=True)

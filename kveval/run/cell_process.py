@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kveval.worker.failures import classify_startup_failure, not_started_record
+from kveval.run.death import explain_death, log_tail
+from kveval.worker.failures import StartupFailure, classify_startup_failure, not_started_record
 from kveval.files.rundir import RunDir, write_json_atomic
 
 
@@ -96,13 +97,24 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
                     break
                 time.sleep(0.3)
         except KeyboardInterrupt:
+            # Stop the cell, and say in its file that it was interrupted (a resume redoes it).
             _kill_group(child)
+            _finish(run_dir, plan, child.returncode, False, timeout_s, time.monotonic() - began, interrupted=True)
             raise
         child.wait()
+    _end_orphans(child)
     events, offset = _read_events(run_dir.cell_events_path(plan.id), offset)
     for event in events:
         on_event(event)
     return _finish(run_dir, plan, child.returncode, timed_out, timeout_s, time.monotonic() - began)
+
+
+def _end_orphans(child: subprocess.Popen) -> None:
+    """A helper the engine spawned may outlive the cell's main process and hold memory: end the group."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _kill_group(child: subprocess.Popen) -> None:
@@ -117,29 +129,37 @@ def _kill_group(child: subprocess.Popen) -> None:
             pass
 
 
-def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int, timed_out: bool, timeout_s, seconds: float) -> dict:
+def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: bool, timeout_s, seconds: float,
+            *, interrupted: bool = False) -> dict:
     facts = run_dir.load_cell(plan.id, validate=False)
-    if facts is not None and facts.get("complete"):
+    if facts is not None and facts.get("complete") and not interrupted:
         facts["process"] = {"exit_code": exit_code, "seconds": seconds}
         write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
         return facts
-    log = run_dir.cell_log_path(plan.id).read_text(encoding="utf-8", errors="replace")
-    if timed_out:
-        death = f"kveval stopped the cell after its timeout of {timeout_s:.0f} s"
-    else:
-        death = f"cell process exited with code {exit_code} before finishing"
-    if facts is None:
+    try:
+        log = run_dir.cell_log_path(plan.id).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        log = ""
+    death = explain_death(exit_code, timed_out=timed_out, timeout_s=timeout_s, stopped_by_user=interrupted,
+                          kv_cache_memory_bytes=plan.engine.get("kv_cache_memory_bytes"), log_tail=log_tail(log, 40))
+    if not isinstance(facts, dict) or not facts.get("started"):
         # Died before the engine was up: a start-up failure, in vLLM's words if it left any.
-        failure = classify_startup_failure(
-            log, exception_text="" if timed_out else death, kv_cache_dtype=plan.kv_cache_dtype, exit_code=exit_code)
-        if timed_out:  # say first that kveval stopped it; whatever vLLM logged follows
-            failure = dataclasses.replace(failure, message=f"{death}. {failure.message}".strip())
+        if interrupted:
+            failure = StartupFailure("interrupted", death["message"], None, None)
+        else:
+            failure = classify_startup_failure(
+                log, exception_text="" if timed_out else death["message"], kv_cache_dtype=plan.kv_cache_dtype,
+                exit_code=exit_code)
+            if timed_out:  # say first that kveval stopped it; whatever vLLM logged follows
+                failure = dataclasses.replace(failure, message=f"{death['message']}. {failure.message}".strip())
         facts = not_started_record(plan.id, plan.kv_cache_dtype, plan.max_model_len, failure, log)
     else:
         # Started, then died in a phase: keep every finished phase, mark the rest as lost.
-        facts["crash"] = {"message": death, "last_log_line": _last_line(log)}
+        facts["crash"] = {"message": death["message"], "cause": death["cause"], "advice": death["advice"],
+                          "last_log_line": _last_line(log), "log_tail": log_tail(log)}
     facts["complete"] = True
-    facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out}
+    facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out,
+                        "interrupted": interrupted, "cause": death["cause"]}
     write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
     return facts
 

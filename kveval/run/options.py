@@ -1,6 +1,7 @@
 """The settings of one `kveval compare` run, with their defaults (kveval.defaults) and their checks."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,6 +43,9 @@ class CompareOptions:
     diagnose: bool = defaults.DIAGNOSE          # per-layer K/V range pass through transformers (FP8 runs)
     concurrency: Sequence[int] | None = None    # throughput sweep levels (suite's when None)
     remedy: str = defaults.REMEDY               # auto: on an FP8 FAIL; always: after every FP8 cell; off
+    lengths_given: bool = True                  # False: the default lengths, trimmed to the model's limit
+    retry_failed: bool = False                  # resume: redo every cell that did not start, not only transient ones
+    fresh: bool = False                         # --out holds another run: move it aside and start over
 
 
 # Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
@@ -60,6 +64,16 @@ CONTROLLED_ENGINE_ARGS = {
     "disable_log_stats": "nothing: kveval needs per-request stats for TTFT and decode speed",
     "enable_prefix_caching": "nothing: repeated speed runs must not be served from the prefix cache",
 }
+
+
+def normalized(options: CompareOptions) -> CompareOptions:
+    """The same run in kveval's own spelling: KV specs as parse_kv writes them (FP8 -> fp8), each once."""
+    def spelled(kv):
+        try:
+            return parse_kv(kv).text
+        except KVSpecError:
+            return kv  # validate_options says what is wrong with it
+    return dataclasses.replace(options, kv=tuple(dict.fromkeys(spelled(kv) for kv in options.kv)))
 
 
 def validate_options(options: CompareOptions) -> None:
@@ -93,5 +107,8 @@ def validate_options(options: CompareOptions) -> None:
             raise KvevalError(f"--{name.replace('_', '-')} must be at least 1")
     if options.concurrency is not None and (not options.concurrency or any(int(c) < 1 for c in options.concurrency)):
         raise KvevalError("--concurrency needs whole numbers of at least 1 (e.g. --concurrency 1 4 16 64)")
+    if options.cell_timeout is not None and not options.cell_timeout > 0:
+        raise KvevalError(f"--cell-timeout {options.cell_timeout:g}: give the seconds a cell may take, more than 0 "
+                          f"(default {defaults.CELL_TIMEOUT_S:g})")
     if options.speed_warmup is not None and options.speed_warmup < 0:
         raise KvevalError("--speed-warmup must be 0 or more")

@@ -31,6 +31,35 @@ def suite_counts(suite, lengths: Sequence[int], model_limit: int | None) -> dict
     return counts
 
 
+# Prompts are built up to max_model_len tokens in the parent: beyond this, that alone needs gigabytes.
+LONGEST_BUILDABLE = 4 * 1024 * 1024
+
+
+def lengths_for_model(lengths: Sequence[int], given: bool, limit: tuple[int, str] | None, model_name: str,
+                      allow_long: bool) -> tuple[tuple[int, ...], str | None]:
+    """The max_model_len values to run, and a note when defaults were trimmed. Lengths the user gave
+    over the model's limit are refused (vLLM would refuse every such cell) unless vLLM is told to
+    allow them (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); default lengths over it are left out, with a note."""
+    huge = [n for n in lengths if n > LONGEST_BUILDABLE]
+    if huge:
+        raise KvevalError(f"--max-model-len {huge[0]:,}: kveval builds prompts up to max_model_len tokens, and above "
+                          f"{LONGEST_BUILDABLE:,} that alone would exhaust memory; give a length up to that")
+    if limit is None or allow_long:
+        return tuple(lengths), None
+    ceiling, derivation = limit
+    over = [n for n in lengths if n > ceiling]
+    if not over:
+        return tuple(lengths), None
+    if given:
+        raise KvevalError(
+            f"--max-model-len {', '.join(f'{n:,}' for n in over)}: over {model_name}'s limit of {ceiling:,} tokens "
+            f"({derivation}); vLLM refuses longer unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set. "
+            f"Give lengths up to {ceiling:,}")
+    kept = tuple(n for n in lengths if n <= ceiling) or (ceiling,)
+    return kept, (f"default max_model_len {', '.join(f'{n:,}' for n in over)} left out: over {model_name}'s limit of "
+                  f"{ceiling:,} tokens ({derivation})")
+
+
 def check_keep_layers(kv: Sequence[str], layers: int | None, model_name: str) -> None:
     """fp8:keep=N with N past the model's last layer would silently keep nothing."""
     if layers is None:

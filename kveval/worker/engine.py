@@ -95,6 +95,7 @@ class Engine:
     # -- what the engine holds -------------------------------------------------------------
     def capacity(self) -> dict[str, Any]:
         cache = self.llm.llm_engine.vllm_config.cache_config
+        scheduler = self.llm.llm_engine.vllm_config.scheduler_config
         blocks = getattr(cache, "num_gpu_blocks", None)
         block_size = getattr(cache, "block_size", None)
         tokens = getattr(cache, "kv_cache_size_tokens", None)  # vLLM >= 0.24
@@ -111,6 +112,10 @@ class Engine:
             "num_blocks": blocks,
             "block_size": block_size,
             "cache_dtype": str(getattr(cache, "cache_dtype", self.settings.kv_cache_dtype)),
+            # What a sliding-window layer holds per request depends on these (analysis/capacity_model.py).
+            "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None),
+            "hybrid_kv_cache_manager": (None if getattr(scheduler, "disable_hybrid_kv_cache_manager", None) is None
+                                        else not scheduler.disable_hybrid_kv_cache_manager),
         }
 
     def info(self) -> dict[str, Any]:
@@ -280,3 +285,19 @@ def _timing(metrics: Any, wall: float) -> dict[str, Any]:
         "preemptions": getattr(metrics, "num_preemptions", None),
         "source": "vllm RequestStateStats",
     }
+
+
+def vllm_vocabulary() -> dict[str, Any]:
+    """What this vLLM accepts, read from vLLM itself: engine argument names and KV-cache dtypes."""
+    import dataclasses
+    import typing
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        from vllm.config.cache import CacheDType
+        dtypes = list(typing.get_args(CacheDType))
+    except ImportError:  # pragma: no cover - older layouts
+        dtypes = []
+    return {"vllm_version": vllm_version(), "engine_args": sorted(f.name for f in dataclasses.fields(EngineArgs)),
+            "kv_cache_dtypes": dtypes}

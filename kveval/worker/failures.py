@@ -18,7 +18,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-REASONS = ("kv_capacity", "model_limit", "unsupported_dtype", "oom", "other")
+REASONS = ("kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted", "other")
+# Causes that are not properties of the cell's configuration: a resumed run tries such a cell again.
+TRANSIENT_REASONS = ("oom", "shared_device", "interrupted")
 
 # Long enough for vLLM's KV ValueError (≈450 chars) to keep its key numbers.
 MAX_MESSAGE_CHARS = 600
@@ -254,7 +256,15 @@ _OOM = [
     re.compile(r"is less than desired (?:GPU|CPU) memory utilization", _I),
     re.compile(r"std::bad_alloc"),
 ]
+# Another process changed the device's memory while vLLM profiled it (two runs on one GPU):
+# "AssertionError: Error in memory profiling. Initial free memory 113.5 GiB, current free memory
+# 133.61 GiB. This happens when other processes sharing the same container release GPU memory ..."
+_SHARED_DEVICE = [
+    re.compile(r"Error in memory profiling", _I),
+    re.compile(r"other processes sharing the same (?:container|GPU|device)", _I),
+]
 _RULES: list[tuple[str, list[re.Pattern[str]]]] = [
+    ("shared_device", _SHARED_DEVICE),
     ("kv_capacity", _KV_CAPACITY),
     ("model_limit", _MODEL_LIMIT),
     ("unsupported_dtype", _UNSUPPORTED_DTYPE),

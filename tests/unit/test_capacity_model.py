@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from kveval.analysis.capacity_model import (bytes_per_token, capacity_rows, largest_max_model_len, needed_bytes,
+from kveval.analysis.capacity_model import (bytes_per_token, capacity_rows, hybrid_blocks_per_request,
+                                            hybrid_groups, hybrid_pool, largest_max_model_len, needed_bytes,
                                             predicted_pool)
 
 SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
@@ -66,10 +67,52 @@ def test_without_a_budget_the_baseline_implies_it_and_a_15x_ratio_is_flagged():
     assert "baseline had less memory" in fp8["flag"]
 
 
-def test_sliding_window_models_are_not_predicted():
-    gemma = {**SMOLLM2, "sliding_window_layers": [0, 1, 2, 3, 4], "sliding_window": 512}
-    (row,) = capacity_rows({"auto-1024": _cell("auto", 1024, 10)}, gemma, "bfloat16", 40 * MiB)
-    assert row["predicted_tokens"] is None and "sliding-window" in row["flag"]
+# Gemma-3-270M: 18 layers, every 6th full attention, 1 KV head of 256, window 512 (its config.json).
+GEMMA3 = {"layers": 18, "kv_heads": 1, "head_dim": 256, "attention": "mqa", "per_layer_elements": 512,
+          "sliding_window_layers": [i for i in range(18) if i % 6 != 5], "sliding_window": 512}
+
+
+def test_hybrid_groups_follow_vllms_allocator():
+    assert hybrid_groups(18, GEMMA3["sliding_window_layers"]) == (3, 1, 5)   # 3 full + 15 sliding
+    assert hybrid_groups(24, list(range(12))) == (12, 1, 1)                   # gpt-oss: 12 + 12
+    assert hybrid_groups(25, list(range(12))) == (13, 1, 1)                   # 13 < 1.5 × 12: pad to 13
+    assert hybrid_groups(32, list(range(32))) == (32, 0, 1)                   # a window on every layer
+
+
+def test_hybrid_pool_by_hand():
+    # 40 MiB, block 16: a page is 16 × 512 × 2 B = 16 KiB, a block of 3 layers 48 KiB -> 853 blocks.
+    # At 1024 with 2,048 batched tokens a sliding group holds the whole request: 64 + 5 × 65 = 389
+    # blocks per request -> 853 / 389 × 1024 = 2,245 tokens; the longest request: 6 × 141 + 5 <= 853.
+    auto = hybrid_pool(GEMMA3, "auto", "bfloat16", 40 * MiB, 16, 1024, 2048)
+    assert auto == {"blocks": 853, "tokens": 2_245, "largest_max_model_len": 2_256, "block_bytes": 49_152}
+    assert hybrid_pool(GEMMA3, "fp8", "bfloat16", 40 * MiB, 16, 1024, 2048)["blocks"] == 1_706
+    # At 32K a sliding group is capped at window − 1 + batched tokens: 2,048 + 5 × (160 + 1) blocks.
+    assert hybrid_blocks_per_request(GEMMA3, 32_768, 16, 2048) == 2_048 + 5 * 161
+    # Unknown batched tokens: a sliding group is assumed to hold all of it (an upper bound).
+    assert hybrid_blocks_per_request(GEMMA3, 32_768, 16, None) == 6 * 2_048 + 5
+    assert hybrid_pool(GEMMA3, "fp8:keep=5", "bfloat16", 40 * MiB, 16, 1024, 2048) is None
+
+
+def test_hybrid_cells_are_predicted_and_compared_with_what_vllm_reports():
+    cells = {"auto-1024": _cell("auto", 1024, 853, block=16), "fp8-1024": _cell("fp8", 1024, 1_706, block=16)}
+    for facts, tokens in zip(cells.values(), (2_245, 4_490)):
+        facts["capacity"].update(kv_pool_tokens=tokens, max_num_batched_tokens=2048, hybrid_kv_cache_manager=True)
+    rows = {r["cell"]: r for r in capacity_rows(cells, GEMMA3, "bfloat16", 40 * MiB)}
+    assert rows["auto-1024"]["predicted_tokens"] == 2_245 and rows["auto-1024"]["deviation"] == 0
+    assert rows["fp8-1024"]["layout_model"] == "hybrid" and rows["fp8-1024"]["flag"] is None
+    assert rows["fp8-1024"]["measured_ratio"] == pytest.approx(2.0, abs=1e-3)
+    assert rows["fp8-1024"]["predicted_ratio"] == pytest.approx(2.0, abs=1e-3)
+
+
+def test_a_hybrid_model_run_with_the_hybrid_manager_off_is_predicted_as_full_attention():
+    (row,) = capacity_rows({"auto-1024": _cell("auto", 1024, 56, block=16)}, GEMMA3, "bfloat16", 40 * MiB)
+    assert row["layout_model"] == "hybrid"   # the cell did not record the setting: vLLM's default
+    cell = _cell("auto", 1024, 142, block=16)
+    cell["capacity"]["hybrid_kv_cache_manager"] = False
+    (row,) = capacity_rows({"auto-1024": cell}, GEMMA3, "bfloat16", 40 * MiB)
+    # Every layer caches every token: 18 × 512 × 2 B = 18,432 B per token.
+    assert row["layout_model"] == "plain" and row["bytes_per_token"] == 18_432
+    assert row["predicted_tokens"] == (40 * MiB // (18_432 * 16)) * 16
 
 
 def test_review_shows_predicted_next_to_measured_and_names_the_departure():
@@ -88,6 +131,8 @@ def test_review_shows_predicted_next_to_measured_and_names_the_departure():
     assert "| fp8-1024 |" in section and "3,584" in section and "2,560" in section
     assert "- **fp8-1024**: -28.6 % — smaller than predicted: other processes" in section
     assert "- **auto-1024**" not in section
+    assert "- fp8-1024: measured 1.43×, predicted 2.00×" in section
+    assert "(L·b + S) ÷ (L·b/2 + S)" in section and "1.40× at 2K" in section
 
 
 def test_review_has_no_capacity_section_for_runs_without_a_layout():

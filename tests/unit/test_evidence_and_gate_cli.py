@@ -9,7 +9,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from kveval import api
+from kveval import api, defaults
 from kveval.cli.commands import cli
 from kveval.analysis.json_values import json_safe
 from kveval.evidence import build_evidence
@@ -336,10 +336,8 @@ def test_compare_exits_with_the_verdict_and_passes_thresholds(run_dir, monkeypat
     result = CliRunner().invoke(cli, ["compare", "--out", str(path)])
     assert result.exit_code == EXIT_FAIL and str(path / "review.md") in result.stdout
     # What the CLI hands the API with every option left at its default must pass the API's own checks.
-    from kveval.run.options import CompareOptions, validate_options
-
-    arguments = {k: v for k, v in seen.items() if k not in ("model", "kv", "max_model_len")}
-    validate_options(CompareOptions(model=seen["model"], kv=seen["kv"], max_model_len=seen["max_model_len"], **arguments))
+    options = api.compare_options(**seen)
+    assert options.max_model_len == defaults.MAX_MODEL_LEN and not options.lengths_given
     assert seen["concurrency"] is None
     CliRunner().invoke(cli, ["compare", "--out", str(path), "--concurrency", "1", "8"])
     assert seen["concurrency"] == (1, 8) or list(seen["concurrency"]) == [1, 8]

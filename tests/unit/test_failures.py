@@ -73,7 +73,18 @@ CPU_KV_LOG = "\n".join(
 
 
 def test_reasons_tuple() -> None:
-    assert REASONS == ("kv_capacity", "model_limit", "unsupported_dtype", "oom", "other")
+    assert REASONS == ("kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted",
+                       "other")
+
+
+def test_memory_profiling_disturbed_by_another_process_is_shared_device() -> None:
+    # Seen on the H200 when two kveval runs started at once (issue 12).
+    text = ("AssertionError: Error in memory profiling. Initial free memory 113.5 GiB, current free memory "
+            "133.61 GiB. This happens when other processes sharing the same container release GPU memory while "
+            "vLLM is profiling during initialization. To fix this, ensure consistent GPU memory allocation or "
+            "isolate vLLM in its own container.")
+    failure = classify_startup_failure(text, exception_text=text)
+    assert failure.reason == "shared_device" and "Initial free memory 113.5 GiB" in failure.message
 
 
 # ---------------------------------------------------------------- kv_capacity

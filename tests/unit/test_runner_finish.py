@@ -32,7 +32,7 @@ def test_crash_after_start_keeps_finished_phases(tmp_path):
     store.cell_log_path("auto-2048").write_text("Fatal Python error: Segmentation fault\n")
     facts = _finish(store, _plan(), -11, False, None, 30.0)
     assert facts["phases"]["generation"]["records"] == [{"prompt_id": "p", "accepted": True}]
-    assert "exited with code -11" in facts["crash"]["message"]
+    assert "crashed with SIGSEGV (exit code -11)" in facts["crash"]["message"]
     assert facts["crash"]["last_log_line"] == "Fatal Python error: Segmentation fault"
 
 

@@ -61,3 +61,17 @@ def test_capacity_and_throughput_figures_are_written_from_evidence_rows(tmp_path
     sweep = [{"cell": "auto-1024", "concurrency": c, "output_tok_s": 10.0 * c, "ttft_ms_p50": 50.0 * c} for c in (1, 4)]
     assert throughput_plot(sweep, tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
     assert throughput_plot([], tmp_path / "t2.png") is None and not (tmp_path / "t2.png").exists()
+
+
+def test_kl_by_position_figure_is_drawn_for_kv_comparisons_only(tmp_path):
+    import gzip
+    import json
+    from pathlib import Path
+
+    from kveval.render.divergence_plot import kl_position_plot
+
+    stored = Path(__file__).resolve().parents[2] / "reports" / "h200-smollm2" / "results.json.gz"
+    divergence = json.loads(gzip.decompress(stored.read_bytes()))["evidence"]["divergence"]
+    assert kl_position_plot(divergence, tmp_path / "kl.png").read_bytes().startswith(b"\x89PNG")
+    noise_only = {"comparisons": [c for c in divergence["comparisons"] if c["kind"].startswith("noise")]}
+    assert noise_only["comparisons"] and kl_position_plot(noise_only, tmp_path / "none.png") is None
