@@ -36,7 +36,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
 bench: $(STAMP)
-	$(BIN)/python scripts/bench_demo.py
+	$(BIN)/python scripts/bench_vs_naive.py
 
 clean-demo:
 	rm -rf $(DEMO_OUT)

@@ -34,9 +34,9 @@ SAME_COVERAGE = ["--no-diagnose", "--remedy", "off"]
 NAIVE_JOBS = ["generate", "score", "tasks", "speed"]
 
 
-def run_kveval(bin_dir: Path, args: list[str], out: Path) -> float:
+def run_kveval(args: list[str], out: Path) -> float:
     began = time.perf_counter()
-    done = subprocess.run([str(bin_dir / "kveval"), "compare", *args, *SAME_COVERAGE, "--out", str(out)])
+    done = subprocess.run([sys.executable, "-m", "kveval", "compare", *args, *SAME_COVERAGE, "--out", str(out)])
     if done.returncode not in (0, 1, 3):  # the verdict's codes all mean "review written"
         raise SystemExit(f"kveval compare exited {done.returncode}")
     return time.perf_counter() - began
@@ -57,14 +57,14 @@ def kveval_split(run: Path, wall: float) -> dict:
             "cells": [c["id"] for c in manifest["cells"]], "hardware": manifest["hardware"]}
 
 
-def run_naive(bin_dir: Path, run: Path, cells: list[str], out: Path) -> tuple[float, list[dict]]:
+def run_naive(run: Path, cells: list[str], out: Path) -> tuple[float, list[dict]]:
     script = Path(__file__).resolve().with_name("naive_pipeline.py")
     rows = []
     began = time.perf_counter()
     for cell in cells:
         for job in NAIVE_JOBS:
-            command = (tasks_command(str(bin_dir / "python"), run, cell, out) if job == "tasks" else
-                       [str(bin_dir / "python"), str(script), job, "--cell", cell, "--run", str(run), "--out", str(out)])
+            command = (tasks_command(sys.executable, run, cell, out) if job == "tasks" else
+                       [sys.executable, str(script), job, "--cell", cell, "--run", str(run), "--out", str(out)])
             start = time.perf_counter()
             with open(out / f"{job}-{cell}.log", "w") as log:
                 code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -81,18 +81,18 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="kveval-bench-"))
     shutil.rmtree(out, ignore_errors=True)
     (out / "naive").mkdir(parents=True)
-    bin_dir = Path(sys.executable).parent
     compare_args = args.compare_args or DEMO_ARGS
 
     print(f"kveval compare {' '.join(compare_args + SAME_COVERAGE)}", flush=True)
-    kveval_wall = run_kveval(bin_dir, compare_args, out / "kveval")
+    kveval_wall = run_kveval(compare_args, out / "kveval")
     split = kveval_split(out / "kveval", kveval_wall)
     print(f"\nNaive pipeline, {len(NAIVE_JOBS)} processes per cell ({', '.join(NAIVE_JOBS)}):", flush=True)
-    naive_wall, rows = run_naive(bin_dir, out / "kveval", split["cells"], out / "naive")
+    naive_wall, rows = run_naive(out / "kveval", split["cells"], out / "naive")
 
     hardware = split["hardware"]
     overhead = split["parent"] + split["cell_other"]
-    print(f"\nOn {hardware.get('gpu') or hardware.get('cpu')} ({hardware.get('cores')} cores), "
+    gpus = [g.get("name", str(g)) if isinstance(g, dict) else str(g) for g in hardware.get("gpus") or []]
+    print(f"\nOn {', '.join(gpus) or hardware.get('cpu')} ({hardware.get('cores')} CPU cores), "
           f"{len(split['cells'])} cells:")
     print(f"  kveval compare     {kveval_wall:8.1f} s")
     print(f"  naive pipeline     {naive_wall:8.1f} s  ({len(rows)} processes, one engine each)")

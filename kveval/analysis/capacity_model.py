@@ -95,10 +95,13 @@ def hybrid_pool(layout: dict, kv_spec: str, model_dtype: str, budget_bytes: floa
     page = block_size * layout["per_layer_elements"] * per_element
     blocks = int(budget_bytes // (size * page))
     per_request = hybrid_blocks_per_request(layout, max_model_len, block_size, max_num_batched_tokens)
-    longest, low, high = 0, 1, blocks * block_size  # the longest request whose blocks fit the pool
+    # The longest max_model_len that starts: vLLM 0.26's estimate counted every group at the full length
+    # (H200, Gemma-3-270M, 150 MiB: it said 8,512 for auto and 17,040 for fp8, which this reproduces;
+    # the sliding-window cap would allow 17,840), so the cap is left out here.
+    longest, low, high = 0, 1, blocks * block_size
     while low <= high:
         middle = (low + high) // 2
-        if hybrid_blocks_per_request(layout, middle, block_size, max_num_batched_tokens) <= blocks:
+        if hybrid_blocks_per_request(layout, middle, block_size, None) <= blocks:
             longest, low = middle, middle + 1
         else:
             high = middle - 1

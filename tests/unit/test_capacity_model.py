@@ -93,6 +93,16 @@ def test_hybrid_pool_by_hand():
     assert hybrid_pool(GEMMA3, "fp8:keep=5", "bfloat16", 40 * MiB, 16, 1024, 2048) is None
 
 
+def test_hybrid_pools_match_what_vllm_reported_on_the_h200():
+    # reports/h200-gemma3-270m-hybrid: 150 MiB, block 16, 16,384 batched tokens, vLLM 0.26.
+    measured = {("auto", 1024): 8_423, ("fp8", 1024): 16_847, ("auto", 8192): 8_519, ("fp8", 8192): 17_038}
+    for (kv, length), tokens in measured.items():
+        assert hybrid_pool(GEMMA3, kv, "bfloat16", 150 * MiB, 16, length, 16_384)["tokens"] == tokens
+    # vLLM's "estimated maximum model length" when the 32,768 cells did not start: 8,512 and 17,040.
+    assert hybrid_pool(GEMMA3, "auto", "bfloat16", 150 * MiB, 16, 32_768, 16_384)["largest_max_model_len"] == 8_512
+    assert hybrid_pool(GEMMA3, "fp8", "bfloat16", 150 * MiB, 16, 32_768, 16_384)["largest_max_model_len"] == 17_040
+
+
 def test_hybrid_cells_are_predicted_and_compared_with_what_vllm_reports():
     cells = {"auto-1024": _cell("auto", 1024, 853, block=16), "fp8-1024": _cell("fp8", 1024, 1_706, block=16)}
     for facts, tokens in zip(cells.values(), (2_245, 4_490)):
