@@ -297,8 +297,9 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
     floor = floor or {}
     reference = comp.get("reference")
     if not comp.get("same_length", True):
-        out.reason(NOTE, cell, f"{cell}: no started {BASELINE_KV} baseline at its own max_model_len; divergence is "
-                               f"measured against {reference} on the sequences both scored")
+        own = f"{BASELINE_KV}-{comp['max_model_len']}" if comp.get("max_model_len") else f"the {BASELINE_KV} cell"
+        out.reason(NOTE, cell, f"{cell}: its own-length baseline {own} did not start; divergence is measured "
+                               f"against {reference} on the sequences both scored")
     mult = t.noise_multiplier
     figures = [  # name, label, value, healthy limit, harm limit, higher is worse
         ("kl_mean", "KL mean", s.get("kl_mean"), _widen(budget.kl_mean_max, mult, floor.get("kl_mean")),

@@ -30,6 +30,8 @@ def startup_table(cells: dict[str, dict]) -> pd.DataFrame:
             "estimated_max_model_len": failure.get("estimated_max_model_len"),
             "attention_backend": (facts.get("info") or {}).get("attention_backend"),
             "crash": (facts.get("crash") or {}).get("message"),
+            # Only where a cell crashed (rows of runs without a crash keep their old keys).
+            **({"crash_advice": facts["crash"].get("advice")} if (facts.get("crash") or {}).get("advice") else {}),
         })
     return pd.DataFrame(rows)
 

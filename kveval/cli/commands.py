@@ -172,6 +172,10 @@ def compare(**given) -> None:
     except RunInterrupted as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:  # before the first cell: the run was still being set up
+        click.echo("Error: interrupted while the run was being set up, before any cell ran; nothing was measured. "
+                   "Run the same command again to start it.", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     except KvevalError as error:
         raise UsageFailure(str(error)) from None
     _finish(result)

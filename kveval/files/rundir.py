@@ -168,9 +168,11 @@ class RunDir:
         """A task data directory the manifest's `task_data` names (relative to the run)."""
         return self.path / relative
 
+    CELLS_DIR = "cells"
+
     @property
     def cells_dir(self) -> Path:
-        return self.path / "cells"
+        return self.path / self.CELLS_DIR
 
     def cell_path(self, cell: str) -> Path:
         return self.cells_dir / f"{cell}.json"

@@ -4,11 +4,12 @@ from __future__ import annotations
 from kveval.errors import KvevalError
 
 
-def load_tokenizer(model_path: str):
+def load_tokenizer(model_path: str, trust_remote_code: bool = False):
+    """The model's tokenizer; its own code runs only when the user asked (trust_remote_code)."""
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(model_path)
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except Exception as error:  # noqa: BLE001 - hub/network/format errors all mean "cannot read it"
         raise KvevalError(f"cannot load the tokenizer of {model_path!r}: {type(error).__name__}: {error}") from None
 

@@ -425,7 +425,34 @@ def resolve_model(model: str | None, progress=print) -> ModelInfo:
         return _resolve_directory(local, model, progress)
     if model.startswith((".", "/", "~")) or model.count("/") > 1:
         raise ModelError(f"--model {model}: no such directory.")
+    _check_hub_reachable(model)
     return ModelInfo(model, model, "hub id", True)
+
+
+def _check_hub_reachable(model: str, timeout_s: float = 3.0) -> None:
+    """A hub id needs the hub unless it is cached: say so at once instead of after a minute of retries."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(model, "config.json"), str):
+            return  # cached: transformers and vLLM can load it offline
+    except Exception:  # noqa: BLE001 - an unusual id or hub version: let the loaders decide
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ModelError(f"--model {model}: not a local directory or file, not in the Hugging Face cache, and "
+                         "HF_HUB_OFFLINE is set; give a local model directory or GGUF file.")
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as error:
+        raise ModelError(f"--model {model}: not a local directory or file, and the Hugging Face Hub ({host}) cannot "
+                         f"be reached from here ({error.strerror or error}); give a local model directory or GGUF "
+                         "file, or run where the hub is reachable.") from None
 
 
 def _resolve_directory(local: Path, model: str, progress) -> ModelInfo:

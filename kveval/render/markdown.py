@@ -9,6 +9,12 @@ _ESCAPES = {"|": "\\|", "`": "\\`", "<": "&lt;", ">": "&gt;", "*": "\\*", "_": "
             "#": "\\#"}
 
 
+def escape_name(text: object, limit: int | None = 120) -> str:
+    """A user-given name (a prompt id from --prompts): escaped like model output, except that `_` and
+    `#` stay (inside a word they are not markup), so ids such as short_64-0 read as they are."""
+    return escape_cell(text, limit).replace("\\_", "_").replace("\\#", "#")
+
+
 def escape_cell(text: object, limit: int | None = 200) -> str:
     """One table cell of untrusted text: single line, escaped, shortened."""
     if text is None or (isinstance(text, float) and math.isnan(text)):
@@ -54,14 +60,16 @@ def _plain(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def table(frame: pd.DataFrame, untrusted: tuple[str, ...] = ()) -> str:
+def table(frame: pd.DataFrame, untrusted: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> str:
     """A GitHub-flavoured pipe table. Columns named in `untrusted` (model output, engine messages)
-    are fully escaped; everything else is treated as kveval's own text."""
+    are fully escaped, those in `names` (user-given ids) as escape_name does; everything else is
+    treated as kveval's own text."""
     if frame.empty:
         return "_(nothing to show)_"
     safe = frame.copy()
     for column in safe.columns:
-        escape = escape_cell if column in untrusted else (lambda v, limit=None: _plain(v))
+        escape = (escape_cell if column in untrusted else escape_name if column in names
+                  else (lambda v, limit=None: _plain(v)))
         safe[column] = safe[column].map(
             lambda v, escape=escape: "" if v is None or (isinstance(v, float) and math.isnan(v)) else escape(v, limit=None)
         )

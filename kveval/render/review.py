@@ -6,6 +6,8 @@ always escaped with `markdown.escape_cell` (or a table's `untrusted` columns).
 """
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
@@ -15,7 +17,7 @@ from kveval.gate import NOTE, PASS, Verdict
 from kveval.render.diagnosis_section import render_diagnosis_section
 from kveval.render.divergence_plot import NOISE_KINDS
 from kveval.render.headline import headline
-from kveval.render.markdown import escape_cell, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
+from kveval.render.markdown import escape_cell, escape_name, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
 from kveval.files.rundir import RunDir
 from kveval.render.tasks_section import tasks_section
 
@@ -212,9 +214,19 @@ def _run_section(manifest: dict, evidence: dict) -> str:
         f"{hardware.get('memory_gib')} GiB"
         + (f"; GPUs: {escape_cell('; '.join(hardware.get('gpus')), None)}" if hardware.get("gpus") else "; no GPU")
         + (f"; CPU flags: {' '.join(hardware.get('cpu_flags', []))}" if not hardware.get("gpus") else ""),
+        _remote_code_line(options),
         f"- **Created:** {manifest.get('created')}",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def _remote_code_line(options: dict) -> str | None:
+    """Said only when it was on: the checkpoint's own Python code ran inside the engines."""
+    value = (options.get("engine_args") or {}).get("trust_remote_code")
+    if value in (True, "true", "True", 1, "1"):
+        return ("- **trust_remote_code: on** (--engine-arg trust_remote_code=true): the model's own Python code ran "
+                "in every engine; kveval keeps it off unless asked")
+    return None
 
 
 def _kv_scales_line(manifest: dict) -> str | None:
@@ -272,10 +284,19 @@ def _startup_section(evidence: dict) -> str:
         for (reason, message), group in failed.groupby(["reason", "message"], sort=False, dropna=False):
             out.append(f"- **{', '.join(group.cell)}** — `{reason}`: {escape_cell(message, 600)}")
     crashed = startup[startup.crash.notna()]
-    for row in crashed.itertuples():
+    advice = startup["crash_advice"] if "crash_advice" in startup else pd.Series([None] * len(startup))
+    for index, row in zip(crashed.index, crashed.itertuples()):
+        what_now = advice.get(index) if isinstance(advice.get(index), str) else None
         out.append(f"- **{row.cell}** started, then its process died: {escape_cell(row.crash, 300)} "
-                   "(phases finished before the crash are kept)")
+                   "(phases finished before the crash are kept)" + (f". {escape_cell(what_now, 300)}." if what_now else ""))
+    troubled = list(dict.fromkeys([*failed.cell, *crashed.cell]))
+    if troubled:
+        out += ["", LOG_LINE_START + ", ".join(f"[{name}]({RunDir.CELLS_DIR}/{name}.log)" for name in troubled)
+                + " (vLLM's whole output; in the run directory)"]
     return "\n".join(out)
+
+
+LOG_LINE_START = "Engine logs of the cells that did not start or crashed: "
 
 
 def _capacity_model_section(evidence: dict) -> str:
@@ -381,14 +402,16 @@ def _acceptance_section(evidence: dict) -> str:
         view[name] = view[name].map(symbols.get)
     out = ["## Prompt acceptance", "",
            "Every prompt was submitted to every started cell; ✗ means the engine refused it "
-           "(nothing is predicted or truncated).", "", table(view)]
+           "(nothing is predicted or truncated).", "", table(view, names=("prompt",))]
     refused = pd.DataFrame(acceptance.get("rejections") or [], columns=["cell", "prompt", "kind", "message"])
     if not refused.empty:
         out += ["", "Engine messages (the first refusal of each cell; every message is in the cell files):", ""]
         for cell, group in refused.groupby("cell", sort=False):
             first = group.iloc[0]
-            others = f" (+{len(group) - 1} more: {', '.join(group.prompt.iloc[1:])})" if len(group) > 1 else ""
-            out.append(f"- {cell} / {first.prompt} ({first.kind}){others}: {escape_cell(first.message, 400)}")
+            others = (f" (+{len(group) - 1} more: {', '.join(escape_name(p) for p in group.prompt.iloc[1:])})"
+                      if len(group) > 1 else "")
+            out.append(f"- {cell} / {escape_name(first.prompt)} ({first.kind}){others}: "
+                       f"{escape_cell(first.message, 400)}")
     return "\n".join(out)
 
 
@@ -714,7 +737,10 @@ def _samples_section(evidence: dict) -> str:
              "output (start)": _shorten(row.get("text") or "", 240)} for row in samples.get("rows") or []]
     if not rows:
         return ""
-    return "\n".join([f"## Sample outputs — `{samples['prompt']}`", "",
+    name = samples["prompt"]
+    # A plain id reads best as code; anything else is escaped text (a code span cannot be escaped).
+    shown = f"`{name}`" if re.fullmatch(r"[\w.:\-]+", str(name)) else escape_name(name)
+    return "\n".join([f"## Sample outputs — {shown}", "",
                       table(pd.DataFrame(rows), untrusted=("output (start)",))])
 
 

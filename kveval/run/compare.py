@@ -156,7 +156,7 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
         model = resolve_model(options.model, progress=show.note)
     except ModelError as error:
         raise KvevalError(str(error)) from None
-    tokenizer = load_tokenizer(model.path)
+    tokenizer = load_tokenizer(model.path, trust_remote_code=options.engine_args.get("trust_remote_code") is True)
     model_limit = model_length_limit(model.path)
     lengths, length_note = lengths_for_model(options.max_model_len, options.lengths_given,
                                              served_length_limit(model.path), model.name,

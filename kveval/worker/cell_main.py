@@ -8,6 +8,7 @@ in a late phase keeps what the earlier phases measured.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -57,7 +58,8 @@ def run_cell(spec: dict) -> dict:
         "complete": False,
         "phases": {},
     }
-    emit(event="phase", phase="engine_start")
+    # The pid lets an operator (or the fault-injection tests) find this cell's process.
+    emit(event="phase", phase="engine_start", pid=os.getpid())
     began = time.perf_counter()
     try:
         engine = engine_module.Engine.start(settings)

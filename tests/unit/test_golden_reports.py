@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from kveval.cli.commands import cli
 from kveval.files.rundir import RunDir, read_json
+from kveval.render.review import LOG_LINE_START
 from tests.support.golden import old_cpu_demo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,11 +48,18 @@ def test_report_re_renders_the_same_review_tables_and_results(source, tmp_path):
     assert read_json(written) == read_json(stored)
 
 
+def _without_added_lines(review: str) -> str:
+    """The review less what issue 11 added (INTENDED_DIFFERENCES.md): the line linking failed cells' logs."""
+    return "\n".join(line for line in review.split("\n") if not line.startswith(LOG_LINE_START)).replace("\n\n\n", "\n\n")
+
+
 def test_the_old_cpu_demo_re_renders_the_same_review_from_its_cells(tmp_path):
     # The complete run directory (cells included) that the code before issue 9 wrote and rendered.
     source = old_cpu_demo()
     copy = _rendered_copy(source, tmp_path)
-    assert (copy / "review.md").read_text(encoding="utf-8") == (source / "review.md").read_text(encoding="utf-8")
+    rendered = (copy / "review.md").read_text(encoding="utf-8")
+    assert LOG_LINE_START + "[fp8-1024](cells/fp8-1024.log)" in rendered
+    assert _without_added_lines(rendered) == (source / "review.md").read_text(encoding="utf-8")
     for table in sorted((source / "tables").glob("*.csv")):
         if table.name != "speed.csv":  # gains the noise columns (INTENDED_DIFFERENCES.md)
             assert (copy / "tables" / table.name).read_text(encoding="utf-8") == table.read_text(encoding="utf-8")
