@@ -282,7 +282,9 @@ def _startup_section(evidence: dict) -> str:
     if not failed.empty:
         out += ["", "Why cells did not start, in vLLM's own words:", ""]
         for (reason, message), group in failed.groupby(["reason", "message"], sort=False, dropna=False):
-            out.append(f"- **{', '.join(group.cell)}** — `{reason}`: {escape_cell(message, 600)}")
+            advice = _REASON_ADVICE.get(reason)
+            out.append(f"- **{', '.join(group.cell)}** — `{reason}`: {escape_cell(message, 600)}"
+                       + (f" — {advice}" if advice else ""))
     crashed = startup[startup.crash.notna()]
     advice = startup["crash_advice"] if "crash_advice" in startup else pd.Series([None] * len(startup))
     for index, row in zip(crashed.index, crashed.itertuples()):
@@ -295,6 +297,13 @@ def _startup_section(evidence: dict) -> str:
                 + " (vLLM's whole output; in the run directory)"]
     return "\n".join(out)
 
+
+# What to do about the start-up failures whose cause lies outside the cell (a re-run redoes these).
+_REASON_ADVICE = {
+    "shared_device": "**another process used this device while vLLM measured its memory**: give kveval the "
+                     "device alone (one run per GPU), then re-run the same command to redo these cells",
+    "interrupted": "re-run the same command to redo these cells",
+}
 
 LOG_LINE_START = "Engine logs of the cells that did not start or crashed: "
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,6 +254,35 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
         facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
                                  on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
         show.cell_finished(plan.id, facts)
+        rejected = rejected_engine_arg(facts, options.engine_args, _log_tail(run_dir, plan.id))
+        if rejected:
+            # Every other cell would fail the same way: a usage error, not a finding.
+            raise KvevalError(f"vLLM rejected --engine-arg {rejected}: {(facts.get('failure') or {}).get('message')} "
+                              f"(recorded in {run_dir.cell_path(plan.id)})")
+
+
+def _log_tail(run_dir: RunDir, cell: str, lines: int = 80) -> str:
+    try:
+        return "\n".join(run_dir.cell_log_path(cell).read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def rejected_engine_arg(facts: dict, engine_args: dict, log_tail: str = "") -> str | None:
+    """KEY=VALUE of the user's engine argument that vLLM refused when this cell started, if any: the
+    start-up error is a validation error, and it (or the log lines after it) names the argument."""
+    failure = facts.get("failure") or {}
+    if facts.get("started") or failure.get("reason") != "other" or not engine_args:
+        return None
+    message = str(failure.get("message") or "")
+    if log_tail and "validation error" in message:
+        message += "\n" + log_tail[log_tail.find("validation error"):]
+    if not re.search(r"validation error|TypeError|ValueError|invalid|unexpected keyword", message, re.I):
+        return None
+    for key, value in engine_args.items():
+        if re.search(rf"\b{re.escape(str(key).replace('-', '_'))}\b", message):
+            return f"{key}={value}"
+    return None
 
 
 def redo_reason(previous: dict, *, retry_failed: bool, budget_given: bool) -> str | None:

@@ -169,3 +169,35 @@ def test_a_different_run_in_out_is_named_and_fresh_moves_it_aside(tmp_path):
     assert _prepare_run_dir(out, now, fresh=True) is False
     moved = list(tmp_path.glob("run.replaced-*"))
     assert len(moved) == 1 and (moved[0] / "manifest.json").is_file()
+
+
+def test_the_review_names_a_shared_device_and_links_the_logs_and_says_what_to_do_after_a_crash():
+    from tests.support.constructed import failed_cell, manifest_for, started_cell
+    from tests.support.review import review_of
+
+    profiling = ("AssertionError: Error in memory profiling. Initial free memory 113.5 GiB, current free memory "
+                 "133.61 GiB. This happens when other processes sharing the same container release GPU memory")
+    crashed = started_cell("auto", 1024, 1792, [])
+    crashed["crash"] = {"message": "the cell process was killed by SIGKILL (exit code -9), which kveval did not send",
+                        "last_log_line": "", "cause": "oom_killed", "advice": "lower --kv-cache-memory"}
+    cells = {"auto-1024": crashed, "fp8-1024": failed_cell("fp8", 1024, "shared_device", profiling)}
+    review = review_of(manifest_for(cells), [], cells)
+    assert "another process used this device while vLLM measured its memory" in review
+    assert "[fp8-1024](cells/fp8-1024.log)" in review and "[auto-1024](cells/auto-1024.log)" in review
+    assert "killed by SIGKILL" in review and "lower --kv-cache-memory." in review
+
+
+def test_an_engine_argument_vllm_rejects_is_a_usage_error_not_a_finding():
+    from kveval.run.compare import rejected_engine_arg
+
+    facts = {"started": False, "failure": {"reason": "other", "message": "pydantic_core._pydantic_core.ValidationError: "
+             "1 validation error for SchedulerConfig max_num_seqs Input should be greater than 0"}}
+    assert rejected_engine_arg(facts, {"max_num_seqs": -1}) == "max_num_seqs=-1"
+    assert rejected_engine_arg(facts, {"dtype": "float32"}) is None
+    assert rejected_engine_arg({**facts, "started": True}, {"max_num_seqs": -1}) is None
+    # vLLM 0.32 on this CPU: the header is the message; the field is named on the log lines below it.
+    header = {"started": False, "failure": {"reason": "other", "message": "pydantic_core._pydantic_core."
+                                            "ValidationError: 2 validation errors for SchedulerConfig"}}
+    log = ("...\npydantic_core._pydantic_core.ValidationError: 2 validation errors for SchedulerConfig\n"
+           "max_num_seqs\n  Input should be greater than or equal to 1 [type=greater_than_equal]")
+    assert rejected_engine_arg(header, {"max_num_seqs": -1}, log) == "max_num_seqs=-1"
