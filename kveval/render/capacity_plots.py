@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kveval.files.rundir import write_bytes_atomic
-from kveval.render.plots import DPI, _png
+from kveval.render.plots import DPI, save_png
 
 
 def _figure(width: float, height: float, panels: int):
@@ -45,9 +44,7 @@ def capacity_plot(rows: list[dict], path: str | Path) -> Path | None:
     ax.set_ylabel("KV pool tokens", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
-    path = Path(path)
-    write_bytes_atomic(path, _png(fig))
-    return path
+    return save_png(fig, path)
 
 
 def throughput_plot(rows: list[dict], path: str | Path) -> Path | None:
@@ -69,6 +66,4 @@ def throughput_plot(rows: list[dict], path: str | Path) -> Path | None:
         ax.set_ylabel(label, fontsize=8)
         ax.tick_params(labelsize=7)
     speed.legend(fontsize=7)
-    path = Path(path)
-    write_bytes_atomic(path, _png(fig))
-    return path
+    return save_png(fig, path)

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kveval.files.rundir import write_bytes_atomic
-from kveval.render.plots import DPI, _png
+from kveval.render.plots import DPI, save_png
 
 NOISE_KINDS = ("noise_batch", "noise_length")
 
@@ -54,6 +53,4 @@ def kl_position_plot(divergence: dict, path: str | Path) -> Path | None:
         ax.set_xlabel("token positions", fontsize=8)
         ax.tick_params(labelsize=7)
     kl_ax.legend(fontsize=6)
-    path = Path(path)
-    write_bytes_atomic(path, _png(fig))
-    return path
+    return save_png(fig, path)

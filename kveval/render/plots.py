@@ -32,6 +32,13 @@ def _tokens(t: int) -> str:
     return f"{t / 1000:.3g}k" if t >= 1000 else str(t)
 
 
+def save_png(fig, path: str | Path) -> Path:
+    """Write the figure to `path` (atomically, as a palette PNG) and return the path."""
+    path = Path(path)
+    write_bytes_atomic(path, _png(fig))
+    return path
+
+
 def _png(fig) -> bytes:
     """The figure as a palette PNG (Pillow ships with matplotlib)."""
     from PIL import Image
@@ -104,6 +111,4 @@ def task_heatmap(grid_rows, path: str | Path, baseline_kv: str = "auto") -> Path
         bar = fig.colorbar(image, ax=axes, shrink=0.8)
         bar.set_label("accuracy", fontsize=8)
         bar.ax.tick_params(labelsize=7)
-    path = Path(path)
-    write_bytes_atomic(path, _png(fig))
-    return path
+    return save_png(fig, path)
