@@ -96,6 +96,7 @@ def compare_arguments(given: dict) -> dict:
     if full and options["suite"] not in ("standard", "full"):
         raise UsageFailure(f"--full and --suite {options['suite']} contradict each other; give one")
     tasks = options.pop("tasks")
+    options["gpus"] = tuple(options["gpus"]) or None
     # Not given: the suite's levels (click hands an empty tuple for a multi-value option left out).
     options["concurrency"] = parse_int_list(options["concurrency"], "--concurrency") if options.get("concurrency") else None
     options.update(
@@ -157,6 +158,9 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--retry-failed", is_flag=True,
               help="Resuming into the same --out: also redo cells that did not start for a reason of their "
                    "configuration (by default only unfinished, crashed and transiently failed cells are redone).")
+@click.option("--gpus", cls=MultiValueOption, default=(), metavar="IDS|all",
+              help="Run independent cells at once, one per GPU (e.g. --gpus 0,1 or --gpus all); a cell with "
+                   "--engine-arg tensor_parallel_size=N takes N. Default: one cell at a time.")
 @click.option("--fresh", is_flag=True,
               help="--out holds a run with other settings (or a damaged one): move it aside to OUT.replaced-<time> "
                    "and start anew.")

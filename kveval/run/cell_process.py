@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,8 +62,11 @@ def _child_env() -> dict[str, str]:
 
 
 def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None,
-                     on_event: Callable[[dict], None]) -> dict:
-    """Run one cell in its own process and return its stored facts."""
+                     on_event: Callable[[dict], None], env: dict[str, str] | None = None,
+                     stop: threading.Event | None = None) -> dict:
+    """Run one cell in its own process and return its stored facts. `env`: extra environment for the
+    child (CUDA_VISIBLE_DEVICES when cells share a host's GPUs); `stop`: set by another thread to end the
+    cell as interrupted (Ctrl-C while cells run in parallel)."""
     spec = {
         "cell_id": plan.id,
         "run_dir": str(run_dir.path.resolve()),
@@ -83,7 +87,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     with run_dir.cell_log_path(plan.id).open("w", encoding="utf-8") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "kveval.worker.cell_main", str(run_dir.cell_spec_path(plan.id).resolve())],
-            stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, env={**_child_env(), **(env or {})}, start_new_session=True,
         )
         offset = 0
         try:
@@ -95,6 +99,10 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
                     timed_out = True
                     _kill_group(child)
                     break
+                if stop is not None and stop.is_set():
+                    _kill_group(child)
+                    return _finish(run_dir, plan, child.returncode, False, timeout_s, time.monotonic() - began,
+                                   interrupted=True)
                 time.sleep(0.3)
         except KeyboardInterrupt:
             # Stop the cell, and say in its file that it was interrupted (a resume redoes it).

