@@ -114,10 +114,11 @@ def test_kill_corrupt_interrupt_then_resume_keeps_every_finished_measurement(tmp
     # 2. A finished cell's file is damaged: the resume must redo it, never read it as data.
     (faulty / "cells" / "auto-1024.json").write_text('{"cell": "auto-1024", "complete": tru')
 
-    # 3. The resume is interrupted (SIGINT, as Ctrl-C) while auto-1024's engine starts again.
+    # 3. The resume is stopped (SIGTERM; Ctrl-C's SIGINT takes the same path, but a job started in the
+    # background by a shell inherits SIGINT ignored) while auto-1024's engine starts again.
     run = _start(_command(prompts, faulty))
     _wait_for(faulty, "auto-1024", "engine_start", run, not_pid=earlier_1024)
-    run.send_signal(signal.SIGINT)
+    run.send_signal(signal.SIGTERM)
     output, _ = run.communicate(timeout=120)
     assert run.returncode == 130, output
     assert "Run the same command again to resume" in output
