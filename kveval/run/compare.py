@@ -28,6 +28,7 @@ from kveval.inputs.workloads import PromptFileError, PromptSpec, build_workloads
 from kveval.pipeline import judge_stored_run
 from kveval.run import environment
 from kveval.run.cell_process import CellPlan, run_cell_process
+from kveval.run.death import log_tail
 from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
 from kveval.defaults import BASELINE_KV
 from kveval.run.devices import devices_per_cell, resolve_gpus
@@ -283,9 +284,10 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
                     first=reference.id if reference else None)
 
 
-def _log_tail(run_dir: RunDir, cell: str, lines: int = 80) -> str:
+def _log_tail(run_dir: RunDir, cell: str) -> str:
+    """The end of a cell's log, where vLLM names a rejected argument (run/death.py's one tail reader)."""
     try:
-        return "\n".join(run_dir.cell_log_path(cell).read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+        return log_tail(run_dir.cell_log_path(cell).read_text(encoding="utf-8", errors="replace"), 80, 2000)
     except OSError:
         return ""
 
