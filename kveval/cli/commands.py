@@ -161,6 +161,12 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--gpus", cls=MultiValueOption, default=(), metavar="IDS|all",
               help="Run independent cells at once, one per GPU (e.g. --gpus 0,1 or --gpus all); a cell with "
                    "--engine-arg tensor_parallel_size=N takes N. Default: one cell at a time.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: each cell's process on this machine; ray: each cell a Ray task on a Ray cluster, with "
+                   "its GPUs (needs pip install 'kveval[ray]'; results land in --out here).")
+@click.option("--ray-address", metavar="ADDRESS", default=None,
+              help="--executor ray: the cluster to join (e.g. ray://head:10001 or auto). Default: $RAY_ADDRESS, "
+                   "else a Ray started on this machine for the run.")
 @click.option("--fresh", is_flag=True,
               help="--out holds a run with other settings (or a damaged one): move it aside to OUT.replaced-<time> "
                    "and start anew.")

@@ -229,7 +229,7 @@ class Manifest(FileModel):
 class Failure(FileModel):
     """failures.StartupFailure.to_dict(): why the engine did not start."""
 
-    reason: Literal["kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted", "other"]
+    reason: Literal["kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted", "executor_lost", "other"]
     message: str
     estimated_max_model_len: Optional[int]
     backend: Optional[str]
@@ -278,6 +278,7 @@ class Process(FileModel):
     timed_out: Optional[bool] = None     # only in records the parent wrote for a dead child
     interrupted: Optional[bool] = None   # ditto, from issue 11 on
     cause: Optional[str] = None          # ditto: run/death.py's cause (timeout, oom_killed, ...)
+    node: Optional[str] = None           # --executor ray: the node's IP that ran the cell (issue 12)
 
 
 class Crash(FileModel):

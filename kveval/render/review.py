@@ -303,6 +303,8 @@ _REASON_ADVICE = {
     "shared_device": "**another process used this device while vLLM measured its memory**: give kveval the "
                      "device alone (one run per GPU), then re-run the same command to redo these cells",
     "interrupted": "re-run the same command to redo these cells",
+    "executor_lost": "the Ray task that ran the cell died (its node or worker went away): re-run the same command "
+                     "to redo these cells",
 }
 
 LOG_LINE_START = "Engine logs of the cells that did not start or crashed: "

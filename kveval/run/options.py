@@ -47,6 +47,8 @@ class CompareOptions:
     retry_failed: bool = False                  # resume: redo every cell that did not start, not only transient ones
     gpus: Sequence[str] | None = None           # device indices (or ["all"]): cells at once, one per device
     fresh: bool = False                         # --out holds another run: move it aside and start over
+    executor: str = "local"                     # local: cell processes on this machine; ray: Ray tasks
+    ray_address: str | None = None              # --executor ray: the cluster (None: $RAY_ADDRESS, else local)
 
 
 # Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
@@ -65,6 +67,9 @@ CONTROLLED_ENGINE_ARGS = {
     "disable_log_stats": "nothing: kveval needs per-request stats for TTFT and decode speed",
     "enable_prefix_caching": "nothing: repeated speed runs must not be served from the prefix cache",
 }
+
+
+EXECUTORS = ("local", "ray")
 
 
 def normalized(options: CompareOptions) -> CompareOptions:
@@ -111,5 +116,12 @@ def validate_options(options: CompareOptions) -> None:
     if options.cell_timeout is not None and not options.cell_timeout > 0:
         raise KvevalError(f"--cell-timeout {options.cell_timeout:g}: give the seconds a cell may take, more than 0 "
                           f"(default {defaults.CELL_TIMEOUT_S:g})")
+    if options.executor not in EXECUTORS:
+        raise KvevalError(f"--executor {options.executor!r}: choose one of {', '.join(EXECUTORS)}")
+    if options.executor == "ray" and options.gpus:
+        raise KvevalError("--gpus and --executor ray: Ray places each cell on the devices it has free; "
+                          "leave --gpus out (a cell's GPUs: --engine-arg tensor_parallel_size=N)")
+    if options.ray_address and options.executor != "ray":
+        raise KvevalError("--ray-address is for --executor ray")
     if options.speed_warmup is not None and options.speed_warmup < 0:
         raise KvevalError("--speed-warmup must be 0 or more")

@@ -13,16 +13,17 @@ from typing import Callable, Sequence
 from kveval.run.devices import DevicePool
 
 
-def run_in_parallel(plans: Sequence, devices: Sequence[str], per_cell: int,
+def run_in_parallel(plans: Sequence, devices: Sequence[str] | None, per_cell: int,
                     run_one: Callable[..., None], first: str | None = None) -> None:
-    """run_one(plan, env, stop) for every plan; `first` (a plan id) runs alone before the others."""
-    pool, stop = DevicePool(devices), threading.Event()
+    """run_one(plan, env, stop) for every plan; `first` (a plan id) runs alone before the others.
+    devices=None: no limit here (an executor that places cells itself, Ray, queues them), env None."""
+    pool, stop = (DevicePool(devices) if devices is not None else _NoLimit()), threading.Event()
     errors: list[BaseException] = []
     threads: list[threading.Thread] = []
 
     def work(plan, taken: list[str]) -> None:
         try:
-            run_one(plan, {"CUDA_VISIBLE_DEVICES": ",".join(taken)}, stop)
+            run_one(plan, {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if devices is not None else None, stop)
         except BaseException as error:  # noqa: BLE001 - handed to the main thread, which re-raises it
             errors.append(error)
             stop.set()
@@ -61,3 +62,13 @@ def _join(thread: threading.Thread) -> None:
     # In slices, so Ctrl-C reaches the main thread while it waits.
     while thread.is_alive():
         thread.join(timeout=0.2)
+
+
+class _NoLimit:
+    """A pool that never makes a cell wait (the executor behind run_one does the placing)."""
+
+    def take(self, count: int, stop: threading.Event | None = None) -> list[str] | None:
+        return None if stop is not None and stop.is_set() else []
+
+    def give(self, devices: Sequence[str]) -> None:
+        pass

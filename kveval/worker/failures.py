@@ -18,9 +18,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-REASONS = ("kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted", "other")
+REASONS = ("kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted", "executor_lost",
+           "other")
 # Causes that are not properties of the cell's configuration: a resumed run tries such a cell again.
-TRANSIENT_REASONS = ("oom", "shared_device", "interrupted")
+TRANSIENT_REASONS = ("oom", "shared_device", "interrupted", "executor_lost")
 
 # Long enough for vLLM's KV ValueError (≈450 chars) to keep its key numbers.
 MAX_MESSAGE_CHARS = 600

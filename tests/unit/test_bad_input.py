@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from kveval.cli.commands import cli
 from kveval.files.rundir import RunDir, write_json_atomic
-from kveval.run.compare import redo_reason
+from kveval.run.resume import redo_reason
 from kveval.run.vllm_vocabulary import check_against_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def test_resume_redoes_transient_failures_and_keeps_configuration_ones():
 
 def test_a_different_run_in_out_is_named_and_fresh_moves_it_aside(tmp_path):
     from kveval.errors import KvevalError
-    from kveval.run.compare import _prepare_run_dir
+    from kveval.run.resume import prepare_run_dir
     from tests.support.constructed import planned_manifest
 
     out = RunDir(tmp_path / "run")
@@ -162,11 +162,11 @@ def test_a_different_run_in_out_is_named_and_fresh_moves_it_aside(tmp_path):
     now["options"]["seed"] = 7
     now["options"]["cell_timeout_s"] = 99.0   # how the run is carried out: a resume may change it
     with pytest.raises(KvevalError, match=r"different settings \(options.seed\)"):
-        _prepare_run_dir(out, now)
+        prepare_run_dir(out, now)
     same = json.loads(json.dumps(earlier))
     same["options"]["cell_timeout_s"] = 99.0
-    assert _prepare_run_dir(out, same) is True
-    assert _prepare_run_dir(out, now, fresh=True) is False
+    assert prepare_run_dir(out, same) is True
+    assert prepare_run_dir(out, now, fresh=True) is False
     moved = list(tmp_path.glob("run.replaced-*"))
     assert len(moved) == 1 and (moved[0] / "manifest.json").is_file()
 

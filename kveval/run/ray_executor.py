@@ -1,0 +1,226 @@
+"""Cells as Ray tasks (`--executor ray`): each cell's process runs on a Ray node that has the devices
+it needs, and its files end up in the run directory on the driver, laid out as in a local run.
+
+Ray is an optional extra (`pip install 'kveval[ray]'`), imported only in this module. A task does
+what a local cell does — `run_cell_process` starts the cell's own process there, with its timeout —
+so results, logs and failure records are the same. Ray sets CUDA_VISIBLE_DEVICES for the task's
+`num_gpus`, and the cell process inherits it.
+
+Files: when the node sees the run directory (a shared filesystem: the same manifest bytes at the
+same path), the cell writes there directly. Otherwise the driver sends what a cell reads (manifest,
+prompts, scoring documents, task data, finished cells' results) and the task sends the cell's
+files back. The model must be readable at the same path on every node (or be a hub id).
+
+Progress events and Ctrl-C travel through one small actor: events to the driver, and a stop flag
+that makes every running cell end as `interrupted`, recorded like a local run's.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from kveval.errors import KvevalError
+from kveval.files.rundir import RunDir, write_bytes_atomic, write_json_atomic
+from kveval.run.cell_process import CellPlan, run_cell_process
+
+# Environment the cells' engines read: sent to every node so a cell behaves as it would locally.
+_FORWARDED_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_")
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise KvevalError("--executor ray needs Ray: pip install 'kveval[ray]' (or pip install ray)") from None
+    return ray
+
+
+class _Signals:
+    """Ray actor (created in RayCells): cells' progress events for the driver, and the stop flag."""
+
+    def __init__(self):
+        self._events: dict[str, list[dict]] = {}
+        self._stopped = False
+
+    def event(self, cell: str, event: dict) -> None:
+        self._events.setdefault(cell, []).append(event)
+
+    def drain(self, cell: str) -> list[dict]:
+        return self._events.pop(cell, [])
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def stopped(self) -> bool:
+        return self._stopped
+
+
+def run_input_files(run_dir: RunDir) -> dict[str, bytes]:
+    """What a cell reads from its run directory, by relative path: the manifest, prompts, scoring
+    documents, task data and the results of cells already finished (the scoring reference's outputs)."""
+    root = run_dir.path
+    paths = [run_dir.manifest_path, run_dir.workloads_path, run_dir.scoring_path]
+    paths += sorted((root / RunDir.TASK_DATA_DIR).rglob("*")) if (root / RunDir.TASK_DATA_DIR).is_dir() else []
+    paths += [p for p in sorted(run_dir.cells_dir.glob("*.json")) if not p.name.endswith(".spec.json")] \
+        if run_dir.cells_dir.is_dir() else []
+    return {str(p.relative_to(root)): p.read_bytes() for p in paths if p.is_file()}
+
+
+def cell_files(run_dir: RunDir, cell: str) -> dict[str, bytes]:
+    """One cell's files, by relative path: its result, log and progress events."""
+    paths = (run_dir.cell_path(cell), run_dir.cell_log_path(cell), run_dir.cell_events_path(cell))
+    return {str(p.relative_to(run_dir.path)): p.read_bytes() for p in paths if p.is_file()}
+
+
+def unpack_files(files: dict[str, bytes], root: Path) -> None:
+    for relative, data in files.items():
+        target = (root / relative).resolve()
+        if root.resolve() not in target.parents:  # never outside the run directory
+            raise ValueError(f"{relative}: not inside {root}")
+        write_bytes_atomic(target, data)
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _cell_task(plan: CellPlan, run_path: str, manifest_digest: str | None, inputs: list, timeout_s: float | None,
+               signals) -> dict:
+    """Runs on a Ray worker: one cell, in the run directory when this node sees it, else in a scratch
+    copy whose cell files go back to the driver."""
+    import ray
+
+    if ray.get(signals.stopped.remote()):
+        return {"skipped": True}
+    model = plan.engine.get("model")
+    if model and os.path.isabs(model) and not os.path.exists(model):
+        return {"error": f"the model {model} is not on Ray node {ray.util.get_node_ip_address()}: put it on a "
+                         "filesystem every node mounts at the same path, or give a model id the nodes can download"}
+    shared = manifest_digest is not None and _digest(RunDir(run_path).manifest_path) == manifest_digest
+    scratch = None if shared else Path(tempfile.mkdtemp(prefix="kveval-ray-cell-"))
+    run_dir = RunDir(run_path if shared else scratch)
+    if scratch is not None:
+        unpack_files(ray.get(inputs[0]), scratch)
+    stop, finished = threading.Event(), threading.Event()
+
+    def watch_stop() -> None:
+        while not finished.wait(1.0):
+            if ray.get(signals.stopped.remote()):
+                stop.set()
+                return
+
+    watcher = threading.Thread(target=watch_stop, daemon=True)
+    watcher.start()
+    try:
+        run_cell_process(run_dir, plan, timeout_s=timeout_s, stop=stop,
+                         on_event=lambda event: signals.event.remote(plan.id, event))
+        return {"files": {} if shared else cell_files(run_dir, plan.id), "shared": shared,
+                "node": ray.util.get_node_ip_address()}
+    finally:
+        finished.set()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+class RayCells:
+    """A connection to a Ray cluster that runs cells; `launch` blocks until its cell is done (call it
+    from one thread per cell: Ray queues cells until a node has their devices)."""
+
+    def __init__(self, address: str | None, run_dir: RunDir, devices_per_cell: int, timeout_s: float | None,
+                 note: Callable[[str], None] = print, *, copy_files: bool | None = None):
+        self._ray = ray = _import_ray()
+        forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                     runtime_env={"env_vars": forwarded} if forwarded else None)
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            raise KvevalError(f"--executor ray: cannot connect to the Ray cluster at "
+                              f"{address or 'a new local instance'}: {error}") from None
+        self._run_dir, self._timeout_s = run_dir, timeout_s
+        # KVEVAL_RAY_COPY_FILES=1: send files both ways even where a node sees the run directory
+        # (how the copy path is checked on one machine).
+        self._copy_files = os.environ.get("KVEVAL_RAY_COPY_FILES") == "1" if copy_files is None else copy_files
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        most_gpus = max((n["Resources"].get("GPU", 0) for n in nodes), default=0)
+        if most_gpus and devices_per_cell > most_gpus:
+            self.close()
+            raise KvevalError(f"a cell needs {devices_per_cell} GPUs (tensor/pipeline parallel) and no Ray node "
+                              f"has more than {most_gpus:g}")
+        self._gpus = devices_per_cell if most_gpus else 0  # a CPU-only cluster runs CPU cells
+        self.gpus_in_cluster = int(ray.cluster_resources().get("GPU", 0))
+        self._signals = ray.remote(_Signals).options(num_cpus=0).remote()
+        self._task = ray.remote(_cell_task)
+        resources = ray.cluster_resources()
+        note(f"Ray: {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs; "
+             f"{self._gpus or 'no'} GPU(s) per cell")
+
+    def launch(self, plan: CellPlan, on_event: Callable[[dict], None], stop: threading.Event | None) -> dict | None:
+        """Run one cell on the cluster; its files are in the driver's run directory on return.
+        None: the run was stopped before this cell began (nothing recorded, as in a local run)."""
+        ray, run_dir = self._ray, self._run_dir
+        inputs = ray.put(run_input_files(run_dir))
+        began = time.monotonic()
+        ref = self._task.options(num_gpus=self._gpus, num_cpus=1).remote(
+            plan, str(run_dir.path.resolve()), None if self._copy_files else _digest(run_dir.manifest_path), [inputs],
+            self._timeout_s,
+            self._signals)
+        stop_sent = False
+        while True:
+            ready, _ = ray.wait([ref], timeout=0.5)
+            for event in ray.get(self._signals.drain.remote(plan.id)):
+                on_event(event)
+            if stop is not None and stop.is_set() and not stop_sent:
+                self._signals.stop.remote()
+                stop_sent = True
+            if ready:
+                break
+        try:
+            outcome = ray.get(ref)
+        except ray.exceptions.RayError as error:
+            return self._lost(plan, error, time.monotonic() - began)
+        if outcome.get("skipped"):
+            return None
+        if outcome.get("error"):
+            raise KvevalError(f"{plan.id}: {outcome['error']}")
+        unpack_files(outcome["files"], run_dir.path)
+        facts = run_dir.load_cell(plan.id, validate=False) or {}
+        facts.setdefault("process", {})["node"] = outcome["node"]
+        write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
+        return facts
+
+    def _lost(self, plan: CellPlan, error: BaseException, seconds: float) -> dict:
+        message = f"the Ray task running this cell failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        facts = lost_task_record(self._run_dir.load_cell(plan.id, validate=False), plan, message, seconds)
+        write_json_atomic(self._run_dir.cell_path(plan.id), facts, compact=True)
+        return facts
+
+    def close(self) -> None:
+        self._ray.shutdown()
+
+
+def lost_task_record(stored: dict | None, plan: CellPlan, message: str, seconds: float) -> dict:
+    """The record of a cell whose Ray task died (its node went away, its worker crashed): the cell's own
+    record when it had written its end, a crash keeping its finished phases when it had started, else
+    a start-up failure that a resume redoes (executor_lost)."""
+    from kveval.worker.failures import StartupFailure, not_started_record
+
+    if isinstance(stored, dict) and stored.get("complete") and stored.get("process"):
+        return stored  # its end (interrupted, timed out) was recorded before the task went
+    if isinstance(stored, dict) and stored.get("started"):
+        facts = {**stored, "crash": {"message": message, "cause": "executor_lost", "last_log_line": "",
+                                     "advice": "re-run the same command into the same --out to redo this cell"}}
+    else:
+        facts = not_started_record(plan.id, plan.kv_cache_dtype, plan.max_model_len,
+                                   StartupFailure("executor_lost", message, None, None), "")
+    facts["complete"] = True
+    facts["process"] = {"exit_code": None, "seconds": seconds, "cause": "executor_lost"}
+    return facts
