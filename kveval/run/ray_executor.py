@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -59,6 +60,18 @@ class _Signals:
 
     def stopped(self) -> bool:
         return self._stopped
+
+
+def _signal_handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signal_handlers(handlers: dict) -> None:
+    for number, handler in handlers.items():
+        if handler is not None:
+            signal.signal(number, handler)
 
 
 def run_input_files(run_dir: RunDir) -> dict[str, bytes]:
@@ -139,12 +152,17 @@ class RayCells:
                  note: Callable[[str], None] = print, *, copy_files: bool | None = None):
         self._ray = ray = _import_ray()
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
+        handlers = _signal_handlers()
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
                      runtime_env={"env_vars": forwarded} if forwarded else None)
         except (ConnectionError, RuntimeError, ValueError) as error:
             raise KvevalError(f"--executor ray: cannot connect to the Ray cluster at "
                               f"{address or 'a new local instance'}: {error}") from None
+        finally:
+            # Ray's core installs its own SIGTERM handler, which aborts the process: kveval's (stop every
+            # cell, record them as interrupted, exit 130) must stay.
+            _restore_signal_handlers(handlers)
         self._run_dir, self._timeout_s = run_dir, timeout_s
         # KVEVAL_RAY_COPY_FILES=1: send files both ways even where a node sees the run directory
         # (how the copy path is checked on one machine).

@@ -29,7 +29,8 @@ def _command(prompts: Path, out: Path, *extra: str) -> list[str]:
 
 def _env() -> dict[str, str]:
     # The copy path: every file a cell reads goes to the node and every file it writes comes back.
-    return {**os.environ, "KVEVAL_RAY_COPY_FILES": "1", "RAY_ADDRESS": ""}
+    # No RAY_ADDRESS: a Ray of its own on this machine, never a cluster the tester happens to have.
+    return {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "KVEVAL_RAY_COPY_FILES": "1"}
 
 
 def _scratch_dirs() -> set[str]:
