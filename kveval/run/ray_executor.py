@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -60,6 +62,20 @@ class _Signals:
 
     def stopped(self) -> bool:
         return self._stopped
+
+
+def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) that nothing answers on is refused here: ray.init would retry
+    it for ever. `auto`, `local` and None are Ray's to resolve."""
+    match = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)/?", (address or "").strip())
+    if not match:
+        return
+    host, port = match.group(1), int(match.group(2))
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as error:
+        raise KvevalError(f"--ray-address {address}: nothing answers at {host}:{port} ({error.strerror or error}); "
+                          "start the cluster (ray start --head) or give its address") from None
 
 
 def _signal_handlers() -> dict:
@@ -152,6 +168,7 @@ class RayCells:
                  note: Callable[[str], None] = print, *, copy_files: bool | None = None):
         self._ray = ray = _import_ray()
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
+        check_reachable(address)
         handlers = _signal_handlers()
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",

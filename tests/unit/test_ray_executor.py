@@ -94,3 +94,25 @@ def test_without_a_device_limit_every_cell_runs_at_once_after_the_reference():
     run_in_parallel([Plan("auto-512"), Plan("fp8-512"), Plan("fp8-1024")], None, 1, run, first="auto-512")
     assert spans["auto-512"][1] <= min(spans["fp8-512"][0], spans["fp8-1024"][0])
     assert spans["fp8-512"][0] < spans["fp8-1024"][1] and spans["fp8-1024"][0] < spans["fp8-512"][1]
+
+
+def test_a_ray_address_nothing_answers_at_is_refused_at_once_not_retried_for_ever():
+    import socket
+
+    from kveval.errors import KvevalError
+    from kveval.run.ray_executor import check_reachable
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # closed again below: nothing listens there
+    began = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(KvevalError, match=f"nothing answers at 127.0.0.1:{port}"):
+            check_reachable(address)
+    assert time.monotonic() - began < 10
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_reachable(f"127.0.0.1:{listening.getsockname()[1]}")
+    for resolved_by_ray in (None, "auto", "local"):
+        check_reachable(resolved_by_ray)
