@@ -25,7 +25,9 @@ def throughput_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> 
             requests = run.get("requests") or []
             tokens = sum(r.get("output_tokens") or 0 for r in requests)
             wall = run.get("wall_seconds")
-            preemptions = [r.get("preemptions") for r in requests if r.get("preemptions") is not None]
+            # The level's count from vLLM's engine counter; older runs kept a per-request field (always None).
+            preemptions = [run["preemptions"]] if run.get("preemptions") is not None else \
+                [r.get("preemptions") for r in requests if r.get("preemptions") is not None]
             rows.append({
                 "cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
                 "concurrency": run.get("concurrency"), "requests": len(requests),

@@ -213,6 +213,17 @@ class Engine:
                 "requests": [{"output_tokens": len(o.outputs[0].token_ids), **_timing(o.metrics, wall)}
                              for o in outputs]}
 
+    def preemptions_total(self) -> int | None:
+        """vLLM's count of preempted requests since the engine started (its Prometheus counter
+        vllm:num_preemptions; per-request stats have no such count), or None where it cannot be read."""
+        try:
+            metrics = self.llm.get_metrics()
+        except Exception:  # noqa: BLE001 - stats off, or a vLLM without the snapshot API
+            return None
+        values = [m.value for m in metrics if getattr(m, "name", "").startswith("vllm:num_preemptions")
+                  and isinstance(getattr(m, "value", None), (int, float))]
+        return int(sum(values)) if values else None
+
     def score(self, sequences: list[list[int]], top_k: int, *, together: bool = False) -> list[dict[str, Any]]:
         """Teacher-forced log-probabilities of every position of each sequence (prompt_logprobs).
 

@@ -148,6 +148,7 @@ def test_throughput_sweep_ran_on_the_cells_own_engine(run):
     assert [r["concurrency"] for r in phase["runs"]] == [1, 4]
     for level in phase["runs"]:
         assert level["accepted"] and len(level["requests"]) == level["concurrency"]
+        assert isinstance(level["preemptions"], int) and level["preemptions"] >= 0  # vLLM's own counter, read
         assert all(r["output_tokens"] == 16 and r["ttft_s"] and r["ttft_s"] > 0 for r in level["requests"])
     rows = [r for r in run.evidence["throughput"] if r["cell"] == "auto-1024"]
     assert [r["concurrency"] for r in rows] == [1, 4] and all(r["output_tok_s"] > 0 for r in rows)

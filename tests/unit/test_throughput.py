@@ -75,3 +75,13 @@ def test_kl_by_position_figure_is_drawn_for_kv_comparisons_only(tmp_path):
     assert kl_position_plot(divergence, tmp_path / "kl.png").read_bytes().startswith(b"\x89PNG")
     noise_only = {"comparisons": [c for c in divergence["comparisons"] if c["kind"].startswith("noise")]}
     assert noise_only["comparisons"] and kl_position_plot(noise_only, tmp_path / "none.png") is None
+
+
+def test_preemptions_come_from_the_engine_counter_per_level_and_older_runs_still_read():
+    counted = {**_run(4, 8.0, [0.5] * 4, [0.1] * 4), "preemptions": 3}
+    older = _run(1, 2.0, [0.5], [0.1])  # a run stored before the counter: per-request fields only
+    table = throughput_table({"auto-1024": _cell("auto", [older, counted], 1.75)}).set_index("concurrency")
+    assert table.loc[4].preemptions == 3 and table.loc[1].preemptions == 0
+    unknown = {**_run(4, 8.0, [0.5] * 4, [0.1] * 4), "preemptions": None}
+    unknown["requests"] = [{**r, "preemptions": None} for r in unknown["requests"]]
+    assert throughput_table({"auto-1024": _cell("auto", [unknown], 1.75)}).preemptions.isna().all()

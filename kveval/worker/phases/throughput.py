@@ -54,7 +54,11 @@ def run(engine, cell) -> dict:
     engine.generate_concurrent(prompt, max_tokens, 1)  # warm-up: first-call costs stay out of level 1
     for index, level in enumerate(levels):
         cell.emit(event="step", phase="throughput", done=index, total=len(levels), item=f"concurrency {level}")
+        before = engine.preemptions_total()
         outcome = engine.generate_concurrent(prompt, max_tokens, level)
+        after = engine.preemptions_total()
+        # The engine-wide counter's growth over this level: requests vLLM preempted to make room.
+        outcome["preemptions"] = after - before if before is not None and after is not None else None
         phase["runs"].append({"concurrency": level, **outcome})
         cell.checkpoint()
         if not outcome["accepted"]:
