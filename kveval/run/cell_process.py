@@ -66,7 +66,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
                      stop: threading.Event | None = None) -> dict:
     """Run one cell in its own process and return its stored facts. `env`: extra environment for the
     child (CUDA_VISIBLE_DEVICES when cells share a host's GPUs); `stop`: set by another thread to end the
-    cell as interrupted (Ctrl-C while cells run in parallel)."""
+    cell as interrupted (Ctrl-C while cells run in parallel). A None value in `env` removes that variable."""
     spec = {
         "cell_id": plan.id,
         "run_dir": str(run_dir.path.resolve()),
@@ -87,7 +87,8 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     with run_dir.cell_log_path(plan.id).open("w", encoding="utf-8") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "kveval.worker.cell_main", str(run_dir.cell_spec_path(plan.id).resolve())],
-            stdout=log, stderr=subprocess.STDOUT, env={**_child_env(), **(env or {})}, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={k: v for k, v in {**_child_env(), **(env or {})}.items() if v is not None},
         )
         offset = 0
         try:

@@ -281,7 +281,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
             return
         if redo:
             show.note(f"{plan.id}: running it again: {redo}")
-        show.cell_started(plan.id + (f" (GPU {env['CUDA_VISIBLE_DEVICES']})" if env else " (Ray task)" if ray else ""))
+        show.cell_started(plan.id, f"GPU {env['CUDA_VISIBLE_DEVICES']}" if env else "Ray task" if ray else None)
         on_event = lambda event, cell=plan.id: show.cell_event(cell, event)  # noqa: E731
         if ray is not None:
             facts = ray.launch(plan, on_event, stop)

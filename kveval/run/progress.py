@@ -37,9 +37,10 @@ class ConsoleProgress:
             self._status.stop()
             self._status = None
 
-    def cell_started(self, cell: str) -> None:
+    def cell_started(self, cell: str, where: str | None = None) -> None:
+        """`where`: the device or executor it runs on (GPU 0, Ray task), said once, not part of its name."""
         self._began[cell] = time.monotonic()
-        self.console.print(f"[bold]{cell}[/]: cell process started")
+        self.console.print(f"[bold]{cell}[/]{f' ({escape(where)})' if where else ''}: cell process started")
         self._set_status(f"{cell}: starting")
 
     def cell_event(self, cell: str, event: dict) -> None:

@@ -123,7 +123,7 @@ def _digest(path: Path) -> str | None:
 
 
 def _cell_task(plan: CellPlan, run_path: str, manifest_digest: str | None, inputs: list, timeout_s: float | None,
-               signals) -> dict:
+               signals, unset_env: list[str]) -> dict:
     """Runs on a Ray worker: one cell, in the run directory when this node sees it, else in a scratch
     copy whose cell files go back to the driver."""
     import ray
@@ -150,7 +150,7 @@ def _cell_task(plan: CellPlan, run_path: str, manifest_digest: str | None, input
     watcher = threading.Thread(target=watch_stop, daemon=True)
     watcher.start()
     try:
-        run_cell_process(run_dir, plan, timeout_s=timeout_s, stop=stop,
+        run_cell_process(run_dir, plan, timeout_s=timeout_s, stop=stop, env=dict.fromkeys(unset_env),
                          on_event=lambda event: signals.event.remote(plan.id, event))
         return {"files": {} if shared else cell_files(run_dir, plan.id), "shared": shared,
                 "node": ray.util.get_node_ip_address()}
@@ -206,8 +206,10 @@ class RayCells:
         began = time.monotonic()
         ref = self._task.options(num_gpus=self._gpus, num_cpus=1).remote(
             plan, str(run_dir.path.resolve()), None if self._copy_files else _digest(run_dir.manifest_path), [inputs],
-            self._timeout_s,
-            self._signals)
+            self._timeout_s, self._signals,
+            # Ray sets OMP_NUM_THREADS to the task's CPUs when the driver has none; vLLM's CPU backend then
+            # runs another thread set-up than a local cell (greedy tokens differed at token 60 of 64).
+            [] if "OMP_NUM_THREADS" in os.environ else ["OMP_NUM_THREADS"])
         stop_sent = False
         while True:
             ready, _ = ray.wait([ref], timeout=0.5)

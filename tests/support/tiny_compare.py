@@ -1,7 +1,11 @@
 """`python -m tests.support.tiny_compare compare ARGS...`: the real `kveval` CLI, with the built-in
 workloads cut to one over-length prompt (the --prompts file adds the rest), so fault-injection tests
-on the real engine stay short. Everything else — options, cells, signals, exit codes — is kveval's."""
+on the real engine stay short. KVEVAL_TEST_COUNTS (JSON) sets other counts, so a CLI run can repeat
+an API run of the tests. Everything else — options, cells, signals, exit codes — is kveval's."""
 from __future__ import annotations
+
+import json
+import os
 
 from kveval import api
 from kveval.cli.commands import main
@@ -12,7 +16,8 @@ _real_compare = api.compare
 
 
 def _tiny_compare(*args, **kwargs):
-    return _real_compare(*args, counts=TINY_COUNTS, **kwargs)
+    counts = json.loads(os.environ["KVEVAL_TEST_COUNTS"]) if os.environ.get("KVEVAL_TEST_COUNTS") else TINY_COUNTS
+    return _real_compare(*args, counts=counts, **kwargs)
 
 
 if __name__ == "__main__":

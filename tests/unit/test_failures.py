@@ -74,7 +74,7 @@ CPU_KV_LOG = "\n".join(
 
 def test_reasons_tuple() -> None:
     assert REASONS == ("kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted",
-                       "other")
+                       "executor_lost", "other")
 
 
 def test_memory_profiling_disturbed_by_another_process_is_shared_device() -> None:

@@ -20,3 +20,20 @@ def test_engine_messages_with_brackets_are_printed_not_parsed():
                                          "crash": {"message": "exited [/x]"}})
     text = buffer.getvalue()
     assert message in text and "Run directory: runs/[x]" in text and "exited [/x]" in text
+
+
+def test_where_a_cell_runs_is_said_and_its_time_is_counted_from_its_start(monkeypatch):
+    import kveval.run.progress as progress_module
+
+    now = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    buffer = io.StringIO()
+    progress = ConsoleProgress(Console(file=buffer, width=200, force_terminal=False))
+    progress.cell_started("fp8-1024", "GPU 1")
+    now[0] = 112.4
+    progress.cell_event("fp8-1024", {"event": "phase", "phase": "generation"})
+    now[0] = 130.0
+    progress.cell_finished("fp8-1024", {"started": True, "capacity": {"kv_pool_tokens": 1792}, "phases": {}})
+    text = buffer.getvalue()
+    assert "fp8-1024 (GPU 1): cell process started" in text
+    assert "(12 s)" in text and "(30 s)" in text and "-0 s" not in text
