@@ -191,12 +191,17 @@ class RayCells:
             raise KvevalError(f"a cell needs {devices_per_cell} GPUs (tensor/pipeline parallel) and no Ray node "
                               f"has more than {most_gpus:g}")
         self._gpus = devices_per_cell if most_gpus else 0  # a CPU-only cluster runs CPU cells
+        # A CPU cell's engine binds its threads to the node's cores: two on one node slowed generation
+        # from 11 s to 147 s on 2 cores. So on CPUs a cell asks for every core of the smallest node.
+        cpu_counts = [n["Resources"].get("CPU", 0) for n in nodes if n["Resources"].get("CPU", 0) >= 1]
+        self._cpus = 1 if most_gpus else (min(cpu_counts) if cpu_counts else 1)
         self.gpus_in_cluster = int(ray.cluster_resources().get("GPU", 0))
         self._signals = ray.remote(_Signals).options(num_cpus=0).remote()
         self._task = ray.remote(_cell_task)
         resources = ray.cluster_resources()
         note(f"Ray: {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs; "
-             f"{self._gpus or 'no'} GPU(s) per cell")
+             + (f"{self._gpus} GPU(s) per cell" if self._gpus else
+                f"CPU cells, {self._cpus:g} CPUs each (one per node at a time: vLLM's CPU engine uses every core)"))
 
     def launch(self, plan: CellPlan, on_event: Callable[[dict], None], stop: threading.Event | None) -> dict | None:
         """Run one cell on the cluster; its files are in the driver's run directory on return.
@@ -204,7 +209,7 @@ class RayCells:
         ray, run_dir = self._ray, self._run_dir
         inputs = ray.put(run_input_files(run_dir))
         began = time.monotonic()
-        ref = self._task.options(num_gpus=self._gpus, num_cpus=1).remote(
+        ref = self._task.options(num_gpus=self._gpus, num_cpus=self._cpus).remote(
             plan, str(run_dir.path.resolve()), None if self._copy_files else _digest(run_dir.manifest_path), [inputs],
             self._timeout_s, self._signals,
             # Ray sets OMP_NUM_THREADS to the task's CPUs when the driver has none; vLLM's CPU backend then

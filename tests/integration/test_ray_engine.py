@@ -1,5 +1,6 @@
-"""--executor ray on a local Ray (this machine's CPUs) with real CPU cells: a run stopped while its
-cells start records them as interrupted, as a local run does; its resume finishes every cell with
+"""--executor ray on a local Ray (this machine's CPUs) with real CPU cells, one at a time (a CPU cell
+takes every core of its node): a run stopped while its first cell starts records that cell as
+interrupted and the queued one not at all, as a local run does; its resume finishes every cell with
 the same greedy tokens as the same matrix run locally, one cell after the other
 (tests/integration/conftest.py), through the path that copies files to and from the node
 (KVEVAL_RAY_COPY_FILES=1), and leaves no scratch copy or cell process behind."""
@@ -55,14 +56,14 @@ def _events_anywhere(out: Path, cell: str, earlier: set[str]) -> list[dict]:
     return found
 
 
-def _wait_until_both_start(out: Path, run: subprocess.Popen, earlier: set[str], timeout: float = 300) -> None:
+def _wait_until_started(cell: str, out: Path, run: subprocess.Popen, earlier: set[str], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(any(e.get("phase") == "engine_start" for e in _events_anywhere(out, cell, earlier)) for cell in CELLS):
+        if any(e.get("phase") == "engine_start" for e in _events_anywhere(out, cell, earlier)):
             return
         assert run.poll() is None, run.stdout.read()
         time.sleep(0.2)
-    raise AssertionError("the Ray cells never reached engine_start")
+    raise AssertionError(f"the Ray cell {cell} never reached engine_start")
 
 
 def _tokens(run_dir: Path) -> dict[str, dict]:
@@ -77,18 +78,19 @@ def _tokens(run_dir: Path) -> dict[str, dict]:
 def test_cells_as_ray_tasks_match_a_local_run_and_stop_and_resume_like_one(tmp_path, two_auto_cells):
     scratch_before = _scratch_dirs()
 
-    # 1. Stopped (SIGTERM, the path Ctrl-C takes) while both cells start at once on the two CPUs.
+    # 1. Stopped (SIGTERM, the path Ctrl-C takes) while the first cell's engine starts.
     out = tmp_path / "ray"
     run = subprocess.Popen(_command(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                            env=_env())
-    _wait_until_both_start(out, run, scratch_before)
+    _wait_until_started("auto-512", out, run, scratch_before)
     run.send_signal(signal.SIGTERM)
     output, _ = run.communicate(timeout=180)
     assert run.returncode == 130, output
-    assert "Ray: 1 node(s)" in output and "(Ray task)" in output
-    for cell in CELLS:
-        stopped = json.loads((out / "cells" / f"{cell}.json").read_text())
-        assert stopped["failure"]["reason"] == "interrupted" and stopped["process"]["interrupted"] is True
+    assert "Ray: 1 node(s)" in output and "auto-512 (Ray task): cell process started" in output
+    assert "one per node at a time" in output
+    stopped = json.loads((out / "cells" / "auto-512.json").read_text())
+    assert stopped["failure"]["reason"] == "interrupted" and stopped["process"]["interrupted"] is True
+    assert not (out / "cells" / "auto-1024.json").exists()  # queued behind it: never begun, nothing recorded
     assert "interrupted" in (out / "review.md").read_text()
 
     # 2. The resume on Ray redoes both and reads as the local run did.
