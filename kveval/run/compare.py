@@ -300,7 +300,8 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
     reference = next((p for p in plans if p.kv_cache_dtype == BASELINE_KV), None) if "scoring" in options.phases else None
     first = reference.id if reference else None
     if ray is not None:
-        run_in_parallel(plans, None, 1, run_one, first=first)  # Ray queues cells until a node has room
+        # Ray queues cells until a node has room; CPU cells go one per node, in plan order.
+        run_in_parallel(plans, ray.slots, 1, run_one, first=first, visible=False)
     elif not devices or len(devices) <= devices_per_cell(options.engine_args):
         env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
         for plan in plans:

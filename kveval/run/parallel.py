@@ -14,16 +14,17 @@ from kveval.run.devices import DevicePool
 
 
 def run_in_parallel(plans: Sequence, devices: Sequence[str] | None, per_cell: int,
-                    run_one: Callable[..., None], first: str | None = None) -> None:
+                    run_one: Callable[..., None], first: str | None = None, *, visible: bool = True) -> None:
     """run_one(plan, env, stop) for every plan; `first` (a plan id) runs alone before the others.
-    devices=None: no limit here (an executor that places cells itself, Ray, queues them), env None."""
+    devices=None: no limit here (an executor that places cells itself, Ray, queues them), env None.
+    visible=False: `devices` are only slots, handed out in plan order; env None."""
     pool, stop = (DevicePool(devices) if devices is not None else _NoLimit()), threading.Event()
     errors: list[BaseException] = []
     threads: list[threading.Thread] = []
 
     def work(plan, taken: list[str]) -> None:
         try:
-            run_one(plan, {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if devices is not None else None, stop)
+            run_one(plan, {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if devices is not None and visible else None, stop)
         except BaseException as error:  # noqa: BLE001 - handed to the main thread, which re-raises it
             errors.append(error)
             stop.set()

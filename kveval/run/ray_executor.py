@@ -122,13 +122,19 @@ def _digest(path: Path) -> str | None:
         return None
 
 
+def _value(ref, timeout_s: float = 120.0):
+    """An object's value without ray.get: a task blocked in ray.get hands its CPUs back to Ray, which
+    then starts another cell on the same cores (seen: both CPU cells at once on a 2-CPU node)."""
+    return ref.future().result(timeout=timeout_s)
+
+
 def _cell_task(plan: CellPlan, run_path: str, manifest_digest: str | None, inputs: list, timeout_s: float | None,
                signals, unset_env: list[str]) -> dict:
     """Runs on a Ray worker: one cell, in the run directory when this node sees it, else in a scratch
     copy whose cell files go back to the driver."""
     import ray
 
-    if ray.get(signals.stopped.remote()):
+    if _value(signals.stopped.remote()):
         return {"skipped": True}
     model = plan.engine.get("model")
     if model and os.path.isabs(model) and not os.path.exists(model):
@@ -138,12 +144,12 @@ def _cell_task(plan: CellPlan, run_path: str, manifest_digest: str | None, input
     scratch = None if shared else Path(tempfile.mkdtemp(prefix="kveval-ray-cell-"))
     run_dir = RunDir(run_path if shared else scratch)
     if scratch is not None:
-        unpack_files(ray.get(inputs[0]), scratch)
+        unpack_files(_value(inputs[0]), scratch)
     stop, finished = threading.Event(), threading.Event()
 
     def watch_stop() -> None:
         while not finished.wait(1.0):
-            if ray.get(signals.stopped.remote()):
+            if _value(signals.stopped.remote()):
                 stop.set()
                 return
 
@@ -162,7 +168,8 @@ def _cell_task(plan: CellPlan, run_path: str, manifest_digest: str | None, input
 
 class RayCells:
     """A connection to a Ray cluster that runs cells; `launch` blocks until its cell is done (call it
-    from one thread per cell: Ray queues cells until a node has their devices)."""
+    from one thread per cell: Ray queues cells until a node has their devices). `slots`: how many
+    cells may be in flight at once (names to hand out in plan order), None for no limit here."""
 
     def __init__(self, address: str | None, run_dir: RunDir, devices_per_cell: int, timeout_s: float | None,
                  note: Callable[[str], None] = print, *, copy_files: bool | None = None):
@@ -195,6 +202,9 @@ class RayCells:
         # from 11 s to 147 s on 2 cores. So on CPUs a cell asks for every core of the smallest node.
         cpu_counts = [n["Resources"].get("CPU", 0) for n in nodes if n["Resources"].get("CPU", 0) >= 1]
         self._cpus = 1 if most_gpus else (min(cpu_counts) if cpu_counts else 1)
+        # ...and at most one per CPU node in flight (slots), spread over the nodes: Ray alone may still
+        # start a second one where a task waits on an object.
+        self.slots = None if most_gpus else [f"ray-cpu-node-{i}" for i in range(max(1, len(cpu_counts)))]
         self.gpus_in_cluster = int(ray.cluster_resources().get("GPU", 0))
         self._signals = ray.remote(_Signals).options(num_cpus=0).remote()
         self._task = ray.remote(_cell_task)
@@ -209,7 +219,8 @@ class RayCells:
         ray, run_dir = self._ray, self._run_dir
         inputs = ray.put(run_input_files(run_dir))
         began = time.monotonic()
-        ref = self._task.options(num_gpus=self._gpus, num_cpus=self._cpus).remote(
+        ref = self._task.options(num_gpus=self._gpus, num_cpus=self._cpus,
+                                 scheduling_strategy="DEFAULT" if self._gpus else "SPREAD").remote(
             plan, str(run_dir.path.resolve()), None if self._copy_files else _digest(run_dir.manifest_path), [inputs],
             self._timeout_s, self._signals,
             # Ray sets OMP_NUM_THREADS to the task's CPUs when the driver has none; vLLM's CPU backend then

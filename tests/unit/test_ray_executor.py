@@ -116,3 +116,16 @@ def test_a_ray_address_nothing_answers_at_is_refused_at_once_not_retried_for_eve
         check_reachable(f"127.0.0.1:{listening.getsockname()[1]}")
     for resolved_by_ray in (None, "auto", "local"):
         check_reachable(resolved_by_ray)
+
+
+def test_slots_that_are_not_devices_run_cells_in_plan_order_without_an_env():
+    order = []
+
+    def run(plan, env, stop):
+        assert env is None
+        order.append(plan.id)
+        time.sleep(0.05)
+
+    plans = [Plan("auto-512"), Plan("auto-1024"), Plan("auto-2048")]
+    run_in_parallel(plans, ["ray-cpu-node-0"], 1, run, visible=False)
+    assert order == ["auto-512", "auto-1024", "auto-2048"]
