@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import TWO_AUTO_CELLS
-from tests.integration.test_faults_engine import _events, _processes_mentioning
+from tests.integration.test_faults_engine import _events, _generated, _processes_mentioning
 
 pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 pytestmark = pytest.mark.engine
@@ -66,15 +66,6 @@ def _wait_until_started(cell: str, out: Path, run: subprocess.Popen, earlier: se
     raise AssertionError(f"the Ray cell {cell} never reached engine_start")
 
 
-def _tokens(run_dir: Path) -> dict[str, dict]:
-    out = {}
-    for cell in CELLS:
-        facts = json.loads((run_dir / "cells" / f"{cell}.json").read_text())
-        assert facts["complete"] and facts["started"] and not facts.get("crash"), facts.get("crash")
-        out[cell] = {r["prompt_id"]: r.get("token_ids") for r in facts["phases"]["generation"]["records"]}
-    return out
-
-
 def test_cells_as_ray_tasks_match_a_local_run_and_stop_and_resume_like_one(tmp_path, two_auto_cells):
     scratch_before = _scratch_dirs()
 
@@ -97,7 +88,7 @@ def test_cells_as_ray_tasks_match_a_local_run_and_stop_and_resume_like_one(tmp_p
     done = subprocess.run(_command(out), capture_output=True, text=True, cwd=ROOT, env=_env())
     assert done.returncode == 3, done.stdout + done.stderr  # INCONCLUSIVE, as the local run
     assert two_auto_cells.verdict.status == "INCONCLUSIVE"
-    assert _tokens(out) == _tokens(two_auto_cells.run_dir)
+    assert _generated(out, CELLS) == _generated(two_auto_cells.run_dir, CELLS)
     for cell in CELLS:
         facts = json.loads((out / "cells" / f"{cell}.json").read_text())
         assert facts["process"]["node"] and (out / "cells" / f"{cell}.log").stat().st_size > 0
