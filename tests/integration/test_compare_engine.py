@@ -97,6 +97,19 @@ def test_over_long_prompt_is_rejected_with_engine_message_and_rest_still_runs(ru
         assert {r["prompt_id"]: r for r in cell["phases"]["generation"]["records"]}["over_1024-0"]["accepted"]
 
 
+def test_scoring_is_stored_with_a_noise_floor_and_the_healthy_model_never_fails(run):
+    # (test_planted_degradation does this against a harmed model where FP8 runs; elsewhere, here.)
+    scoring = run.cell("auto", 1024)["phases"]["scoring"]
+    assert scoring["top_k"] == 20 and scoring["reference_cell"] == "auto-1024"
+    scored = [s for s in scoring["sequences"] if s["accepted"]]
+    assert {s["kind"] for s in scored} == {"continuation", "document"}
+    assert sum(len(s["positions"]) for s in scored) >= 100
+    assert scoring["noise"]["sequences"]
+    assert run.verdict.status != "FAIL", [r.message for r in run.verdict.reasons]
+    if not run.cell("fp8", 1024)["started"]:
+        assert run.verdict.status == "INCONCLUSIVE"
+
+
 def test_speed_figures_are_positive(run):
     speed = run.cell("auto", 1024)["phases"]["speed"]
     assert speed["workloads"]

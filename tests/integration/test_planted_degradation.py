@@ -25,12 +25,24 @@ SETTINGS = dict(
 )
 
 
+def _cpu_runs_fp8() -> bool:
+    from kveval.run import environment
+
+    hardware = environment.describe()["hardware"]
+    return bool(hardware["gpus"]) or any(f.startswith(("avx512", "amx")) for f in hardware["cpu_flags"])
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, default_model_dir):
+    if not _cpu_runs_fp8():
+        # Healthy against harmed needs FP8 cells (CI time: neither is run). On this CPU the healthy
+        # model's scoring, noise floor and non-FAIL verdict are checked on test_compare_engine's run.
+        pytest.skip("this CPU has no AVX-512/AMX, so vLLM runs no FP8 KV cache here; the FAIL is shown on the "
+                    "H200 in reports/archive/h200-planted")
     root = tmp_path_factory.mktemp("planted")
     healthy = kveval.compare(model=str(default_model_dir), out=root / "healthy", progress=Quiet(), **SETTINGS)
     if not _fp8_started(healthy):
-        return healthy, None  # the harmed model exists to show the FAIL, which needs FP8 cells (CI time)
+        return healthy, None
     harmed_model = plant(default_model_dir, root / "harmed-model", tensor="k", factor=128)
     harmed = kveval.compare(model=str(harmed_model), out=root / "harmed", progress=Quiet(), **SETTINGS)
     return healthy, harmed
