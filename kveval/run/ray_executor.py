@@ -31,6 +31,7 @@ from typing import Callable
 from kveval.errors import KvevalError
 from kveval.files.rundir import RunDir, write_bytes_atomic, write_json_atomic
 from kveval.run.cell_process import CellPlan, run_cell_process
+from kveval.worker.failures import StartupFailure, not_started_record
 
 # Environment the cells' engines read: sent to every node so a cell behaves as it would locally.
 _FORWARDED_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_")
@@ -205,10 +206,10 @@ class RayCells:
         # ...and at most one per CPU node in flight (slots), spread over the nodes: Ray alone may still
         # start a second one where a task waits on an object.
         self.slots = None if most_gpus else [f"ray-cpu-node-{i}" for i in range(max(1, len(cpu_counts)))]
-        self.gpus_in_cluster = int(ray.cluster_resources().get("GPU", 0))
+        resources = ray.cluster_resources()
+        self.gpus_in_cluster = int(resources.get("GPU", 0))
         self._signals = ray.remote(_Signals).options(num_cpus=0).remote()
         self._task = ray.remote(_cell_task)
-        resources = ray.cluster_resources()
         note(f"Ray: {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs; "
              + (f"{self._gpus} GPU(s) per cell" if self._gpus else
                 f"CPU cells, {self._cpus:g} CPUs each (one per node at a time: vLLM's CPU engine uses every core)"))
@@ -264,8 +265,6 @@ def lost_task_record(stored: dict | None, plan: CellPlan, message: str, seconds:
     """The record of a cell whose Ray task died (its node went away, its worker crashed): the cell's own
     record when it had written its end, a crash keeping its finished phases when it had started, else
     a start-up failure that a resume redoes (executor_lost)."""
-    from kveval.worker.failures import StartupFailure, not_started_record
-
     if isinstance(stored, dict) and stored.get("complete") and stored.get("process"):
         return stored  # its end (interrupted, timed out) was recorded before the task went
     if isinstance(stored, dict) and stored.get("started"):

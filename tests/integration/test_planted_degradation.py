@@ -73,16 +73,6 @@ def test_planting_leaves_auto_bit_identical(runs):
     assert len(_outputs(healthy, "auto")) == 2
 
 
-def test_scoring_is_stored_with_a_noise_floor(runs):
-    healthy, _ = runs
-    scoring = healthy.cell("auto", 1024)["phases"]["scoring"]
-    assert scoring["top_k"] == 20 and scoring["reference_cell"] == "auto-1024"
-    scored = [s for s in scoring["sequences"] if s["accepted"]]
-    assert {s["kind"] for s in scored} == {"continuation", "document"}
-    assert sum(len(s["positions"]) for s in scored) >= 200
-    assert scoring["noise"]["sequences"]
-
-
 def test_healthy_model_never_fails(runs):
     healthy, _ = runs
     assert healthy.verdict.status != "FAIL", [r.message for r in healthy.verdict.reasons]
