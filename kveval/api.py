@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from kveval import defaults
 from kveval.errors import KvevalError, RunInterrupted
-from kveval.files.rundir import RunDir, StoreError, cell_id, ensure_writable_dir
+from kveval.files.rundir import RunDir, StoreError, cell_id, ensure_writable_dir, write_json_atomic
 from kveval.gate import GateConfigError, Thresholds, Verdict, load_thresholds
 from kveval.inputs.model_config import load_tokenizer
 from kveval.inputs.models import ModelError, resolve_model
@@ -40,14 +40,15 @@ class RunResult:
 
 
 def resolve_thresholds(thresholds: Thresholds | None = None, gate_config: str | Path | None = None,
-                       gate_overrides: dict | None = None) -> Thresholds:
-    """Thresholds given as such, else defaults < YAML file `gate_config` < `gate_overrides`."""
+                       gate_overrides: dict | None = None, stored: dict | None = None) -> Thresholds:
+    """Thresholds given as such, else defaults < `stored` (a run's thresholds.json) < YAML file
+    `gate_config` < `gate_overrides`."""
     if thresholds is not None:
         if gate_config is not None or gate_overrides:
             raise KvevalError("give either thresholds or gate_config/gate_overrides, not both")
         return thresholds
     try:
-        return load_thresholds(gate_config, gate_overrides or {})
+        return load_thresholds(gate_config, gate_overrides or {}, base=stored)
     except GateConfigError as error:
         raise KvevalError(str(error)) from None
 
@@ -75,6 +76,8 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     thresholds = resolve_thresholds(None, options.gate_config, options.gate_overrides)
     show = progress if progress is not None else ConsoleProgress()
     setup = set_up_run(options, show)
+    # Stored before any cell runs: a later `kveval report` / `gate` re-judges with the run's own limits.
+    write_json_atomic(setup.run.thresholds_path, thresholds.to_dict())
     run_matrix(setup, thresholds, show)
     return report(setup.run.path, progress=show, thresholds=thresholds)
 
@@ -92,13 +95,17 @@ def load_run(run_dir: str | Path) -> RunResult:
 def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds | None = None,
            gate_config: str | Path | None = None, gate_overrides: dict | None = None) -> RunResult:
     """Recompute the evidence and the verdict from the stored files alone (no engine); write
-    results.json, tables/*.csv and review.md. Thresholds: `thresholds`, or defaults < the YAML file
-    `gate_config` < `gate_overrides`."""
+    results.json, tables/*.csv and review.md. Thresholds: `thresholds`, or defaults < the run's own
+    (thresholds.json, written by `compare`) < the YAML file `gate_config` < `gate_overrides`."""
     from kveval.pipeline import judge_stored_run, rejudge_stored_evidence
 
-    limits = resolve_thresholds(thresholds, gate_config, gate_overrides)
     result = load_run(run_dir)
     run = RunDir(run_dir)
+    try:
+        stored = run.load_thresholds() if thresholds is None else None
+    except StoreError as error:
+        raise KvevalError(str(error)) from None
+    limits = resolve_thresholds(thresholds, gate_config, gate_overrides, stored)
     try:
         # A published report keeps manifest and results but not the bulky cells: re-judge its evidence.
         published = not result.cells and not run.has_cell_files() and run.results_path.is_file()

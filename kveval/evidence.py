@@ -8,6 +8,7 @@ review.md, results.json, tables/*.csv and figures. Nothing downstream reads the 
 from __future__ import annotations
 
 from kveval.analysis.acceptance import acceptance_matrix, rejections
+from kveval.analysis.attribution import identical_specs, remedy_attribution
 from kveval.analysis.capacity import pool_by_length, startup_table
 from kveval.analysis.capacity_model import capacity_rows
 from kveval.analysis.cell_records import BASELINE_KV, generation_records
@@ -27,11 +28,16 @@ RESULTS_SCHEMA_VERSION = schema.RESULTS_VERSION
 
 # --- evidence ------------------------------------------------------------------------------------
 
-def _cells_evidence(cells: dict[str, dict], planned: list[dict]) -> dict:
+def _cells_evidence(cells: dict[str, dict], planned: list[dict], references: dict | None = None) -> dict:
     """Per cell what the gate needs; a planned cell without a result file is listed as missing so
-    that the verdict can never pass over it."""
+    that the verdict can never pass over it. A quality reference says which baseline it stands in for."""
     out = {}
     for name, facts in cells.items():
+        if name in (references or {}):
+            out[name] = {"kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
+                         "started": bool(facts.get("started")), "reference_for": references[name].get("for"),
+                         "failure_reason": (facts.get("failure") or {}).get("reason"), "kv_pool_tokens": None}
+            continue
         out[name] = {"kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
                      "started": bool(facts.get("started")),
                      "failure_reason": (facts.get("failure") or {}).get("reason"),
@@ -166,6 +172,9 @@ def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict]
     """Everything the verdict and the review need, JSON-safe. `gate.evaluate(evidence)` reads
     `cells`, `divergence`, `degeneration` and `tasks` ({} when no cell ran tasks)."""
     model_limit = (manifest.get("model") or {}).get("max_position_embeddings")
+    # Quality references (run/reference.py) are baselines for quality only: no capacity or speed figure.
+    references = manifest.get("quality_references") or {}
+    measured = {name: facts for name, facts in cells.items() if name not in references}
     tasks = task_evidence(cells, baseline_kv)
     if tasks:
         tasks["pace"] = json_safe(_task_pace(manifest, cells, tasks))
@@ -174,21 +183,25 @@ def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict]
         "baseline_kv": baseline_kv,
         "platform": platform_profile(manifest, cells),
         "tasks_planned": _tasks_planned(manifest) or bool(tasks),
-        "cells": _cells_evidence(cells, manifest.get("cells") or []),
-        "pools": records(pool_by_length(cells, baseline_kv)) if cells else [],
+        "cells": _cells_evidence(cells, manifest.get("cells") or [], references),
+        "pools": records(pool_by_length(measured, baseline_kv)) if measured else [],
         "divergence": json_safe({**cell_divergence(cells, baseline_kv, model_limit),
                                  "top_k": scoring_top_k(manifest, cells)}),
         "degeneration": _degeneration_evidence(workloads, cells),
         "diff": _diff_evidence(workloads, cells),
-        "startup": records(startup_table(cells)) if cells else [],
-        "speed": records(speed_table(cells)),
-        "speed_settings": _speed_settings(cells),
-        "throughput": records(throughput_table(cells, baseline_kv)),
-        "acceptance": _acceptance_evidence(workloads, cells),
-        "capacity_model": _capacity_evidence(manifest, cells, baseline_kv),
+        "startup": records(startup_table(measured)) if measured else [],
+        "speed": records(speed_table(measured)),
+        "speed_settings": _speed_settings(measured),
+        "throughput": records(throughput_table(measured, baseline_kv)),
+        "acceptance": _acceptance_evidence(workloads, measured),
+        "capacity_model": _capacity_evidence(manifest, measured, baseline_kv),
+        "quality_references": json_safe(references),
         "sample_outputs": _sample_outputs(workloads, cells),
         "tasks": tasks,
         "diagnosis": diagnosis_evidence(manifest, kv_ranges),
         "kv_scales": manifest.get("kv_scales"),
         "remedy": manifest.get("remedy"),
+        # Plain FP8 against its remedy on the same positions: attribution of the harm and soundness checks.
+        "attribution": json_safe(remedy_attribution(cells, baseline_kv)),
+        "identical_specs": json_safe(identical_specs(cells, baseline_kv)),
     }

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
+from kveval.analysis.sequential import final_look_alpha, look_alpha, samples_to_show_drop
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -140,6 +141,15 @@ class Thresholds:
     alpha: float = 0.05
     """Significance level of McNemar's exact test, and 1 − confidence of the recovery bound."""
 
+    attribution_min_reduction: float = 0.5
+    """Plain FP8 whose divergence is outside the healthy budget FAILs when its remedy (the diagnosed
+    layers kept in the model dtype) is healthy, removes at least this share of the KL mean, and the
+    paired block test says so at level alpha (`attribution_reason`)."""
+
+    defect_factor: float = 1.5
+    """A remedy cell whose KL mean (overall, or in one position range) is at least this many times
+    plain FP8's, significantly at level alpha, is a defect of the engine path, not FP8 damage."""
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -152,7 +162,7 @@ class Thresholds:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Thresholds)}
 _SHARES = {"top1_agreement_min", "top1_agreement_fail", "max_new_degenerate_share", "task_recovery_min",
-           "task_noninferiority_margin", "alpha"}
+           "task_noninferiority_margin", "alpha", "attribution_min_reduction"}
 
 
 def _coerce(key: str, value, source: str):
@@ -184,9 +194,16 @@ def _apply(values: dict, settings: dict, source: str) -> None:
             values[key] = _coerce(key, value, source)
 
 
-def load_thresholds(path: str | Path | None = None, overrides: dict | None = None) -> Thresholds:
-    """Dataclass defaults < YAML mapping at `path` < `overrides` (e.g. CLI options; None = unset)."""
+def load_thresholds(path: str | Path | None = None, overrides: dict | None = None,
+                    base: dict | None = None) -> Thresholds:
+    """Dataclass defaults < `base` (a run's stored limits) < YAML mapping at `path` < `overrides`
+    (e.g. CLI options; None = unset)."""
     values: dict = {}
+    if base is not None and not isinstance(base, dict):
+        raise GateConfigError(f"the run's thresholds.json: expected a mapping of threshold: value, got {type(base).__name__}")
+    if base:
+        # Limits stored by an older kveval may lack newer fields (defaults) or name retired ones (dropped).
+        _apply(values, {k: v for k, v in base.items() if k in _FIELDS}, "the run's thresholds.json")
     if path is not None:
         import yaml  # only needed for files; evaluate() stays dependency-free
 
@@ -240,10 +257,13 @@ class Verdict:
     noise_floor: dict | None = None
     cells: dict[str, str] = field(default_factory=dict)   # tested cell -> PASS / FAIL / INCONCLUSIVE / NOT STARTED
     profile: dict = field(default_factory=dict)          # {"name", "why", "budget"}
+    defects: list[dict] = field(default_factory=list)    # {"cell", "message"}: engine-path defects, not FP8 damage
+    attributed: dict[str, list[str]] = field(default_factory=dict)  # plain FP8 cell -> the layers its harm is attributed to
 
     def to_dict(self) -> dict:
         return {"status": self.status, "exit_code": exit_code(self),
                 "cells": dict(self.cells), "profile": dict(self.profile),
+                "defects": [dict(d) for d in self.defects], "attributed": dict(self.attributed),
                 "reasons": [dataclasses.asdict(r) for r in self.reasons],
                 "checks": [dataclasses.asdict(c) for c in self.checks],
                 "thresholds": dict(self.thresholds), "noise_floor": self.noise_floor}
@@ -397,30 +417,61 @@ def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool,
                                        f"{n} paired samples", "tasks the model can answer at this length: smaller "
                                                               "--task-lengths, or a stronger model")
         return
-    bound = paired_recovery_bound(n, b, c, base_acc, t.alpha)
-    detail += f", recovery {_pct(rec)}, {100 * (1 - t.alpha):g} % lower bound {_pct(bound)}"
-    if rec < t.task_recovery_min and p is not None and p < t.alpha:
+    # Rounds of task samples are judged at every round: each look tests at the alpha it may spend
+    # (analysis/sequential.py); no design, or one final look: the fixed-sample test at t.alpha.
+    look = look_alpha(result.get("looks") or [n], result.get("n_max"), t.alpha, bool(result.get("final", True)))
+    level = look.alpha
+    # The bound of a recovery is never below 0; at a tiny alpha (an early look) the exact bound of b / n
+    # nears 1 and the formula would go negative, which says nothing more than 0 does.
+    bound = max(0.0, paired_recovery_bound(n, b, c, base_acc, level)) if level > 0 else 0.0
+    detail += f", recovery {_pct(rec)}, {_confidence(level)} lower bound {_pct(bound)}"
+    if look.sequential:
+        detail += (f"; look {look.number} of a sequential design over at most {result.get('n_max')} samples, "
+                   f"alpha {_g(level)} of {t.alpha:g} spent here{' (the final look)' if look.final else ''}")
+    if rec < t.task_recovery_min and p is not None and p < level:
         out.check("task_recovery", cell, rec, t.task_recovery_min, False, detail)
         out.reason(FAIL, cell, f"{cell}: significant task accuracy drop: recovery {_pct(rec)} < "
-                               f"{_pct(t.task_recovery_min)}, McNemar p {_g(p)} < {t.alpha:g} ({detail})")
+                               f"{_pct(t.task_recovery_min)}, McNemar p {_g(p)} < {_g(level)} ({detail})")
     elif bound >= t.task_noninferiority_margin:
         out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, True, detail)
     else:
         out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, None, detail)
-        need = samples_to_decide(n, b, c, base_acc, t.task_noninferiority_margin, t.alpha)
         out.reason(INCONCLUSIVE, cell,
                    f"{cell}: task accuracy not shown non-inferior: recovery {_pct(rec)}, lower bound {_pct(bound)} < "
                    f"margin {_pct(t.task_noninferiority_margin)} ({n} paired samples)",
-                   _more_samples_hint(n, need, pace))
+                   _more_samples_hint(n, b, c, base_acc, rec, look, result.get("n_max"), pace, t))
 
 
-def _more_samples_hint(n: int, need: int | None, pace: dict | None) -> str:
+def _confidence(level: float) -> str:
+    """95 % for alpha 0.05; more digits where an early look spends little (99.97 %)."""
+    share = 100 * (1 - level)
+    return f"{share:g} %" if share == round(share, 2) else f"{share:.4g} %"
+
+
+def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look, n_max: int | None,
+                       pace: dict | None, t: Thresholds) -> str:
+    """What would decide an undecided task comparison, never contradicting itself: a sample count when
+    more samples could show non-inferiority (or a significant drop), else that the observed recovery
+    at or under the margin is the finding."""
+    sequential = bool(n_max)
+    # A new run with a budget spends its last look at about this (its previous look at half its samples).
+    level = final_look_alpha(t.alpha) if sequential else t.alpha
+    need = samples_to_decide(n, b, c, base_acc, t.task_noninferiority_margin, level)
     if need is None:
-        return ("more samples alone are unlikely to decide it: the observed recovery sits at the margin; "
-                "--full gives 270 samples per cell")
+        hint = (f"the observed recovery {_pct(rec)} sits at or under the margin {_pct(t.task_noninferiority_margin)} "
+                f"(within 2 points): more samples would not show it non-inferior, and that is the finding")
+        drop = samples_to_show_drop(n, b, c, level) if rec < t.task_recovery_min else None
+        if drop:
+            hint += f"; about {drop:,} paired samples per cell would show whether the drop is significant"
+            hint += f" (--budget {drop})" if sequential else ""
+        return hint
+    if sequential and not look.final:
+        return f"more rounds of task samples: about {need:,} paired samples per cell (now {n}) within --budget {n_max}"
     hint = f"about {need:,} paired samples per cell (now {n})"
+    if sequential:
+        hint += f"; this run's rounds stopped short of them: --budget {need} gives a run that many"
     per_point = (pace or {}).get("samples_per_unit")
-    if per_point:
+    if per_point and not sequential:
         k = max(1, math.ceil(need / per_point))
         hint += f": --task-samples {k} ({per_point} samples per step)"
     seconds = (pace or {}).get("seconds_per_sample")
@@ -428,6 +479,108 @@ def _more_samples_hint(n: int, need: int | None, pace: dict | None) -> str:
         minutes = need * seconds * max(1, (pace or {}).get("cells", 1)) / 60
         hint += f", roughly {minutes:.0f} min of task time at this run's pace"
     return hint
+
+
+_DIVERGENCE_CHECKS = ("kl_mean", "kl_p99", "kl_late_mean", "top1_agreement")
+
+
+def _divergence_state(out: _Collector, cell: str) -> str | None:
+    """"healthy" (every divergence figure inside its budget), "drift" (some figure outside the healthy
+    budget, none beyond the harm limit), "harm", or None (no divergence figures)."""
+    checks = [c for c in out.checks if c.cell == cell and c.name in _DIVERGENCE_CHECKS and c.value is not None]
+    if not checks:
+        return None
+    if any(c.passed is False for c in checks):
+        return "harm"
+    return "healthy" if all(c.passed for c in checks) else "drift"
+
+
+def _layers(kept: list[str]) -> str:
+    return ("layer " if len(kept) == 1 else "layers ") + ", ".join(str(k) for k in kept)
+
+
+def _remedy_defect(pair: dict, budget: Budget, t: Thresholds) -> str | None:
+    """Why the remedy cell of `pair` cannot be sound, or None. Keeping layers in the model dtype can
+    only remove quantization error; a remedy much worse than plain FP8 is a broken engine path."""
+    plain, remedy = pair.get("plain_kl_mean"), pair.get("remedy_kl_mean")
+    if plain is None or remedy is None:
+        return None
+    sound_before = False  # a position range where the remedy is not worse: the breakage starts later
+    for bucket in pair.get("buckets") or []:
+        b_plain, b_remedy, b_p = bucket.get("plain_kl_mean"), bucket.get("remedy_kl_mean"), bucket.get("p_remedy_worse")
+        if b_plain is None or b_remedy is None:
+            continue
+        worse = (b_remedy >= t.defect_factor * b_plain and b_remedy > budget.kl_late_max
+                 and (bucket.get("n") or 0) >= t.min_late_tokens and b_p is not None and b_p < t.alpha)
+        if worse and sound_before:
+            return (f"at positions {bucket['bucket']} its KL mean is {_g(b_remedy)} against plain FP8's {_g(b_plain)} "
+                    f"(paired block test p {_g(b_p)}), while earlier positions are sound: the kept-layer cache breaks "
+                    "with position")
+        sound_before = sound_before or b_remedy <= max(t.defect_factor * b_plain, budget.kl_mean_max)
+    p = pair.get("p_remedy_worse")
+    if remedy >= t.defect_factor * plain and remedy > budget.kl_mean_max and p is not None and p < t.alpha:
+        return (f"its KL mean {_g(remedy)} is {remedy / plain:.1f}× plain FP8's {_g(plain)} on the same positions "
+                f"(paired block test p {_g(p)})")
+    return None
+
+
+def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> list[dict]:
+    """Engine-path defects: a remedy far worse than plain FP8, or two specs with identical figures.
+    The defective cell's FAIL reasons become INCONCLUSIVE: its figures do not measure FP8 quality."""
+    defects: list[dict] = []
+    for pair in evidence.get("attribution") or []:
+        why = _remedy_defect(pair, budget, t)
+        if why:
+            defects.append({"cell": pair["remedy"], "message": f"{pair['remedy']} looks broken, not FP8-damaged: "
+                                                               f"{why}. Keeping {_layers(pair['kept'])} in the model "
+                                                               f"dtype cannot do that in a correct engine"})
+    for same in evidence.get("identical_specs") or []:
+        first, second = same["cells"]
+        defects.append({"cell": second, "message": f"{first} and {second} have identical per-position figures on "
+                                                   f"{same['n_positions']} positions: the kept-layer setting did not "
+                                                   "reach the engine (vLLM ignored it, or kveval did not pass it)"})
+    for defect in defects:
+        for reason in out.reasons:
+            if reason.cell == defect["cell"] and reason.level == FAIL:
+                reason.level = INCONCLUSIVE
+                reason.decide = "not judged as FP8 damage: see the defect"
+        out.reason(INCONCLUSIVE, defect["cell"], defect["message"],
+                   "a defect of the engine path (or of kveval), not of the model's FP8 quality: try another vLLM "
+                   "version or attention backend, and report it with the cell's log")
+    return defects
+
+
+def _attribute(out: _Collector, evidence: dict, defective: set[str], t: Thresholds) -> dict[str, list[str]]:
+    """Plain FP8 whose drift the diagnosed layers explain FAILs (`attribution_min_reduction`).
+
+    False alarms: the FAIL needs (1) plain FP8 outside the platform's healthy budget, which healthy
+    runs sit well inside; (2) a remedy cell that is itself inside every healthy budget and sound; (3)
+    most of the KL mean removed, and (4) the one-sided paired block test at level alpha. Under the
+    null hypothesis that the kept layers do not matter, (4) alone errs with probability at most
+    alpha, and (1) must hold as well. A FAIL here says plain FP8 is worse than a configuration
+    that fixes it, and the review names that configuration.
+    """
+    attributed: dict[str, list[str]] = {}
+    for pair in evidence.get("attribution") or []:
+        plain, remedy = pair["plain"], pair["remedy"]
+        if remedy in defective or FAIL in out.levels(plain):
+            continue
+        if _divergence_state(out, plain) != "drift" or _divergence_state(out, remedy) != "healthy":
+            continue
+        reduction, p = pair.get("reduction"), pair.get("p_plain_worse")
+        if reduction is None or p is None or reduction < t.attribution_min_reduction or p >= t.alpha:
+            continue
+        attributed[plain] = list(pair["kept"])
+        out.check("remedy_attribution", plain, reduction, t.attribution_min_reduction, False,
+                  f"{remedy}: KL mean {_g(pair['remedy_kl_mean'])} vs {_g(pair['plain_kl_mean'])}, "
+                  f"{pair['n_blocks']} blocks of positions, one-sided Wilcoxon signed-rank p {_g(p)}")
+        out.reason(FAIL, plain, f"{plain}: its divergence is caused by {_layers(pair['kept'])}: keeping them in the "
+                                f"model dtype ({remedy}) cuts the KL mean from {_g(pair['plain_kl_mean'])} to "
+                                f"{_g(pair['remedy_kl_mean'])} ({_pct(reduction)} of it) on the same "
+                                f"{pair['n_positions']:,} positions (one-sided Wilcoxon signed-rank test on "
+                                f"{pair['n_blocks']} blocks of positions, p {_g(p)} < {t.alpha:g}), and the remedy "
+                                "is inside every healthy budget")
+    return attributed
 
 
 def _cell_status(out: _Collector, cell: str) -> str:
@@ -491,12 +644,24 @@ def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: 
         out.reason(NOTE, None, f"baseline noise floor KL mean {_g(floor['kl_mean'])} widens the KL mean budget to "
                                f"{_g(t.noise_multiplier * floor['kl_mean'])}")
 
+    references = evidence.get("quality_references") or {}
     for name in started:
+        reference = (comparisons.get(name) or {}).get("reference")
+        if reference in references:
+            out.reason(NOTE, name, f"{name} is judged against {reference}: {references[reference].get('for')} did not "
+                                   f"start on the run's KV budget, so kveval started `{baseline_kv}` at this length with "
+                                   f"{(references[reference].get('kv_cache_memory_bytes') or 0) / 2 ** 20:,.0f} MiB "
+                                   "for quality only (not a capacity figure)")
         _divergence(out, name, comparisons.get(name), unmatched_div.get(name) or "no divergence data", floor, budget, t)
         _degeneration(out, name, degeneration.get(name), t)
         _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace, t)
         for task_name in sorted((tasks.get("task_errors") or {}).get(name) or {}):
             out.reason(NOTE, name, f"{name}: task {task_name} failed and is left out of its task accuracy")
+        statuses[name] = _cell_status(out, name)
+
+    defects = _defects(out, evidence, budget, t)
+    attributed = _attribute(out, evidence, {d["cell"] for d in defects}, t)
+    for name in started:
         statuses[name] = _cell_status(out, name)
 
     run_levels = out.levels(None)
@@ -510,4 +675,4 @@ def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: 
     budget_dict = dataclasses.asdict(budget)
     return Verdict(status, out.reasons, out.checks, t.to_dict(), floor, statuses,
                    {"name": profile, "why": platform.get("why") or PROFILES[profile][1],
-                    "calibration": PROFILES[profile][1], "budget": budget_dict})
+                    "calibration": PROFILES[profile][1], "budget": budget_dict}, defects, attributed)

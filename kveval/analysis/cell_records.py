@@ -20,7 +20,7 @@ def baseline_for(cells: dict[str, dict], facts: dict, baseline_kv: str = BASELIN
     """The baseline cell at the same max_model_len (None when it is this cell or absent)."""
     if facts.get("kv_cache_dtype") == baseline_kv:
         return None
-    for other in cells.values():
-        if other.get("kv_cache_dtype") == baseline_kv and other.get("max_model_len") == facts.get("max_model_len"):
-            return other
-    return None
+    same = [other for other in cells.values()
+            if other.get("kv_cache_dtype") == baseline_kv and other.get("max_model_len") == facts.get("max_model_len")]
+    # A started one first: where `auto` failed on the run's budget, its quality reference stands in.
+    return next((other for other in same if other.get("started")), same[0] if same else None)

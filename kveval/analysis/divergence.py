@@ -153,6 +153,11 @@ def _scored(facts: dict, noise: bool = False) -> dict[str, dict]:
     return {s["id"]: s for s in phase.get("sequences", []) if s.get("accepted") and s.get("positions")}
 
 
+def scored_sequences(facts: dict) -> dict[str, dict]:
+    """A cell's accepted, scored sequences by id ({} when it did not start or has no scoring)."""
+    return _scored(facts)
+
+
 def _align(ref: dict, cand: dict) -> tuple[list, list, int]:
     """Both sequences' positions from the later scored_from on, cut to the shorter."""
     start = max(ref["scored_from"], cand["scored_from"])

@@ -182,9 +182,13 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     """Samples keyed by (task, sample id); doc_id stands in where a record has no sample_id."""
     key = [str(s) if s is not None and not (isinstance(s, float) and math.isnan(s)) else f"doc:{d}"
            for s, d in zip(frame["sample_id"], frame["doc_id"])]
-    keyed = frame.assign(key=key, rejected=frame["status"] == "rejected", errored=frame["status"] == "error")
+    # round: which round of task samples (files/task_rounds.py) the sample came in; 0 for the first.
+    rounds = (pd.to_numeric(frame["round"], errors="coerce").fillna(0).astype(int) if "round" in frame
+              else pd.Series(0, index=frame.index, dtype=int))
+    keyed = frame.assign(key=key, rejected=frame["status"] == "rejected", errored=frame["status"] == "error",
+                         round=rounds)
     return keyed.drop_duplicates(["task", "key"], keep="first")[
-        ["task", "key", "accepted", "rejected", "errored", "scored", "scored_correct"]]
+        ["task", "key", "round", "accepted", "rejected", "errored", "scored", "scored_correct"]]
 
 
 def _paired_row(merged: pd.DataFrame) -> dict:
@@ -216,6 +220,16 @@ def baseline_cells(samples: pd.DataFrame, baseline_kv: str = BASELINE_KV) -> dic
         if len(same):
             out[cell] = same.index[0]
     return out
+
+
+def paired_looks(samples: pd.DataFrame, cell: str, reference: str) -> list[int]:
+    """Paired samples (both cells scored) after each round `cell` took part in, cumulative: the looks
+    of the sequential design (analysis/sequential.py). One look when there were no rounds."""
+    merged = _keyed(samples[samples["cell"] == cell]).merge(_keyed(samples[samples["cell"] == reference]),
+                                                            on=["task", "key"], suffixes=("_cell", "_base"))
+    paired = merged[merged["scored_cell"] & merged["scored_base"]]
+    taken = sorted(set(_keyed(samples[samples["cell"] == cell])["round"]))
+    return [int((paired["round_cell"] <= k).sum()) for k in taken]
 
 
 def task_comparisons(samples: pd.DataFrame, baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
@@ -266,10 +280,11 @@ def task_evidence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dic
     samples: number of stored samples; sample_rows: every sample (tables/task_samples.csv);
     accuracy / comparisons / grid: the three tables above as rows; cells: per non-baseline cell the
     pooled-over-tasks comparison the gate reads (recovery, mcnemar_p, n, accuracies, rejected =
-    samples it rejected that the baseline accepted, b, c); unmatched: non-baseline cells with samples
+    samples it rejected that the baseline accepted, b, c, looks = paired samples after each round); unmatched: non-baseline cells with samples
     but no baseline with samples at their max_model_len; errors: cell -> error text of a tasks phase
     that crashed; task_errors: cell -> {task: error text} for single tasks that failed while the
-    others ran; runs: per cell what was asked (tasks, lm-eval version, limit, lm-eval's aggregates).
+    others ran; runs: per cell what was asked (tasks, lm-eval version, limit, lm-eval's aggregates);
+    cells[*].n_max / final and design: the sequential design of a run with task rounds (absent otherwise).
     """
 
     phases = {name: tasks_phase(facts) for name, facts in cells.items()}
@@ -284,7 +299,11 @@ def task_evidence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dic
     per_cell = {row["cell"]: {"reference": row["reference"], "max_model_len": row["max_model_len"],
                               "recovery": row["recovery"], "mcnemar_p": row["mcnemar_p"], "n": row["n_paired"],
                               "baseline_accuracy": row["baseline_accuracy"], "cell_accuracy": row["cell_accuracy"],
-                              "b": row["baseline_only"], "c": row["cell_only"], "rejected": row["cell_rejected"]}
+                              "b": row["baseline_only"], "c": row["cell_only"], "rejected": row["cell_rejected"],
+                              # looks only where rounds were run: a single look is n itself, as before rounds.
+                              **({"looks": paired_looks(samples, row["cell"], row["reference"])}
+                                 if "round" in samples else {}),
+                              **_design(phases.get(row["cell"]))}
                 for row in pooled.to_dict("records")}
     matched = set(baseline_cells(samples, baseline_kv)) if not samples.empty else set()
     unmatched = [{"cell": cell, "reason": f"no {baseline_kv} cell with task results at max_model_len "
@@ -296,9 +315,18 @@ def task_evidence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dic
                    "lm_eval_results": phase.get("lm_eval_results")}
             for name, phase in phases.items() if phase and not phase.get("error")}
     order = list(dict.fromkeys(samples["task"]))
+    designs = [phase["design"] for phase in phases.values() if (phase or {}).get("design")]
     return json_safe({
         "baseline_kv": baseline_kv, "tasks": order, "samples": int(len(samples)),
         "sample_rows": records(samples), "accuracy": records(task_accuracy(samples)),
         "comparisons": records(comparisons), "grid": records(depth_length_grid(samples)),
         "cells": per_cell, "unmatched": unmatched, "errors": errors, "task_errors": task_errors, "runs": runs,
+        **({"design": {"n_max": designs[0]["n_max"], "stopped": designs[0].get("stopped"),
+                       "spending": "O'Brien-Fleming-type alpha spending (Lan & DeMets 1983)"}} if designs else {}),
     })
+
+
+def _design(phase: dict | None) -> dict:
+    """The sequential design a cell's tasks phase carries (files/task_rounds.py): n_max and final."""
+    design = (phase or {}).get("design") or {}
+    return {"n_max": design["n_max"], "final": bool(design.get("final"))} if design.get("n_max") else {}

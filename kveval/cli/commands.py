@@ -153,6 +153,12 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--remedy", type=click.Choice(list(REMEDY_MODES)), default=defaults.REMEDY, show_default=True,
               help="auto: when an FP8 cell FAILs, run it again with the layers whose K/V leave the FP8 range kept in "
                    "the model dtype; always: try that after every started FP8 cell; off: never.")
+@click.option("--budget", default=None, metavar="N|TIME|N,TIME",
+              help="Task evidence until decided: while a tested cell is INCONCLUSIVE only because its task accuracy is "
+                   "not yet shown non-inferior (or a drop not yet significant), run more task rounds on new samples "
+                   "for it and its auto baseline, up to N paired samples per cell (also the sequential design's "
+                   "N_max) and/or TIME of round time (90s, 10m, 1h), whichever comes first; 0 or off: no rounds. "
+                   "Default: 600,20m.")
 @click.option("--diagnose/--no-diagnose", default=defaults.DIAGNOSE, show_default=True,
               help="Measure each layer's K/V range with transformers (once per run) against the FP8 range.")
 @click.option("--retry-failed", is_flag=True,

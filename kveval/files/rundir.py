@@ -9,6 +9,7 @@ Ctrl-C never leaves a half-written result and never loses a finished cell. The l
     DIR/scoring.json            documents every cell scores teacher-forced (token ids)
     DIR/cells/<cell>.json       one cell's facts (start-up, capacity, phases)
     DIR/cells/<cell>.log        that cell's process output (vLLM's own words)
+    DIR/cells/<cell>.tasks-r<k>.json   a later round of that cell's task samples (read with the cell)
     DIR/kv_ranges.json          per-layer K/V ranges (the diagnosis pass), when the run made one
     DIR/results.json            evidence + verdict (`kveval report` writes it; .json.gz in published reports)
     DIR/tables/*.csv, *.png     the evidence as tables and figures
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kveval.files import schema
+from kveval.files.task_rounds import design_of, merge_rounds, round_cell_id, rounds_of
 
 SCHEMA_VERSION = schema.MANIFEST_VERSION
 
@@ -147,6 +149,14 @@ class RunDir:
         return self.path / self.REVIEW_FILE
 
     @property
+    def thresholds_path(self) -> Path:
+        """The gate's limits the run was judged with: `kveval report` / `gate` re-judge with them."""
+        return self.path / "thresholds.json"
+
+    def load_thresholds(self) -> dict | None:
+        return read_json(self.thresholds_path) if self.thresholds_path.is_file() else None
+
+    @property
     def results_path(self) -> Path:
         """results.json; a published report keeps it compressed (results.json.gz) and it stays so."""
         plain = self.path / self.RESULTS_FILE
@@ -226,11 +236,13 @@ class RunDir:
         return _validated("cell", path) if validate else read_json(path)
 
     def load_cells(self, manifest: dict | None = None) -> dict[str, dict]:
-        """Cells in the manifest's planned order; a planned cell with no file yet is left out."""
+        """Cells in the manifest's planned order; a planned cell with no file yet is left out. A cell
+        with later task rounds (manifest `task_rounds`) carries their samples too (files/task_rounds.py)."""
         manifest = manifest or self.load_manifest()
         cells = {}
         for planned in manifest.get("cells", []):
             data = self.load_cell(planned["id"])
             if data is not None:
-                cells[planned["id"]] = data
+                rounds = [(k, self.load_cell(round_cell_id(planned["id"], k))) for k in rounds_of(manifest, planned["id"])]
+                cells[planned["id"]] = merge_rounds(data, rounds, design_of(manifest, planned["id"]))
         return cells

@@ -131,6 +131,7 @@ class Options(FileModel):
     samples_per_point: int
     limit: Optional[int]
     kv_budget_note: Optional[str] = None     # why kveval chose the CPU KV budget (issue 10); absent before
+    budget: Optional[dict[str, Any]] = None  # --budget as inputs/budget.Budget.to_dict(); absent before issue 23
 
 
 class PromptFormat(FileModel):
@@ -196,6 +197,31 @@ class Remedy(FileModel):
     cells: list[str]
 
 
+class TaskRound(FileModel):
+    """One more round of task samples at one length (run/rounds.py): its cells (the baseline first)
+    each ran the tasks phase alone on new samples in data_dir, stored as cells/<cell>.tasks-r<round>.json."""
+
+    round: int
+    max_model_len: int
+    cells: list[str]
+    data_dir: str
+    samples_per_point: int
+    limit: Optional[int]
+    target: int                   # paired samples per cell this round aims to reach
+
+
+class TaskRounds(FileModel):
+    """Task evidence until decided: the budget, the design's N_max, the rounds run, and the cells whose
+    last look is final (it spends the alpha left: analysis/sequential.py)."""
+
+    budget: dict[str, Any]
+    n_max: int
+    rounds: list[TaskRound]
+    final: list[str]
+    stopped: Optional[str]
+    notes: list[str]
+
+
 class Manifest(FileModel):
     schema_version: int
     tool: Literal["kveval"]
@@ -213,6 +239,7 @@ class Manifest(FileModel):
     hardware: Hardware
     task_data: TaskData
     remedy: Optional[Remedy] = None               # only after a remedy was planned
+    task_rounds: Optional[TaskRounds] = None      # only after task rounds were planned (issue 23)
 
 
 # --- cells/<cell>.json (worker/cell_main.py, worker/phases/*.py, run/cell_process._finish) ---------
@@ -570,6 +597,9 @@ class TaskCell(FileModel):
     b: int
     c: int
     rejected: int
+    looks: Optional[list[int]] = None      # paired samples after each round (analysis/sequential.py)
+    n_max: Optional[int] = None            # the budget's paired samples per cell; absent: no design
+    final: Optional[bool] = None           # its last look spends the alpha left
 
 
 class Pace(FileModel):
@@ -592,6 +622,7 @@ class TaskEvidence(FileModel):
     task_errors: dict[str, dict[str, str]]
     runs: dict[str, dict[str, Any]]
     pace: Optional[Pace] = None
+    design: Optional[dict[str, Any]] = None   # the sequential design (analysis/sequential.attach_design)
 
 
 class Diagnosis(FileModel):

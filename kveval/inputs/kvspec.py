@@ -37,6 +37,11 @@ class KVSpec:
             settings["kv_cache_dtype_skip_layers"] = list(self.keep)
         return settings
 
+    def vllm_flags(self) -> str:
+        """The same configuration as vLLM's own command-line flags."""
+        flags = f"--kv-cache-dtype {self.dtype}"
+        return flags + (" --kv-cache-dtype-skip-layers " + " ".join(self.keep) if self.keep else "")
+
     def label(self, model_dtype: str = "the model dtype") -> str:
         """Words for the review: "FP8 with layers 0, 1 kept in bf16"."""
         name = self.dtype.upper() if self.dtype.startswith("fp8") else f"`{self.dtype}`"

@@ -596,13 +596,17 @@ def generate_task_docs(tokenizer, task: str, max_model_len: int, *,
                        fractions: Sequence[float] = DEFAULT_FRACTIONS,
                        depths: Sequence[float] = DEFAULT_DEPTHS,
                        samples_per_point: int = 1, seed: int = 0,
-                       data_dir: Path = DATA_DIR) -> list[dict]:
+                       data_dir: Path = DATA_DIR, round_number: int = 0) -> list[dict]:
     """The docs of one task (full or short name) for one max_model_len, in the SCHEMA.md shape.
 
     Order: fractions, then depths, then samples. A depth task gets samples_per_point docs per
     (fraction, depth); cwe has no depth and gets samples_per_point x len(depths) per fraction,
     so every task has the same number of docs. Each doc has its own seeded generator, so adding
     a fraction or depth leaves the other docs unchanged.
+
+    `round_number` k > 0: another round of new samples for the same run (run/rounds.py): other
+    generators, and ids ending in -r<k>, so that no sample of one round pairs with another's.
+    Round 0 is the run's first data, unchanged.
     """
     task = resolve_task_names([task])[0]
     _check_args(task, max_model_len, fractions, depths, samples_per_point)
@@ -617,7 +621,8 @@ def generate_task_docs(tokenizer, task: str, max_model_len: int, *,
     for fraction in fractions:
         target = round(fraction * max_model_len)
         for depth, i in points:
-            rng = random.Random(f"{seed}-{task}-{max_model_len}-{fraction}-{depth}-{i}")
+            key = f"{seed}-{task}-{max_model_len}-{fraction}-{depth}-{i}"
+            rng = random.Random(key if not round_number else f"r{round_number}-{key}")
             try:
                 text, tokens, needle_depths, outputs = generate(
                     tokenizer, sources, rng, target, depth)
@@ -626,7 +631,8 @@ def generate_task_docs(tokenizer, task: str, max_model_len: int, *,
                                  f"{e}") from None
             where = f"-d{_number(depth)}" if depth is not None else ""
             docs.append({
-                "id": f"{task}-L{max_model_len}-f{_number(fraction)}{where}-s{i}",
+                "id": f"{task}-L{max_model_len}-f{_number(fraction)}{where}-s{i}"
+                      + (f"-r{round_number}" if round_number else ""),
                 "task": task,
                 "input": text,
                 "outputs": list(outputs),
@@ -646,7 +652,7 @@ def write_task_data(tokenizer, out_dir, max_model_len: int, tasks, *,
                     fractions: Sequence[float] = DEFAULT_FRACTIONS,
                     depths: Sequence[float] = DEFAULT_DEPTHS,
                     samples_per_point: int = 1, seed: int = 0,
-                    data_dir: Path = DATA_DIR) -> dict:
+                    data_dir: Path = DATA_DIR, round_number: int = 0) -> dict:
     """Write out_dir/<task>.jsonl for every kveval task among `tasks` (others are skipped:
     lm-eval built-ins need no data). Returns {task: {"file": file name, "docs": count,
     "skipped": {fraction: why}}}. A size too small for a task's question and needles is skipped
@@ -662,7 +668,8 @@ def write_task_data(tokenizer, out_dir, max_model_len: int, tasks, *,
         for fraction in fractions:
             try:
                 docs += generate_task_docs(tokenizer, task, max_model_len, fractions=(fraction,), depths=depths,
-                                           samples_per_point=samples_per_point, seed=seed, data_dir=data_dir)
+                                           samples_per_point=samples_per_point, seed=seed, data_dir=data_dir,
+                                           round_number=round_number)
             except ValueError as error:
                 if "too small" not in str(error):
                     raise

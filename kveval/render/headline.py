@@ -29,6 +29,35 @@ def _pool_ratio(pools: list[dict], spec: str, lengths: list[int]) -> tuple[float
     return (min(ratios) if ratios else None), estimated
 
 
+def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: dict) -> str | None:
+    """The passing spec that holds the most KV (largest pool ratio to `auto`), if any passes."""
+    passing = [kv for kv, statuses in by_spec.items() if statuses.get(PASS)]
+    if not passing:
+        return None
+    ratio = lambda kv: _pool_ratio(evidence.get("pools") or [], kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
+    return max(passing, key=lambda kv: (ratio(kv), -len(parse_kv(kv).keep)))
+
+
+def _specs_by_status(verdict, evidence: dict) -> dict[str, dict[str, list[int]]]:
+    cells = evidence.get("cells") or {}
+    by_spec: dict[str, dict[str, list[int]]] = {}
+    for name, status in verdict.cells.items():
+        facts = cells.get(name) or {}
+        kv = facts.get("kv_cache_dtype")
+        if kv and kv != BASELINE_KV:
+            by_spec.setdefault(kv, {}).setdefault(status, []).append(int(facts.get("max_model_len") or 0))
+    return by_spec
+
+
+def deploy_line(verdict, evidence: dict) -> str | None:
+    """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV."""
+    spec = _deployable(_specs_by_status(verdict, evidence), evidence)
+    if spec is None:
+        return None
+    lengths = _lengths(_specs_by_status(verdict, evidence)[spec][PASS])
+    return f"Deploy (passes at {lengths}): `vllm serve MODEL {parse_kv(spec).vllm_flags()}`"
+
+
 def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> str:
     cells = evidence.get("cells") or {}
     by_spec: dict[str, dict[str, list[int]]] = {}
@@ -54,7 +83,11 @@ def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> s
         sentences.append(sentence)
     text = "; ".join(sentences) + "."
     statuses = [s for by_status in by_spec.values() for s in by_status]
-    if FAIL in statuses and PASS not in statuses and len(by_spec) > 1:
+    defects = getattr(verdict, "defects", None) or []
+    for defect in defects:
+        text += (f" {defect['cell']} looks broken (a defect of the engine path or of kveval, not FP8 damage), "
+                 "so it was not judged as FP8 quality.")
+    if not _deployable(by_spec, evidence) and FAIL in statuses and PASS not in statuses and len(by_spec) > 1 and not defects:
         text += " Nothing tried passes."
     for note in (evidence.get("remedy") or {}).get("notes", []):
         if note.startswith("No remedy"):

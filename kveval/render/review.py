@@ -16,7 +16,7 @@ from kveval.analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
 from kveval.gate import NOTE, PASS, Verdict
 from kveval.render.diagnosis_section import render_diagnosis_section
 from kveval.render.divergence_plot import NOISE_KINDS
-from kveval.render.headline import headline
+from kveval.render.headline import deploy_line, headline
 from kveval.render.markdown import escape_cell, escape_name, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
 from kveval.files.rundir import RunDir
 from kveval.render.tasks_section import tasks_section
@@ -132,6 +132,9 @@ def _profile_line(verdict: Verdict) -> str:
 def _verdict_section(verdict: Verdict, evidence: dict, manifest: dict) -> str:
     model_dtype = (manifest.get("model") or {}).get("dtype") or "bf16"
     out = [f"## Verdict: **{verdict.status}**", "", f"**{headline(verdict, evidence, model_dtype)}**", ""]
+    deploy = deploy_line(verdict, evidence)
+    if deploy:
+        out += [deploy, ""]
     deciding = [r for r in verdict.reasons if r.level == verdict.status]
     if verdict.status == PASS:
         out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]

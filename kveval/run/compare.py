@@ -1,7 +1,8 @@
 """One `kveval compare` run, parent side: set the run up, run every cell in its own process, judge, remedy.
 
     set_up_run   options -> model, prompts, scoring documents, task data, manifest (written to the run)
-    run_matrix   every planned cell, the verdict on them, and the remedy cells an FP8 FAIL asks for
+    run_matrix   every planned cell, the verdict on them, the remedy cells an FP8 FAIL asks for, and rounds
+                 of task samples for cells undecided by task accuracy (run/rounds.py)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from kveval.errors import KvevalError, RunInterrupted
 from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writable_dir, write_json_atomic
 from kveval.gate import Thresholds
+from kveval.inputs.budget import parse_budget
 from kveval.inputs.checkpoint_scales import read_kv_scales
 from kveval.inputs.kvspec import parse_kv
 from kveval.inputs.model_config import (kv_layout, load_tokenizer, model_dtype, model_layer_count, model_length_limit,
@@ -38,8 +40,10 @@ from kveval.run.diagnosis import run_diagnosis
 from kveval.run.options import CompareOptions
 from kveval.run.plan import (cell_plan, check_keep_layers, default_out, lengths_for_model, plan_cells,
                              scoring_documents, suite_counts)
+from kveval.run.reference import REFERENCE_SUFFIX, plan_references
 from kveval.run.remedy import plan_remedy
 from kveval.run.resume import earlier_chosen_budget, prepare_run_dir, redo_reason
+from kveval.run.rounds import run_task_rounds
 from kveval.run.vllm_vocabulary import check_against_vllm, vllm_vocabulary
 
 
@@ -139,6 +143,7 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
             "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
             "tasks": task_names, "lengths": list(shape.fractions), "depths": list(shape.depths),
             "samples_per_point": shape.samples, "limit": options.task_limit,
+            "budget": parse_budget(options.budget).to_dict(),
         },
         "prompt_ids": [p.id for p in prompts],
         "prompt_format": prompt_format(tokenizer),
@@ -241,6 +246,7 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     run, manifest, options = setup.run, setup.manifest, setup.options
     try:
         _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray)
+        _run_quality_references(setup, show)
         review = judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
         remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
         extra = [cell_plan(options, setup.model.path, setup.phase_options, kv, length, setup.baseline_dtype)
@@ -254,6 +260,9 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
             for note in remedy["notes"]:
                 show.note(note)
         _run_cells(run, extra, True, options, show, setup.devices, setup.ray)
+        # Cells undecided only by task accuracy: more task samples, in rounds, until decided or the budget is spent.
+        run_task_rounds(setup, thresholds, show,
+                        lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray))
     except KeyboardInterrupt:
         # Finished cells are on disk already; render what exists so the user has a review now.
         judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
@@ -261,6 +270,25 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     finally:
         if setup.ray is not None:
             setup.ray.close()
+
+
+def _run_quality_references(setup: RunSetup, show) -> None:
+    """An `auto` cell for quality only at each length where `auto` failed for KV capacity and a tested
+    cell started (run/reference.py); kept in the manifest so that a resume reuses it."""
+    run, manifest = setup.run, setup.manifest
+    planned = plan_references(run.load_cells(manifest), setup.plans, manifest)
+    if not planned:
+        return
+    references = manifest.setdefault("quality_references", {})
+    known = {c["id"] for c in manifest["cells"]}
+    for plan, why in planned:
+        references[plan.id] = {"for": plan.id.removesuffix(REFERENCE_SUFFIX),
+                               "kv_cache_memory_bytes": plan.engine["kv_cache_memory_bytes"], "why": why}
+        if plan.id not in known:
+            manifest["cells"].append(plan.to_dict())
+        show.note(f"Quality reference: {why}")
+    run.write_manifest(manifest)
+    _run_cells(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray)
 
 
 def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show,

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from kveval import defaults
 from kveval.errors import KvevalError
+from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpecError, parse_kv
 from kveval.run.remedy import REMEDY_MODES
 from kveval.worker.phases import PHASES
@@ -49,6 +50,7 @@ class CompareOptions:
     fresh: bool = False                         # --out holds another run: move it aside and start over
     executor: str = "local"                     # local: cell processes on this machine; ray: Ray tasks
     ray_address: str | None = None              # --executor ray: the cluster (None: $RAY_ADDRESS, else local)
+    budget: str | int | None = None             # task rounds until decided: samples per cell and/or time (inputs/budget.py)
 
 
 # Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
@@ -125,3 +127,7 @@ def validate_options(options: CompareOptions) -> None:
         raise KvevalError("--ray-address is for --executor ray")
     if options.speed_warmup is not None and options.speed_warmup < 0:
         raise KvevalError("--speed-warmup must be 0 or more")
+    try:
+        parse_budget(options.budget)
+    except ValueError as error:
+        raise KvevalError(str(error)) from None

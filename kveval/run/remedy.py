@@ -1,20 +1,22 @@
 """The way from an FP8 FAIL to a configuration that passes: which layers to keep in the model dtype,
 and at which lengths to try it. Pure: reads the verdict, the evidence and the per-layer diagnosis.
 
-Rule: for a plain FP8 spec that FAILs at some max_model_len, keep exactly the layers whose K or V
+Rule: for a plain FP8 spec that is not PASS at some max_model_len (FAIL, or INCONCLUSIVE when the
+diagnosis names a cause: plain-vs-remedy is then the evidence that decides it), keep exactly the layers whose K or V
 leave the FP8 range at the scale vLLM uses (`analysis.kv_range.plan_keep_layers`): the smallest set
 that removes every saturating value, since a layer inside the range loses only rounding precision.
 When no layer clips, the next candidates are the outlier layers (`analysis.kv_range.outlier_layers`:
 a quarter of the limit and four times the median layer), where FP8's relative rounding loses the
 most absolute detail. The remedied spec is tried at the lengths where plain FP8 failed (`always`:
-every length where it started) and judged by the same gate. With neither kind of layer, kveval has
-no layer set to propose, and the review says so; when the remedied spec fails too, the headline
-says that nothing tried passes.
+every length where it started) and judged by the same gate, which also checks that the remedy is
+sound (`analysis.attribution`). With neither kind of layer, kveval has no layer set to propose, and
+the review says so for a FAIL; when the remedied spec fails too, the headline says that nothing
+tried passes.
 """
 from __future__ import annotations
 
 from kveval.analysis.kv_range import plan_keep_layers
-from kveval.gate import FAIL, NOT_STARTED, Verdict
+from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, Verdict
 from kveval.inputs.kvspec import keep_spec, parse_kv
 
 REMEDY_MODES = ("auto", "always", "off")
@@ -28,16 +30,23 @@ def plan_remedy(verdict: Verdict, evidence: dict, mode: str = "auto") -> dict:
     diagnoses = evidence.get("diagnosis") or {}
     planned, notes = [], []
     by_spec: dict[str, list[tuple[int, str]]] = {}
+    undecided: set[str] = set()  # dtypes tried only because they are INCONCLUSIVE: no note without a cause
     for name, status in verdict.cells.items():
         facts = cells.get(name) or {}
         spec = parse_kv(facts.get("kv_cache_dtype") or "auto")
         if spec.keep or not spec.dtype.startswith("fp8") or status in (NOT_STARTED, "MISSING"):
             continue
-        if mode == "auto" and status != FAIL:
+        if mode == "auto" and status not in (FAIL, INCONCLUSIVE):
             continue
         by_spec.setdefault(spec.dtype, []).append((int(facts.get("max_model_len")), name))
+        if status == INCONCLUSIVE and mode == "auto":
+            undecided.add(f"{spec.dtype}-{facts.get('max_model_len')}")
     for dtype, lengths in by_spec.items():
         diagnosis = diagnoses.get(dtype)
+        only_undecided = all(f"{dtype}-{length}" in undecided for length, _ in lengths)
+        if only_undecided and (not diagnosis or diagnosis.get("error") or not (
+                plan_keep_layers(diagnosis) or diagnosis.get("outlier_layers"))):
+            continue  # nothing failed and no cause is named: no remedy, and nothing to say
         if not diagnosis or diagnosis.get("error"):
             why = (diagnosis or {}).get("error") or "the per-layer diagnosis did not run"
             notes.append(f"No remedy for {dtype}: {why}")

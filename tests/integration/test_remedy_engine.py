@@ -2,7 +2,8 @@
 
 The per-layer diagnosis (a transformers pass over the run's own documents) must name exactly the
 planted layers. Where the CPU runs an FP8 KV cache (AVX-512 or AMX), plain FP8 must FAIL and the
-remedy cell that keeps layers 3 and 17 in bf16 must PASS (tasks are off here, so the verdict rests
+remedy cell that keeps layers 3 and 17 in bf16 must PASS; where plain FP8's drift sits between the
+healthy and harm limits (AVX-512 without AMX: KL 0.096), the FAIL is the remedy's attribution (tasks are off here, so the verdict rests
 on divergence, and says so). Elsewhere no FP8 cell starts: the verdict is INCONCLUSIVE, nothing is
 remedied, and the planner is tested on stored cells (tests/unit/test_remedy.py).
 """
@@ -54,4 +55,9 @@ def test_plain_fp8_fails_and_the_remedy_passes_where_fp8_runs(run):
     assert remedied["started"] and remedied["engine_settings"]["kv_cache_dtype_skip_layers"] == ["3", "17"]
     assert run.verdict.cells["fp8:keep=3,17-1024"] == "PASS", [r.message for r in run.verdict.reasons]
     review = (run.run_dir / "review.md").read_text()
-    assert "FP8 with layers 3, 17 kept in bf16 passes at 1024" in review
+    assert "FP8 with layers 3, 17 kept in" in review and "passes at 1024" in review
+    # Plain FP8's FAIL rests on the harm limits or on the remedy removing its drift (AVX-512 without AMX:
+    # KL 0.096 -> 0.015, between the CPU budget's healthy and harm limits: the attribution decides it).
+    assert run.verdict.attributed.get("fp8-1024") == ["3", "17"] or any(
+        r.level == "FAIL" and "far outside the healthy range" in r.message for r in run.verdict.reasons)
+    assert "--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17" in review

@@ -19,7 +19,10 @@ REPORTS = ROOT / "reports"
 GOLDEN = ROOT / "tests" / "golden"
 RUN_DIRS = sorted(p.parent for p in REPORTS.rglob("manifest.json") if "archive" not in p.parts)
 ARCHIVED = sorted(p.parent for p in (REPORTS / "archive").rglob("manifest.json"))
-ADDED_EVIDENCE = {"acceptance", "sample_outputs", "speed_settings", "capacity_model", "throughput"}
+ADDED_EVIDENCE = {"acceptance", "sample_outputs", "speed_settings", "capacity_model", "throughput",
+                  "attribution", "identical_specs", "quality_references"}
+# Gate limits added by issue 23 (INTENDED_DIFFERENCES.md): the review's thresholds line names them too.
+ADDED_THRESHOLDS = {"attribution_min_reduction": 0.5, "defect_factor": 1.5}
 
 
 def _rendered_copy(source: Path, tmp_path: Path) -> Path:
@@ -49,8 +52,11 @@ def test_report_re_renders_the_same_review_tables_and_results(source, tmp_path):
 
 
 def _without_added_lines(review: str) -> str:
-    """The review less what issue 11 added (INTENDED_DIFFERENCES.md): the line linking failed cells' logs."""
-    return "\n".join(line for line in review.split("\n") if not line.startswith(LOG_LINE_START)).replace("\n\n\n", "\n\n")
+    """The review less what issues 11 and 23 added (INTENDED_DIFFERENCES.md): the line linking failed
+    cells' logs, and the new limits on the thresholds line."""
+    added = "".join(f" {key}={value:g}" for key, value in ADDED_THRESHOLDS.items())
+    kept = [line.replace(added, "") for line in review.split("\n") if not line.startswith(LOG_LINE_START)]
+    return "\n".join(kept).replace("\n\n\n", "\n\n")
 
 
 def test_the_old_cpu_demo_re_renders_the_same_review_from_its_cells(tmp_path):
@@ -77,6 +83,9 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
         document["evidence"].pop("schema_version")
     for key in ADDED_EVIDENCE:
         now["evidence"].pop(key)
+    assert (now["verdict"].pop("defects"), now["verdict"].pop("attributed")) == ([], {})
+    for key, value in ADDED_THRESHOLDS.items():
+        assert now["verdict"]["thresholds"].pop(key) == value
     for row in now["evidence"]["speed"]:
         assert {row.pop("ttft_vs_noise"), row.pop("decode_vs_noise")} <= {None, "beyond", "within", "too few runs"}
     assert now == before

@@ -113,7 +113,8 @@ def run(engine, cell) -> dict:
     options = cell.phase_options("tasks")
     tasks = list(options.get("tasks") or [])
     plan = _task_data_plan(cell.run_dir)
-    relative = plan.get("data_dirs", {}).get(str(cell.max_model_len))
+    # A later round of task samples (run/rounds.py) names its own data directory.
+    relative = options.get("data_dir") or plan.get("data_dirs", {}).get(str(cell.max_model_len))
     data_dir = cell.run_dir.task_data_path(relative) if relative and cell.run_dir else None
     limit = options.get("limit")
     phase = {"tasks": tasks, "lm_eval_version": getattr(lm_eval, "__version__", None),

@@ -1,0 +1,179 @@
+"""Task evidence until decided: after the planned (and remedy) cells, rounds of the tasks phase on new
+samples for the cells still undecided by task accuracy, until each is decided or the budget is spent.
+
+Per round and length: new task data (another seed, ids ending in -r<k>) in taskdata/L<len>/r<k>/; the
+`auto` baseline and each undecided cell run the tasks phase alone, each in its own cell process, stored
+as cells/<cell>.tasks-r<k>.json; RunDir.load_cells pools the rounds' samples into the cell
+(files/task_rounds.py) and the gate judges every look at the alpha it may spend (analysis/sequential.py).
+The manifest's `task_rounds` records the budget, the rounds and the cells whose last look is final.
+
+Resuming: the plan is a function of the stored files (round time is the stored processes' seconds, not
+the clock), so the same command plans the same rounds and finished round cells are reused.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from kveval.files.rundir import RunDir, StoreError, read_json
+from kveval.files.task_rounds import round_cell_id
+from kveval.gate import Thresholds
+from kveval.inputs.budget import parse_budget
+from kveval.inputs.model_config import load_tokenizer
+from kveval.inputs.task_data import TASKS, write_task_data
+from kveval.pipeline import judge_stored_run
+from kveval.run.cell_process import CellPlan
+from kveval.run.plan import cell_plan
+from kveval.run.round_plan import (MAX_ROUNDS, Costs, LengthRound, LengthShape, RoundPlan, plan_round,
+                                   task_decided)
+
+RunCells = Callable[[list[CellPlan]], None]
+
+
+def round_shapes(manifest: dict) -> dict[int, LengthShape]:
+    """Per length with kveval task data: tasks there and docs per --task-samples step (manifest task_data)."""
+    options = manifest.get("options") or {}
+    per_point = max(1, int(options.get("samples_per_point") or 1))
+    shapes = {}
+    for length, files in ((manifest.get("task_data") or {}).get("files") or {}).items():
+        made = [f for name, f in files.items() if name in TASKS and f.get("file")]
+        docs = sum(int(f.get("docs") or 0) for f in made)
+        if made and docs:
+            shapes[int(length)] = LengthShape(len(made), max(1, docs // per_point))
+    return shapes
+
+
+def round_costs(cells: dict[str, dict], evidence: dict) -> Costs | None:
+    """Start-up and task seconds per doc from the cells already run (None before any task ran)."""
+    per_doc = ((evidence.get("tasks") or {}).get("pace") or {}).get("seconds_per_sample")
+    starts = [f["startup_seconds"] for f in cells.values() if f.get("started") and f.get("startup_seconds")]
+    if not per_doc:
+        return None
+    return Costs(sum(starts) / len(starts) if starts else 0.0, float(per_doc))
+
+
+def seconds_used(run: RunDir, rounds: list[dict]) -> float:
+    """Engine time the stored round cells took (their processes' seconds)."""
+    total = 0.0
+    for entry in rounds:
+        for cell in entry["cells"]:
+            try:
+                facts = run.load_cell(round_cell_id(cell, entry["round"]), validate=False)
+            except StoreError:
+                facts = None
+            total += float(((facts or {}).get("process") or {}).get("seconds") or 0.0)
+    return total
+
+
+def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str, kv_of: dict[str, str]) -> list[CellPlan]:
+    """One tasks-only cell plan per cell of the round, engine settings as the cell's own."""
+    plans = []
+    for cell in length_round.all_cells:
+        base = cell_plan(setup.options, setup.model.path, setup.phase_options, kv_of[cell], length_round.max_model_len,
+                         setup.baseline_dtype)
+        # Only kveval's own tasks get new samples; an lm-eval task would repeat its first round's.
+        tasks = {**setup.phase_options["tasks"], "tasks": [t for t in setup.phase_options["tasks"]["tasks"] if t in TASKS],
+                 "limit": length_round.limit, "data_dir": data_dir}
+        plans.append(dataclasses.replace(base, id=round_cell_id(cell, number), phases=["tasks"],
+                                         phase_options={**setup.phase_options, "tasks": tasks}))
+    return plans
+
+
+def _forget_if_changed(run: RunDir, plan: CellPlan) -> None:
+    """A stored round cell asked for other samples than this plan (another run's plan): measure it again."""
+    try:
+        spec = read_json(run.cell_spec_path(plan.id)) if run.cell_spec_path(plan.id).is_file() else None
+    except StoreError:
+        spec = None
+    if spec is not None and (spec.get("phase_options") or {}).get("tasks") != plan.phase_options["tasks"]:
+        run.cell_path(plan.id).unlink(missing_ok=True)
+
+
+class _Data:
+    """Writes a round's task data; the tokenizer is loaded on the first round only."""
+
+    def __init__(self, setup):
+        self.setup, self.tokenizer = setup, None
+
+    def write(self, number: int, length_round: LengthRound) -> str:
+        setup = self.setup
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(setup.model.path,
+                                            trust_remote_code=setup.options.engine_args.get("trust_remote_code") is True)
+        options = setup.manifest["options"]
+        relative = f"{RunDir.TASK_DATA_DIR}/L{length_round.max_model_len}/r{number}"
+        write_task_data(self.tokenizer, setup.run.task_data_path(relative), length_round.max_model_len,
+                        [t for t in options["tasks"] if t in TASKS], fractions=options["lengths"],
+                        depths=options["depths"], samples_per_point=length_round.samples_per_point,
+                        seed=options["seed"], round_number=number)
+        return relative
+
+
+def _paired(evidence: dict) -> dict[str, int]:
+    return {cell: int(entry.get("n") or 0) for cell, entry in ((evidence.get("tasks") or {}).get("cells") or {}).items()}
+
+
+def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) -> None:
+    """Rounds until every tested cell is decided by task accuracy or the budget is spent; then the cells
+    whose task comparison is still open are marked final (their last look spends the alpha left)."""
+    budget = parse_budget(setup.options.budget)
+    if not budget.samples or "tasks" not in setup.options.phases or not round_shapes(setup.manifest):
+        return
+    run, manifest = setup.run, setup.manifest
+    record = {"budget": budget.to_dict(), "n_max": budget.samples, "rounds": [], "final": [], "stopped": None,
+              "notes": []}
+    manifest["task_rounds"] = record
+    run.write_manifest(manifest)
+    data = _Data(setup)
+    stopped = f"{MAX_ROUNDS} rounds, the most kveval runs"
+    waiting: dict[str, int] = {}   # cells of the last round -> their paired samples before it
+    for number in range(1, MAX_ROUNDS + 2):
+        cells = run.load_cells(manifest)
+        review = judge_stored_run(run, manifest, cells, thresholds)
+        paired = _paired(review.evidence)
+        if waiting and not any(paired.get(c, 0) > n for c, n in waiting.items()):
+            stopped = f"round {number - 1} paired no new sample (see its cells' logs)"
+            break
+        if number > MAX_ROUNDS:
+            break
+        plan = plan_round(review.verdict, review.evidence, budget, thresholds, round_shapes(manifest),
+                          round_costs(cells, review.evidence), seconds_used(run, record["rounds"]))
+        record["notes"] = plan.notes
+        if not plan.rounds:
+            stopped = _why_stopped(plan)
+            break
+        waiting = {c: paired.get(c, 0) for r in plan.rounds for c in r.cells}
+        kv_of = {name: facts["kv_cache_dtype"] for name, facts in cells.items()}
+        plans = []
+        for length_round in plan.rounds:
+            relative = data.write(number, length_round)
+            record["rounds"].append({"round": number, "max_model_len": length_round.max_model_len,
+                                     "cells": length_round.all_cells, "data_dir": relative,
+                                     "samples_per_point": length_round.samples_per_point,
+                                     "limit": length_round.limit, "target": length_round.target})
+            plans += _round_plans(setup, number, length_round, relative, kv_of)
+            show.note(f"Task round {number} at {length_round.max_model_len}: {', '.join(length_round.cells)} "
+                      f"undecided by task accuracy; about {length_round.docs} new samples each (aiming at "
+                      f"{length_round.target} paired), with {length_round.reference}")
+        run.write_manifest(manifest)
+        for cell_round in plans:
+            _forget_if_changed(run, cell_round)
+        run_cells(plans)
+    _finish(run, manifest, record, review, stopped, show)
+
+
+def _why_stopped(plan: RoundPlan) -> str:
+    if plan.notes:
+        return "; ".join(plan.notes)
+    return "every tested cell is decided, or undecided for a reason more task samples cannot settle"
+
+
+def _finish(run: RunDir, manifest: dict, record: dict, review, stopped: str, show) -> None:
+    """Mark as final every tested cell whose task comparison is still open at the last judgment (`review`,
+    of every round's samples): no look follows, so the last one spends the alpha left."""
+    tested = [name for name in ((review.evidence.get("tasks") or {}).get("cells") or {})]
+    record["final"] = [name for name in tested if not task_decided(review.verdict, name)]
+    record["stopped"] = stopped
+    run.write_manifest(manifest)
+    if record["rounds"]:
+        show.note(f"Task rounds stopped: {stopped}")

@@ -1,0 +1,278 @@
+"""Task evidence until decided (run/round_plan.py, run/rounds.py, files/task_rounds.py): which cells get
+another round, its size under the budget, how round samples join the cell's evidence, and the whole
+loop with a stand-in for the cell process (no engine)."""
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from kveval.analysis.task_accuracy import task_evidence
+from kveval.errors import KvevalError
+from kveval.files.rundir import RunDir, write_json_atomic
+from kveval.files.task_rounds import merge_rounds, round_cell_id
+from kveval.gate import FAIL, INCONCLUSIVE, PASS, Check, Reason, Thresholds, Verdict
+from kveval.inputs.budget import parse_budget
+from kveval.run import compare as compare_module
+from kveval.run import rounds as rounds_module
+from kveval.run.compare import RunSetup, _run_cells
+from kveval.run.options import CompareOptions, validate_options
+from kveval.run.round_plan import Costs, LengthShape, plan_round, undecided_by_tasks
+from tests.support.constructed import planned_manifest, scoring_phase, started_cell
+from tests.support.quiet import Quiet
+from tests.support.task_samples import sample, with_tasks
+
+T = Thresholds()
+
+
+# --- --budget -----------------------------------------------------------------------------------------
+
+def test_budget_forms_and_default():
+    assert parse_budget(None).samples == 600 and parse_budget(None).seconds == 1200
+    assert (parse_budget("400").samples, parse_budget("400").seconds) == (400, None)
+    assert (parse_budget("10m").samples, parse_budget("10m").seconds) == (600, 600)
+    assert parse_budget("90s").seconds == 90 and parse_budget("1.5h").seconds == 5400
+    assert (parse_budget("300,5m").samples, parse_budget("300,5m").seconds) == (300, 300)
+    assert parse_budget("off").samples == 0 and parse_budget(0).samples == 0
+
+
+@pytest.mark.parametrize("bad", ["ten", "-5", "5x", "10m,20m", "0,5m", "1.5", ""])
+def test_bad_budget_is_one_clear_usage_error_before_any_engine(bad):
+    with pytest.raises(KvevalError, match=r"^--budget .*(samples|more than 0|turns rounds off)") as error:
+        validate_options(CompareOptions(budget=bad))
+    assert "\n" not in str(error.value)
+
+
+def test_bad_budget_on_the_command_line_exits_2(tmp_path):
+    from click.testing import CliRunner
+
+    from kveval.cli.commands import cli
+
+    result = CliRunner().invoke(cli, ["compare", "--budget", "soon", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "--budget 'soon'" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+# --- which cells get another round ------------------------------------------------------------------
+
+def _verdict(statuses: dict, reasons: list[Reason], checks: list[Check]) -> Verdict:
+    return Verdict(INCONCLUSIVE, reasons, checks, cells=statuses)
+
+
+def _task_open(cell):
+    return (Reason(INCONCLUSIVE, cell, f"{cell}: task accuracy not shown non-inferior"),
+            Check("task_noninferiority", cell, 0.5, 0.9, None))
+
+
+def test_only_cells_undecided_by_tasks_alone_get_rounds():
+    reason, check = _task_open("fp8-1024")
+    other_reason, other_check = _task_open("fp8-2048")
+    verdict = _verdict({"fp8-1024": INCONCLUSIVE, "fp8-2048": INCONCLUSIVE, "fp8-4096": FAIL},
+                       [reason, other_reason, Reason(INCONCLUSIVE, "fp8-2048", "fp8-2048: KL mean outside the budget"),
+                        Reason(FAIL, "fp8-4096", "harm")],
+                       [check, other_check, Check("task_noninferiority", "fp8-4096", 0.2, 0.9, None)])
+    assert undecided_by_tasks(verdict, "fp8-1024")
+    assert not undecided_by_tasks(verdict, "fp8-2048")     # divergence undecided too: more tasks cannot PASS it
+    assert not undecided_by_tasks(verdict, "fp8-4096")     # FAIL already
+
+
+def _evidence(cells: dict[str, dict]) -> dict:
+    return {"tasks": {"cells": cells, "accuracy": [
+        {"cell": name, "level": "cell", "samples": entry["n"]} for name, entry in cells.items()]}}
+
+
+def _entry(n, b, c, acc=0.8, length=1024, looks=None):
+    return {"reference": f"auto-{length}", "max_model_len": length, "n": n, "b": b, "c": c,
+            "baseline_accuracy": acc, "recovery": 1 + (c - b) / n / acc, "looks": looks or [n]}
+
+
+def test_round_sizes_double_at_least_and_share_a_length():
+    reasons, checks = zip(*[_task_open("fp8-1024"), _task_open("fp8:keep=0-1024"), _task_open("fp8-2048")])
+    verdict = _verdict({c.cell: INCONCLUSIVE for c in checks}, list(reasons), list(checks))
+    evidence = _evidence({"fp8-1024": _entry(12, 1, 1), "fp8:keep=0-1024": _entry(12, 0, 0),
+                          "fp8-2048": _entry(30, 2, 1, length=2048)})
+    plan = plan_round(verdict, evidence, parse_budget("600"), T, {1024: LengthShape(6, 12), 2048: LengthShape(6, 12)},
+                      None, 0.0)
+    first, second = plan.rounds
+    assert (first.max_model_len, first.reference, first.cells) == (1024, "auto-1024", ["fp8-1024", "fp8:keep=0-1024"])
+    assert first.all_cells[0] == "auto-1024"
+    assert first.target >= 24 and first.docs >= 12 and first.samples_per_point == -(-first.docs // 12)
+    assert second.max_model_len == 2048 and second.target >= 60
+
+
+def test_round_sizes_stop_at_the_budget():
+    reason, check = _task_open("fp8-1024")
+    verdict = _verdict({"fp8-1024": INCONCLUSIVE}, [reason], [check])
+    shapes = {1024: LengthShape(6, 12)}
+    capped = plan_round(verdict, _evidence({"fp8-1024": _entry(40, 3, 2)}), parse_budget("50"), T, shapes, None, 0)
+    assert capped.rounds[0].target == 50 and capped.rounds[0].docs == 10
+    assert capped.rounds[0].limit == 1                       # 10 docs over 6 tasks: 1 each, not past the budget
+    spent = plan_round(verdict, _evidence({"fp8-1024": _entry(50, 3, 2)}), parse_budget("50"), T, shapes, None, 0)
+    assert not spent.rounds and "budget of 50 paired samples per cell is spent" in spent.notes[0]
+    # Round time: 2 cells × (30 s start + docs × 2 s) must fit what is left of 5 min.
+    costs = Costs(startup_seconds=30, seconds_per_doc=2)
+    timed = plan_round(verdict, _evidence({"fp8-1024": _entry(40, 3, 2)}), parse_budget("600,5m"), T, shapes, costs, 0)
+    assert 2 * (30 + timed.rounds[0].docs * 2) <= 300
+    late = plan_round(verdict, _evidence({"fp8-1024": _entry(40, 3, 2)}), parse_budget("600,5m"), T, shapes, costs, 290)
+    assert not late.rounds and "round time is spent" in late.notes[0]
+    none = plan_round(verdict, _evidence({"fp8-1024": _entry(40, 3, 2)}), parse_budget("600"), T, {}, None, 0)
+    assert not none.rounds and "only kveval's own tasks" in none.notes[0]
+
+
+# --- round samples join the cell --------------------------------------------------------------------
+
+def _samples(round_number, count, wrong=frozenset(), length=1024):
+    """Passkey samples of one round; ids differ per round (as the data generator's -r<k> suffix)."""
+    return [sample("kveval_passkey", i, length=length, seed=round_number, correct=i not in wrong)
+            for i in range(count)]
+
+
+def _round_record(cell, kv, round_number, samples, seconds=10.0):
+    facts = with_tasks(started_cell(kv, 1024, 4096, []), samples)
+    facts.update(cell=round_cell_id(cell, round_number), process={"exit_code": 0, "seconds": seconds})
+    return facts
+
+
+def test_merge_tags_rounds_and_keeps_a_failed_round_apart():
+    cell = with_tasks(started_cell("fp8", 1024, 4096, []), _samples(0, 4))
+    failed = {"cell": "fp8-1024.tasks-r2", "started": False, "failure": {"message": "CUDA OOM"}, "phases": {}}
+    merged = merge_rounds(cell, [(1, _round_record("fp8-1024", "fp8", 1, _samples(1, 3))), (2, failed)],
+                          {"n_max": 600, "final": True, "stopped": "budget"})
+    tasks = merged["phases"]["tasks"]
+    assert [s["round"] for s in tasks["samples"]] == [0] * 4 + [1] * 3
+    assert tasks["design"] == {"n_max": 600, "final": True, "stopped": "budget"}
+    assert tasks["rounds"][1]["samples"] == 0 and tasks["rounds"][1]["error"] == "CUDA OOM"
+    assert "error" not in tasks and cell["phases"]["tasks"].get("rounds") is None   # the original is untouched
+
+
+def test_pooled_rounds_pair_by_sample_id_and_give_the_looks():
+    auto = with_tasks(started_cell("auto", 1024, 2048, []), _samples(0, 12))
+    fp8 = with_tasks(started_cell("fp8", 1024, 4096, []), _samples(0, 12, wrong={3}))
+    cells = {"auto-1024": merge_rounds(auto, [(1, _round_record("auto-1024", "auto", 1, _samples(1, 24)))],
+                                       {"n_max": 600, "final": False}),
+             "fp8-1024": merge_rounds(fp8, [(1, _round_record("fp8-1024", "fp8", 1, _samples(1, 24, wrong={0, 1})))],
+                                      {"n_max": 600, "final": True})}
+    entry = task_evidence(cells)["cells"]["fp8-1024"]
+    assert entry["n"] == 36 and entry["b"] == 3 and entry["c"] == 0
+    assert entry["looks"] == [12, 36] and entry["n_max"] == 600 and entry["final"] is True
+
+
+# --- the loop, with a stand-in for the cell process ---------------------------------------------------
+
+DOCS_PER_STEP = 12
+
+
+def _run_dir(tmp_path, budget, fp8_wrong=frozenset()):
+    """auto-1024 and fp8-1024 with healthy divergence and 12 paired passkey samples."""
+    run = RunDir(tmp_path / "run")
+    cells = {"auto-1024": with_tasks(started_cell("auto", 1024, 1792, [], scoring_phase(1000, "same", noise_shape="same")),
+                                     _samples(0, 12)),
+             "fp8-1024": with_tasks(started_cell("fp8", 1024, 3584, [], scoring_phase(1000, "healthy")),
+                                    _samples(0, 12, wrong=fp8_wrong))}
+    for facts in cells.values():
+        facts["phases"]["tasks"]["seconds"] = 12.0
+    manifest = planned_manifest([{"id": n, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": 1024}
+                                 for n, c in cells.items()])
+    manifest["options"].update(tasks=["kveval_passkey"], phases=["generation", "scoring", "tasks", "speed"],
+                               lengths=[0.25], depths=[0.5], samples_per_point=1, seed=0,
+                               budget=parse_budget(budget).to_dict())
+    manifest["task_data"] = {"data_dirs": {"1024": "taskdata/L1024"}, "skipped": {},
+                             "files": {"1024": {"kveval_passkey": {"file": "kveval_passkey.jsonl", "docs": 12,
+                                                                   "skipped": {}}}}}
+    run.write_manifest(manifest)
+    write_json_atomic(run.workloads_path, [])
+    for name, facts in cells.items():
+        write_json_atomic(run.cell_path(name), facts)
+    options = CompareOptions(kv=("fp8", "auto"), max_model_len=(1024,), phases=("scoring", "tasks"), budget=budget)
+    setup = RunSetup(options, run, SimpleNamespace(path="/m"), manifest, [], {"tasks": {"tasks": ["kveval_passkey"],
+                     "limit": None}}, None, True)
+    return setup
+
+
+class StandIn:
+    """write_task_data and run_cell_process without tokenizer or engine: a round's data is noted,
+    and a round cell answers its docs (the fp8 cell wrong on every index in `fp8_wrong`)."""
+
+    def __init__(self, fp8_wrong=frozenset()):
+        self.written, self.ran, self.fp8_wrong = {}, [], fp8_wrong
+
+    def write_task_data(self, tokenizer, out_dir, length, tasks, *, samples_per_point, round_number, **_):
+        self.written[round_number] = samples_per_point * DOCS_PER_STEP
+        return {}
+
+    def run_cell_process(self, run_dir, plan, *, timeout_s, on_event, env=None, stop=None):
+        number = int(re.search(r"tasks-r(\d+)$", plan.id).group(1))
+        options = plan.phase_options["tasks"]
+        assert plan.phases == ["tasks"] and options["data_dir"] == f"taskdata/L1024/r{number}"
+        count = self.written[number] if options["limit"] is None else options["limit"]
+        wrong = self.fp8_wrong if plan.kv_cache_dtype == "fp8" else frozenset()
+        facts = _round_record(plan.id.split(".tasks-")[0], plan.kv_cache_dtype, number,
+                              _samples(number, count, wrong=wrong), seconds=20.0)
+        facts["cell"] = plan.id
+        write_json_atomic(run_dir.cell_path(plan.id), facts)
+        self.ran.append(plan.id)
+        return facts
+
+
+def _loop(setup, stand_in, monkeypatch):
+    monkeypatch.setattr(rounds_module, "load_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(rounds_module, "write_task_data", stand_in.write_task_data)
+    monkeypatch.setattr(compare_module, "run_cell_process", stand_in.run_cell_process)
+    rounds_module.run_task_rounds(setup, T, Quiet(), lambda plans: _run_cells(setup.run, plans, True, setup.options,
+                                                                                Quiet()))
+    from kveval.pipeline import judge_stored_run
+
+    manifest = setup.run.load_manifest()
+    return manifest, judge_stored_run(setup.run, manifest, setup.run.load_cells(manifest), T)
+
+
+def test_a_healthy_cell_gets_rounds_until_it_passes(tmp_path, monkeypatch):
+    setup, stand_in = _run_dir(tmp_path, "600"), StandIn()
+    manifest, review = _loop(setup, stand_in, monkeypatch)
+    record = manifest["task_rounds"]
+    assert review.verdict.cells["fp8-1024"] == PASS
+    targets = [r["target"] for r in record["rounds"]]
+    assert targets[0] >= 24 and all(b >= 2 * a or b == 600 for a, b in zip([12] + targets, targets))
+    assert all(r["cells"] == ["auto-1024", "fp8-1024"] for r in record["rounds"])
+    entry = review.evidence["tasks"]["cells"]["fp8-1024"]
+    assert entry["looks"][0] == 12 and entry["looks"] == sorted(entry["looks"]) and len(entry["looks"]) == len(targets) + 1
+    assert entry["final"] is False and record["final"] == []            # decided at a look of the design
+    assert stand_in.ran == [round_cell_id(c, r["round"]) for r in record["rounds"] for c in r["cells"]]
+    assert any("look" in c.detail and c.passed for c in review.verdict.checks if c.name == "task_noninferiority")
+
+
+def test_a_resumed_run_reuses_finished_rounds(tmp_path, monkeypatch):
+    setup, stand_in = _run_dir(tmp_path, "600"), StandIn()
+    first, _ = _loop(setup, stand_in, monkeypatch)
+    setup.manifest.pop("task_rounds")                   # as set_up_run writes it again on a resume
+    again = StandIn()
+    second, review = _loop(setup, again, monkeypatch)
+    assert again.ran == [] and second["task_rounds"] == first["task_rounds"]
+    assert review.verdict.cells["fp8-1024"] == PASS
+
+
+def test_budget_spent_undecided_says_how_many_samples_would_decide(tmp_path, monkeypatch):
+    wrong = frozenset(range(0, 400, 16))                 # one answer in 16 lost: recovery about 0.9
+    setup, stand_in = _run_dir(tmp_path, "48", fp8_wrong=wrong), StandIn(fp8_wrong=wrong)
+    manifest, review = _loop(setup, stand_in, monkeypatch)
+    record = manifest["task_rounds"]
+    assert record["rounds"] and all(r["target"] <= 48 for r in record["rounds"])
+    assert record["final"] == ["fp8-1024"] and "spent" in record["stopped"]
+    assert review.verdict.cells["fp8-1024"] == INCONCLUSIVE
+    (reason,) = [r for r in review.verdict.reasons if r.cell == "fp8-1024" and r.level == INCONCLUSIVE]
+    assert "unlikely" not in reason.decide and "--full" not in reason.decide
+    assert "sits at or under the margin" in reason.decide and "that is the finding" in reason.decide
+    assert re.search(r"about \d+ paired samples per cell would show whether the drop is significant \(--budget \d+\)",
+                     reason.decide)
+    assert "the final look" in next(c.detail for c in review.verdict.checks if c.name == "task_noninferiority")
+    stored = json.loads(setup.run.results_path.read_text())
+    assert stored["evidence"]["tasks"]["cells"]["fp8-1024"]["n_max"] == 48
+
+
+def test_no_rounds_with_budget_off(tmp_path, monkeypatch):
+    setup, stand_in = _run_dir(tmp_path, "off"), StandIn()
+    manifest, review = _loop(setup, stand_in, monkeypatch)
+    assert stand_in.ran == [] and "task_rounds" not in manifest
+    assert "n_max" not in review.evidence["tasks"]["cells"]["fp8-1024"]   # one fixed-sample look, as before
