@@ -458,8 +458,9 @@ def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look
     level = final_look_alpha(t.alpha) if sequential else t.alpha
     need = samples_to_decide(n, b, c, base_acc, t.task_noninferiority_margin, level)
     if need is None:
-        hint = (f"the observed recovery {_pct(rec)} sits at or under the margin {_pct(t.task_noninferiority_margin)} "
-                f"(within 2 points): more samples would not show it non-inferior, and that is the finding")
+        hint = (f"the observed recovery {_pct(rec)} is not 2 points above the margin "
+                f"{_pct(t.task_noninferiority_margin)}: if it holds, more samples would not show it non-inferior, "
+                "and that is the finding")
         drop = samples_to_show_drop(n, b, c, level) if rec < t.task_recovery_min else None
         if drop:
             hint += f"; about {drop:,} paired samples per cell would show whether the drop is significant"

@@ -1,7 +1,7 @@
 """The `kveval` command: a thin click shell over kveval.api. User errors print one clean line.
 
 Exit codes (kveval.gate): 0 PASS, 1 FAIL, 2 usage error or unusable input, 3 INCONCLUSIVE;
-130 when a compare is interrupted.
+4 an internal error of kveval (never read as a verdict); 130 when a compare is interrupted.
 """
 from __future__ import annotations
 
@@ -341,9 +341,24 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
+EXIT_INTERNAL = 4
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
-    cli(prog_name="kveval")
+    try:
+        cli(prog_name="kveval", standalone_mode=True)
+    except SystemExit:
+        raise
+    except Exception:
+        # Python exits 1 on an uncaught exception, which a CI gate would read as FAIL: a crash of kveval
+        # itself gets its own code, with the traceback for the bug report.
+        import traceback
+
+        traceback.print_exc()
+        click.echo("kveval: internal error (exit 4): the traceback above is a bug in kveval, not a verdict; "
+                   "measured cells are kept in the run directory", err=True)
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

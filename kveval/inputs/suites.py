@@ -30,6 +30,9 @@ class Suite:
     task_fractions: tuple[float, ...] = (0.25, 0.5, 0.9)
     task_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     task_samples: int = 1
+    # On a GPU the first look takes this many samples per point instead: there task samples cost seconds
+    # and every further round costs engine starts (run/rounds.py), so a large first look decides sooner.
+    task_samples_gpu: int | None = 5
     # Throughput under concurrency: request counts submitted at once (plus each cell's own maximum),
     # the prompt as a share of max_model_len, and the tokens each request decodes.
     throughput_levels: tuple[int, ...] = (1, 4, 16, 64)

@@ -408,7 +408,9 @@ def _acceptance_section(evidence: dict) -> str:
     matrix = pd.DataFrame(acceptance.get("matrix") or [])
     if matrix.empty:
         return ""
-    started = [name for name, cell in (evidence.get("cells") or {}).items() if cell.get("started")]
+    # Quality references (auto started only to judge quality) have no acceptance column: they are not a finding.
+    started = [name for name, cell in (evidence.get("cells") or {}).items()
+               if cell.get("started") and name in matrix.columns]
     symbols = {"accepted": "✓", "rejected": "✗ rejected", "error": "⚠ error", "not run": "—", "not started": ""}
     view = matrix[["prompt", "prompt_tokens", *started]].copy()
     view["prompt_tokens"] = view.prompt_tokens.map(fmt_int)

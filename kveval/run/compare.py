@@ -79,6 +79,11 @@ class RunSetup:
     ray: RayCells | None = None        # --executor ray: cells run as tasks on this cluster
 
 
+def _local_gpus(options: CompareOptions) -> bool:
+    """Cells run on this host's GPUs (not on a Ray cluster, whose nodes kveval does not see yet)."""
+    return options.executor != "ray" and bool(environment.gpu_names())
+
+
 def _suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareOptions]:
     """The suite, the task shape, and the options without the tasks phase when no task is asked for."""
     try:
@@ -88,7 +93,10 @@ def _suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, Compare
     except ValueError as error:
         raise KvevalError(str(error)) from None
     try:
-        shape = task_shape(suite, options.tasks, options.task_lengths, options.task_depths, options.task_samples,
+        samples = options.task_samples
+        if samples is None and suite.task_samples_gpu and _local_gpus(options):
+            samples = suite.task_samples_gpu
+        shape = task_shape(suite, options.tasks, options.task_lengths, options.task_depths, samples,
                            options.task_limit)
         if "tasks" in options.phases and shape.names:
             check_lm_eval_names(shape.names, LM_EVAL_TASKS_DIR)

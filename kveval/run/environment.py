@@ -48,6 +48,11 @@ def _memory_gib() -> float | None:
         return None
 
 
+def gpu_names() -> list[str]:
+    """The GPUs nvidia-smi lists ([] without one)."""
+    return _gpus()
+
+
 def _gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []

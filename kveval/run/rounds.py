@@ -71,6 +71,10 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str, k
     for cell in length_round.all_cells:
         base = cell_plan(setup.options, setup.model.path, setup.phase_options, kv_of[cell], length_round.max_model_len,
                          setup.baseline_dtype)
+        reference = (setup.manifest.get("quality_references") or {}).get(cell)
+        if reference:  # a quality reference keeps the KV budget it was started with (run/reference.py)
+            base = dataclasses.replace(base, engine={**base.engine,
+                                                     "kv_cache_memory_bytes": reference["kv_cache_memory_bytes"]})
         # Only kveval's own tasks get new samples; an lm-eval task would repeat its first round's.
         tasks = {**setup.phase_options["tasks"], "tasks": [t for t in setup.phase_options["tasks"]["tasks"] if t in TASKS],
                  "limit": length_round.limit, "data_dir": data_dir}

@@ -238,3 +238,18 @@ def test_parse_key_value_last_wins() -> None:
 def test_parse_key_value_rejects(bad: str) -> None:
     with pytest.raises(click.BadParameter):
         parse_key_value([bad])
+
+
+def test_a_crash_of_kveval_exits_4_never_the_fail_code(monkeypatch, capsys):
+    # Python's own exit code for an uncaught exception is 1, which a CI gate would read as FAIL.
+    from kveval.cli import commands
+
+    def broken(**_):
+        raise KeyError("a renderer bug")
+
+    monkeypatch.setattr(commands, "cli", broken)
+    monkeypatch.setattr(commands.signal, "signal", lambda *args: None)  # keep pytest's own SIGTERM handling
+    with pytest.raises(SystemExit) as stopped:
+        commands.main()
+    assert stopped.value.code == commands.EXIT_INTERNAL == 4
+    assert "internal error" in capsys.readouterr().err

@@ -263,7 +263,7 @@ def test_budget_spent_undecided_says_how_many_samples_would_decide(tmp_path, mon
     assert review.verdict.cells["fp8-1024"] == INCONCLUSIVE
     (reason,) = [r for r in review.verdict.reasons if r.cell == "fp8-1024" and r.level == INCONCLUSIVE]
     assert "unlikely" not in reason.decide and "--full" not in reason.decide
-    assert "sits at or under the margin" in reason.decide and "that is the finding" in reason.decide
+    assert "is not 2 points above the margin" in reason.decide and "that is the finding" in reason.decide
     assert re.search(r"about \d+ paired samples per cell would show whether the drop is significant \(--budget \d+\)",
                      reason.decide)
     assert "the final look" in next(c.detail for c in review.verdict.checks if c.name == "task_noninferiority")
@@ -276,3 +276,18 @@ def test_no_rounds_with_budget_off(tmp_path, monkeypatch):
     manifest, review = _loop(setup, stand_in, monkeypatch)
     assert stand_in.ran == [] and "task_rounds" not in manifest
     assert "n_max" not in review.evidence["tasks"]["cells"]["fp8-1024"]   # one fixed-sample look, as before
+
+
+def test_a_quality_reference_keeps_its_own_kv_budget_in_rounds(tmp_path):
+    # Seen in the demo: the round of auto-2048.reference took the run's 40 MiB and failed kv_capacity.
+    from kveval.run.round_plan import LengthRound
+
+    setup = _run_dir(tmp_path, "600")
+    setup.options = CompareOptions(kv=("fp8", "auto"), max_model_len=(2048,), phases=("scoring", "tasks"),
+                                   budget="600", kv_cache_memory="40MiB")
+    setup.manifest["quality_references"] = {"auto-2048.reference": {"for": "auto-2048",
+                                                                    "kv_cache_memory_bytes": 80 * 2 ** 20}}
+    plans = rounds_module._round_plans(setup, 1, LengthRound(2048, "auto-2048.reference", ["fp8-2048"], 24, 12, 1, None),
+                                       "taskdata/L2048/r1", {"auto-2048.reference": "auto", "fp8-2048": "fp8"})
+    budgets = {plan.id: plan.engine["kv_cache_memory_bytes"] for plan in plans}
+    assert budgets == {"auto-2048.reference.tasks-r1": 80 * 2 ** 20, "fp8-2048.tasks-r1": 40 * 2 ** 20}

