@@ -87,7 +87,10 @@ def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> s
     for defect in defects:
         text += (f" {defect['cell']} looks broken (a defect of the engine path or of kveval, not FP8 damage), "
                  "so it was not judged as FP8 quality.")
-    if not _deployable(by_spec, evidence) and FAIL in statuses and PASS not in statuses and len(by_spec) > 1 and not defects:
+    # "Nothing tried passes" only when every configuration tried was judged and failed: an
+    # undecided or broken remedy is not a failed one.
+    judged = {s for s in statuses if s != NOT_STARTED}
+    if not _deployable(by_spec, evidence) and judged == {FAIL} and len(by_spec) > 1 and not defects:
         text += " Nothing tried passes."
     for note in (evidence.get("remedy") or {}).get("notes", []):
         if note.startswith("No remedy"):

@@ -31,6 +31,7 @@ def run(tmp_path_factory, default_model_dir):
         suite="quick", counts=COUNTS, speed_runs=1, speed_warmup=0, speed_max_tokens=8,
         tasks=("passkey",), progress=Quiet(),  # the tasks phase in the default order; test_tasks_engine covers it
         diagnose=False,  # the K/V range pass is covered by test_kv_ranges_model and test_remedy_engine (CI time)
+        budget="0",  # one look: task rounds are unit-tested (test_task_rounds) and were run by hand (make demo)
     )
 
 
@@ -39,8 +40,17 @@ def _fp8_supported(run) -> bool:
     return any(f.startswith(("avx512", "amx")) for f in flags)
 
 
+PLANNED = ["auto-1024", "fp8-1024", "auto-2048", "fp8-2048"]
+
+
+def _reference_expected(run) -> bool:
+    """auto-2048 cannot start on 40 MiB; where fp8-2048 starts, an auto quality reference is run there."""
+    return bool(run.cell("fp8", 2048)["started"])
+
+
 def test_every_planned_cell_is_stored(run):
-    assert set(run.cells) == {"auto-1024", "fp8-1024", "auto-2048", "fp8-2048"}
+    reference = ["auto-2048.reference"] if _reference_expected(run) else []
+    assert set(run.cells) == set(PLANNED + reference)
     for facts in run.cells.values():
         assert facts["complete"] is True
         assert (run.run_dir / "cells" / f"{facts['cell']}.log").stat().st_size > 0
@@ -141,7 +151,8 @@ def test_manifest_records_command_versions_and_options(run):
     manifest = json.loads((run.run_dir / "manifest.json").read_text())
     assert manifest["versions"]["vllm"] and manifest["versions"]["torch"]
     assert manifest["options"]["kv_cache_memory_bytes"] == 40 * 2**20
-    assert [c["id"] for c in manifest["cells"]] == ["auto-1024", "fp8-1024", "auto-2048", "fp8-2048"]
+    reference = ["auto-2048.reference"] if _reference_expected(run) else []
+    assert [c["id"] for c in manifest["cells"]] == PLANNED + reference
     assert manifest["prompt_format"] == {"chat_template": True, "bos_token": "<|im_start|>", "adds_bos": False}
     assert "the model's chat template applied" in run.review_path.read_text()
 
@@ -178,3 +189,16 @@ def test_predicted_pool_equals_the_measured_one(run):
     if _fp8_supported(run):
         assert rows["fp8-1024"]["deviation"] == 0
     assert "## KV capacity: predicted vs measured" in run.review_path.read_text()
+
+
+def test_fp8_at_a_length_auto_cannot_start_is_judged_against_a_quality_reference(run):
+    if not _reference_expected(run):
+        assert "quality_references" not in run.manifest  # nothing started at 2048: nothing to judge
+        pytest.skip("this CPU runs no FP8 KV cache: no tested cell started at 2048")
+    reference = run.cells["auto-2048.reference"]
+    assert reference["started"] and reference["kv_cache_dtype"] == "auto"
+    assert run.manifest["quality_references"]["auto-2048.reference"]["kv_cache_memory_bytes"] == 80 * 2 ** 20
+    [comparison] = [c for c in run.evidence["divergence"]["comparisons"] if c["kind"] == "kv" and c["cell"] == "fp8-2048"]
+    assert comparison["reference"] == "auto-2048.reference" and comparison["same_length"]
+    assert all(row["cell"] != "auto-2048.reference" for row in run.evidence["startup"])  # never a capacity figure
+    assert "judged against auto-2048.reference" in run.review_path.read_text()

@@ -70,6 +70,14 @@ def test_headline_says_when_nothing_tried_passes():
     assert headline(verdict, ev, "bf16").endswith("FP8 with layers 0, 1 kept in bf16 fails at 8192. Nothing tried passes.")
 
 
+def test_an_undecided_remedy_is_not_called_a_failed_one():
+    # The H200 Qwen run of issue 23: the remedy cell was stopped in its scoring phase (INCONCLUSIVE).
+    from kveval.gate import INCONCLUSIVE
+
+    verdict, ev = evidence({"fp8-8192": FAIL, "fp8:keep=0,1-8192": INCONCLUSIVE}, None)
+    assert "Nothing tried passes" not in headline(verdict, ev, "bf16")
+
+
 def test_missing_diagnosis_is_said():
     verdict, ev = evidence({"fp8-8192": FAIL}, None)
     assert "diagnosis did not run" in plan_remedy(verdict, ev)["notes"][0]
