@@ -255,22 +255,27 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     try:
         _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray)
         _run_quality_references(setup, show)
-        review = judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
-        remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
-        extra = [cell_plan(options, setup.model.path, setup.phase_options, kv, length, setup.baseline_dtype)
-                 for kv, length in remedy["cells"]]
-        if remedy["notes"]:
-            manifest["remedy"] = {"mode": options.remedy, "notes": remedy["notes"],
-                                  "cells": [plan.id for plan in extra] or (manifest.get("remedy") or {}).get("cells", [])}
-            known = {c["id"] for c in manifest["cells"]}
-            manifest["cells"] += [plan.to_dict() for plan in extra if plan.id not in known]
-            run.write_manifest(manifest)
-            for note in remedy["notes"]:
-                show.note(note)
-        _run_cells(run, extra, True, options, show, setup.devices, setup.ray)
-        # Cells undecided only by task accuracy: more task samples, in rounds, until decided or the budget is spent.
-        run_task_rounds(setup, thresholds, show,
-                        lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray))
+        # A plain FP8 cell may FAIL only once task rounds have decided it: then its remedy runs in a second pass.
+        for attempt in range(2):
+            review = judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
+            remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
+            extra = [cell_plan(options, setup.model.path, setup.phase_options, kv, length, setup.baseline_dtype)
+                     for kv, length in remedy["cells"]]
+            if attempt and not extra:
+                break
+            if remedy["notes"]:
+                earlier = (manifest.get("remedy") or {}).get("cells", [])  # a resume's, or the first pass's
+                manifest["remedy"] = {"mode": options.remedy, "notes": remedy["notes"],
+                                      "cells": list(dict.fromkeys([*earlier, *(plan.id for plan in extra)]))}
+                known = {c["id"] for c in manifest["cells"]}
+                manifest["cells"] += [plan.to_dict() for plan in extra if plan.id not in known]
+                run.write_manifest(manifest)
+                for note in remedy["notes"]:
+                    show.note(note)
+            _run_cells(run, extra, True, options, show, setup.devices, setup.ray)
+            # Cells undecided only by task accuracy: more task samples, in rounds, until decided or the budget is spent.
+            run_task_rounds(setup, thresholds, show,
+                            lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray))
     except KeyboardInterrupt:
         # Finished cells are on disk already; render what exists so the user has a review now.
         judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
