@@ -101,6 +101,9 @@ def _degeneration_evidence(workloads: list[dict], cells: dict[str, dict]) -> dic
             "new_degenerate": row["outputs_with_new_findings"],
             # Outputs that have a baseline output for the same prompt (None for baseline cells).
             "judged_outputs": None if row["judged_outputs"] is None else int(row["judged_outputs"]),
+            # Outputs that degenerate in the baseline but not here: the other side of the paired test.
+            "baseline_only_degenerate": None if row["baseline_only_degenerate"] is None
+            else int(row["baseline_only_degenerate"]),
             "outputs_with_findings": row["outputs_with_findings"],
             "detectors": {d: row[d] for d in DETECTORS},
             "token_limit_rate": row["token_limit_rate"],

@@ -12,7 +12,8 @@ The verdict rests on strength of evidence, per tested cell (a KV configuration a
   verdict then says.
 - **FAIL** needs strong evidence of harm: a significant task-accuracy drop (McNemar exact p < alpha
   and recovery under `task_recovery_min`), divergence beyond the *harm* limits (several times the
-  healthy budget), or degeneration new against an existing baseline output for the same prompt.
+  healthy budget), or degeneration new against an existing baseline output for the same prompt,
+  as a significant excess by McNemar's exact test on the discordant prompts (`_degeneration`).
 - Anything else is **INCONCLUSIVE**, and each reason says what would decide it.
 
 Missing evidence never makes a FAIL: a cell with no baseline at its length, a cell whose result file
@@ -29,6 +30,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from scipy.stats import binomtest
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
@@ -373,7 +376,11 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
 
 
 def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds) -> None:
-    """FAIL only on outputs new against an existing baseline output; no baseline -> not judged."""
+    """Degeneration as paired evidence (issue 22): per prompt, does the cell's output degenerate, and the
+    baseline's? FAIL needs more new degenerate outputs than `new_degenerate_allowance`, an excess
+    (cell-only minus baseline-only) above `max_new_degenerate_share` of the judged outputs, and McNemar's
+    exact test (McNemar 1947; the one-sided binomial test on the discordant prompts) at p < alpha. A
+    handful of loops (2 of 9 against 0: p 0.25) is reported and left undecided, never a FAIL."""
     if not entry or not entry.get("outputs"):
         return
     judged, new = entry.get("judged_outputs"), entry.get("new_degenerate") or 0
@@ -381,14 +388,25 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
     if not judged:
         out.reason(NOTE, cell, f"{cell}: degeneration not judged: no {BASELINE_KV} output for the same prompts")
         return
+    base_only = entry.get("baseline_only_degenerate") or 0  # None in evidence from before the paired test
+    excess = (new - base_only) / judged
+    p = float(binomtest(new, new + base_only, 0.5, alternative="greater").pvalue) if new else 1.0
+    detail = (f"{new} of {judged} outputs degenerate only here, {base_only} only in {BASELINE_KV}; excess "
+              f"{_pct(excess)}, McNemar exact p {_g(p)}")
     allowed = max(t.new_degenerate_allowance, t.max_new_degenerate_share * judged)
-    passed = new <= allowed
-    out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, passed,
-              f"{new} of {judged} outputs newly degenerate; allowed {allowed:g}")
-    if not passed:
+    if new <= allowed:
+        out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, True,
+                  f"{detail}; allowed {allowed:g}")
+        return
+    if excess > t.max_new_degenerate_share and p < t.alpha:
+        out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, False, detail)
         out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
-                               f"same prompt does not ({_pct(new / judged)}; allowed max({t.new_degenerate_allowance}, "
-                               f"{_pct(t.max_new_degenerate_share)} of outputs))")
+                               f"same prompt does not, {base_only} the other way ({detail} < {t.alpha:g})")
+        return
+    out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, None, detail)
+    out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
+                                   f"does not, {base_only} the other way: not significant ({detail})",
+               "more generation prompts (--suite standard, or --prompts FILE) show whether the excess is real")
 
 
 def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool, unmatched: str | None,

@@ -390,6 +390,20 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
 
+def _baseline_only(findings: pd.DataFrame, cells: dict[str, dict], name: str, workloads: list[dict],
+                   records: dict[str, dict], degenerate: set) -> int:
+    """Prompts this cell answered cleanly whose baseline output (the one that excuses findings) degenerates."""
+    failing = findings[~findings["detector"].isin(INFORMATIONAL_DETECTORS)]
+    count = 0
+    for _, prompt, _ in _scanned(workloads, {name: cells[name]}, {name: records[name]}):
+        source = _baseline_source(cells, name, prompt["id"], BASELINE_KV, records)
+        if source is None or prompt["id"] in degenerate:
+            continue
+        if ((failing["cell"] == source) & (failing["prompt"] == prompt["id"])).any():
+            count += 1
+    return count
+
+
 def degeneration_summary(findings: pd.DataFrame, cells: dict[str, dict], workloads: list[dict]) -> pd.DataFrame:
     """Per started cell: outputs scanned, outputs with (new) findings, count per detector, token-limit rate.
 
@@ -410,15 +424,20 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, dict], workloa
         judged = None if is_base else sum(
             1 for _, prompt, _ in _scanned(workloads, {name: facts}, {name: records[name]})
             if _baseline_source(cells, name, prompt["id"], BASELINE_KV, records) is not None)
+        # The other discordant cell of the paired 2×2 (gate: McNemar's test): prompts whose baseline
+        # output degenerates while this cell's does not.
+        baseline_only = None if is_base else _baseline_only(findings, cells, name, workloads, records,
+                                                            set(failures["prompt"]))
         limited = sum(1 for record in outputs if record.get("finish_reason") == "length")
         row = {"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
                "outputs": len(outputs),
                "outputs_with_findings": int(failures["prompt"].nunique()),
-               "outputs_with_new_findings": int(new["prompt"].nunique()), "judged_outputs": judged}
+               "outputs_with_new_findings": int(new["prompt"].nunique()), "judged_outputs": judged,
+               "baseline_only_degenerate": baseline_only}
         for detector in DETECTORS:
             row[detector] = int((mine["detector"] == detector).sum())
         row["token_limit_rate"] = limited / len(outputs) if outputs else None
         rows.append(row)
     columns = ["cell", "kv_cache_dtype", "max_model_len", "outputs", "outputs_with_findings",
-               "outputs_with_new_findings", "judged_outputs", *DETECTORS, "token_limit_rate"]
+               "outputs_with_new_findings", "judged_outputs", "baseline_only_degenerate", *DETECTORS, "token_limit_rate"]
     return pd.DataFrame(rows, columns=columns)

@@ -107,8 +107,9 @@ def test_evidence_has_the_gate_shape_and_is_json():
     verdict = evaluate(evidence)
     assert verdict.status == "FAIL"
     # KL p99 1.52 stays under the CPU harm limit 3.0: the mean, the late mean and top-1 decide it.
-    assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_late_mean",
-                                                                     "top1_agreement", "new_degenerate_share"}
+    assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_late_mean", "top1_agreement"}
+    # 3 of 3 outputs loop only in FP8: McNemar exact p 0.125, too few outputs to decide (issue 22).
+    assert [c.passed for c in verdict.checks if c.name == "new_degenerate_share"] == [None]
     assert evidence["platform"]["profile"] == "cpu" and evidence["tasks_planned"] is False
 
 
@@ -171,7 +172,7 @@ def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
                                        "## Degeneration", "## Teacher-forced divergence")]
     assert order == sorted(order)
     assert (f"- fp8-1024: KL mean 0.000326 ≤ {KL_MAX}; KL p99 0.000326 ≤ 1; KL mean (late) 0.000326 ≤ 0.12; "
-            f"top-1 agreement 100.0 % ≥ {TOP1_MIN}; 0 of 3 outputs newly degenerate; allowed 1") in review
+            f"top-1 agreement 100.0 % ≥ {TOP1_MIN}; 0 of 3 outputs degenerate only here, 0 only in auto") in review
     assert "**FP8 passes at 1024 and holds 2× the `auto` pool.**" in review
     assert "long-context task accuracy not measured (tasks turned off)" in review
     assert "Divergence budgets: **cpu profile**" in review
@@ -206,8 +207,8 @@ def test_harmed_run_fails_with_reasons_and_loop_findings(run_dir):
     kl_reason = f"fp8-1024: divergence vs auto-1024 far outside the healthy range: KL mean 1.52 > harm limit {KL_FAIL}"
     assert any(line.startswith(f"- {kl_reason}") for line in out), out
     assert any("top-1 agreement 0.0 % < harm limit 60.0 %" in line for line in out)
-    assert any(line.startswith("- fp8-1024: 3 of 3 outputs degenerate where the auto output for the same prompt "
-                               "does not") for line in out)
+    assert any("fp8-1024: 3 of 3 outputs degenerate where the auto output does not, 0 the other way: not "
+               "significant" in line for line in out), out
     assert f"results: {path / 'results.json'}" in out
     assert runner.invoke(cli, ["report", str(path)]).exit_code == EXIT_FAIL
 

@@ -67,7 +67,9 @@ def test_the_old_cpu_demo_re_renders_the_same_review_from_its_cells(tmp_path):
     assert LOG_LINE_START + "[fp8-1024](cells/fp8-1024.log)" in rendered
     assert _without_added_lines(rendered) == (source / "review.md").read_text(encoding="utf-8")
     for table in sorted((source / "tables").glob("*.csv")):
-        if table.name != "speed.csv":  # gains the noise columns (INTENDED_DIFFERENCES.md)
+        # speed.csv gains the noise columns, degeneration_summary.csv the paired test's baseline-only
+        # count (INTENDED_DIFFERENCES.md)
+        if table.name not in ("speed.csv", "degeneration_summary.csv"):
             assert (copy / "tables" / table.name).read_text(encoding="utf-8") == table.read_text(encoding="utf-8")
 
 
@@ -84,6 +86,12 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
     for key in ADDED_EVIDENCE:
         now["evidence"].pop(key)
     assert (now["verdict"].pop("defects"), now["verdict"].pop("attributed")) == ([], {})
+    for entry in now["evidence"]["degeneration"]["cells"].values():  # issue 22: the paired test's other side
+        assert entry.pop("baseline_only_degenerate") in (None, 0)
+    for document in (now, before):  # issue 22: the degeneration check states its test
+        for row in document["verdict"]["checks"]:
+            if row["name"] == "new_degenerate_share":
+                row.pop("detail")
     for key, value in ADDED_THRESHOLDS.items():
         assert now["verdict"]["thresholds"].pop(key) == value
     for row in now["evidence"]["speed"]:
