@@ -33,15 +33,12 @@ def _cells_evidence(cells: dict[str, dict], planned: list[dict], references: dic
     that the verdict can never pass over it. A quality reference says which baseline it stands in for."""
     out = {}
     for name, facts in cells.items():
-        if name in (references or {}):
-            out[name] = {"kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
-                         "started": bool(facts.get("started")), "reference_for": references[name].get("for"),
-                         "failure_reason": (facts.get("failure") or {}).get("reason"), "kv_pool_tokens": None}
-            continue
         out[name] = {"kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
                      "started": bool(facts.get("started")),
                      "failure_reason": (facts.get("failure") or {}).get("reason"),
                      "kv_pool_tokens": (facts.get("capacity") or {}).get("kv_pool_tokens")}
+        if name in (references or {}):  # a baseline for quality only: its pool is no capacity figure
+            out[name].update(reference_for=references[name].get("for"), kv_pool_tokens=None)
     for plan in planned:
         if plan.get("id") not in cells:
             out[plan["id"]] = {"kv_cache_dtype": plan.get("kv_cache_dtype"), "max_model_len": plan.get("max_model_len"),

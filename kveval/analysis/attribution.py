@@ -110,16 +110,17 @@ def remedy_pairs(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> list
     """(plain cell, remedy cell, baseline cell) at one max_model_len, all three scored. A remedy cell is
     any cell keeping layers; its plain cell has the same FP8 dtype (aliases included) and keeps none."""
     scored = {name: facts for name, facts in cells.items() if scored_sequences(facts)}
+    specs = {name: _spec(facts) for name, facts in scored.items()}
     pairs = []
     for remedy, facts in sorted(scored.items()):
-        spec = _spec(facts)
+        spec = specs[remedy]
         if spec is None or not spec.keep:
             continue
         length = facts.get("max_model_len")
         base = next((n for n, f in scored.items() if f.get("kv_cache_dtype") == baseline_kv
                      and f.get("max_model_len") == length), None)
-        plain = next((n for n, f in sorted(scored.items()) if f.get("max_model_len") == length and _spec(f) is not None
-                      and not _spec(f).keep and _family(_spec(f).dtype) == _family(spec.dtype)), None)
+        plain = next((n for n in sorted(scored) if scored[n].get("max_model_len") == length and specs[n] is not None
+                      and not specs[n].keep and _family(specs[n].dtype) == _family(spec.dtype)), None)
         if base and plain:
             pairs.append((plain, remedy, base))
     return pairs
