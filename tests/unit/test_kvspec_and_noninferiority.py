@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
+from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide, score_statistic
 from kveval.cli.options import split_values
 from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
 
@@ -51,9 +51,20 @@ def test_bound_with_no_discordant_pair_is_still_below_one():
 def test_samples_to_decide():
     need = samples_to_decide(12, 1, 1, 0.5, 0.90)
     assert need is not None and need > 12
-    half = round(need * 1.5 / 14)  # the discordance rate the estimate assumed: (b + c + 1) / (n + 2)
-    assert paired_recovery_bound(need, half, half, 0.5) >= 0.895
+    scale = need / 12  # the same shares at that size reach the margin
+    assert paired_recovery_bound(need, round(scale), round(scale), 0.5) >= 0.895
     assert samples_to_decide(54, 6, 2, 0.5, 0.90) is None  # observed recovery under the margin
+
+
+def test_bound_matches_tangs_score_interval():
+    # Closed forms of Tang, Tang & Chan (2003): no discordant pair gives n11 / (n11 + z^2).
+    z = 1.6448536269514722
+    assert paired_recovery_bound(120, 0, 0, 0.5) == pytest.approx(60 / (60 + z * z), abs=1e-6)
+    # At the bound the score statistic equals z; above it, it is smaller.
+    bound = paired_recovery_bound(156, 8, 5, 0.5)
+    assert score_statistic(bound, 70, 5, 8, 156) == pytest.approx(z, abs=1e-6)
+    assert score_statistic(bound + 0.01, 70, 5, 8, 156) < z
+    assert 0 <= paired_recovery_bound(12, 3, 0, 0.5, 0.0017) < 0.5   # never negative, even at a tiny alpha
 
 
 def test_bound_refuses_a_zero_baseline():
