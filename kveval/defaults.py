@@ -8,6 +8,9 @@ SEED = 0
 SUITE = "standard"                                    # kveval.inputs.suites.SUITES
 PHASES: tuple[str, ...] = ("generation", "scoring", "tasks", "speed", "throughput")  # in this order, every cell
 CELL_TIMEOUT_S = 3600.0                               # a cell is stopped after this long
+# A started cell whose engine reports no progress (no finished step) for this long is stopped as stalled:
+# on the H200 a kept-layer remedy cell once hung in scoring for over 5 minutes where plain FP8 took 4 s.
+STALL_TIMEOUT_S = 600.0
 REMEDY = "auto"                                       # kveval.run.remedy.REMEDY_MODES
 DIAGNOSE = True                                       # per-layer K/V range pass for FP8 runs
 TASK_LENGTHS: tuple[float, ...] = (0.25, 0.5, 0.9)    # task prompt sizes as shares of max_model_len

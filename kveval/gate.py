@@ -544,7 +544,8 @@ def _remedy_defect(pair: dict, budget: Budget, t: Thresholds) -> str | None:
 
 
 def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> list[dict]:
-    """Engine-path defects: a remedy far worse than plain FP8, or two specs with identical figures.
+    """Engine-path defects: a remedy far worse than plain FP8, two specs with identical figures, or a cell
+    whose engine stopped making progress (run/cell_process.py stops it as stalled).
     The defective cell's FAIL reasons become INCONCLUSIVE: its figures do not measure FP8 quality."""
     defects: list[dict] = []
     for pair in evidence.get("attribution") or []:
@@ -553,6 +554,11 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
             defects.append({"cell": pair["remedy"], "message": f"{pair['remedy']} looks broken, not FP8-damaged: "
                                                                f"{why}. Keeping {_layers(pair['kept'])} in the model "
                                                                f"dtype cannot do that in a correct engine"})
+    for row in evidence.get("startup") or []:
+        if row.get("crash_cause") == "stalled":
+            defects.append({"cell": row["cell"], "message": f"{row['cell']}: {row.get('crash')}; an engine that hangs "
+                                                            "is broken on this configuration, which says nothing of FP8 "
+                                                            "quality"})
     for same in evidence.get("identical_specs") or []:
         first, second = same["cells"]
         defects.append({"cell": second, "message": f"{first} and {second} have identical per-position figures on "

@@ -32,6 +32,7 @@ def startup_table(cells: dict[str, dict]) -> pd.DataFrame:
             "crash": (facts.get("crash") or {}).get("message"),
             # Only where a cell crashed (rows of runs without a crash keep their old keys).
             **({"crash_advice": facts["crash"].get("advice")} if (facts.get("crash") or {}).get("advice") else {}),
+            **({"crash_cause": facts["crash"]["cause"]} if (facts.get("crash") or {}).get("cause") == "stalled" else {}),
         })
     return pd.DataFrame(rows)
 

@@ -148,6 +148,9 @@ def compare_arguments(given: dict) -> dict:
                    "each cell also runs its own maximum concurrency).")
 @click.option("--cell-timeout", type=float, default=defaults.CELL_TIMEOUT_S, show_default=True,
               help="Seconds before a cell is stopped.")
+@click.option("--stall-timeout", type=float, default=defaults.STALL_TIMEOUT_S, show_default=True,
+              help="Seconds a started cell may go without finishing a step before it is stopped as stalled (an engine "
+                   "that hangs is reported as a defect of that configuration, not as FP8 damage).")
 @click.option("--phases", cls=MultiValueOption, default=defaults.PHASES,
               show_default=_spaced(defaults.PHASES), help="Phases to run in each cell, in order.")
 @click.option("--remedy", type=click.Choice(list(REMEDY_MODES)), default=defaults.REMEDY, show_default=True,

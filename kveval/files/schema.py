@@ -125,6 +125,7 @@ class Options(FileModel):
     phase_options: dict[str, dict[str, Any]]  # per phase: its settings (scoring top_k, speed runs, ...)
     prompts_file: Optional[str]
     cell_timeout_s: Optional[Number]
+    stall_timeout_s: Optional[Number] = None   # issue 23
     tasks: list[str]
     lengths: list[Number]
     depths: list[Number]
@@ -314,6 +315,7 @@ class Crash(FileModel):
     cause: Optional[str] = None          # run/death.py, from issue 11 on
     advice: Optional[str] = None
     log_tail: Optional[str] = None
+    stalled: Optional[dict] = None       # cause "stalled": phase, seconds, done, total, item (issue 23)
 
 
 class Phase(FileModel):

@@ -2,7 +2,7 @@
 
 The parent never imports vLLM. It writes a spec for the cell, starts `python -m kveval.worker.cell_main`
 with the cell's log as stdout/stderr, follows its progress events, and — if the child dies
-without finishing (segfault, OOM kill, timeout) — classifies the death from the log and stores
+without finishing (segfault, OOM kill, timeout, a stall) — classifies the death from the log and stores
 it, merged with whatever the child had already written.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from kveval import defaults
 from kveval.run.death import explain_death, log_tail
 from kveval.worker.failures import StartupFailure, classify_startup_failure, not_started_record
 from kveval.files.rundir import RunDir, write_json_atomic
@@ -61,12 +62,39 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+class _ProgressWatch:
+    """When did the started engine last report progress? Engine start-up is not watched (the cell
+    timeout covers it: CUDA graph capture and compilation take minutes without events)."""
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+        self.last: dict = {}
+        self.since = time.monotonic()
+
+    def saw(self, event: dict) -> None:
+        self.since = time.monotonic()
+        if event.get("event") == "phase":
+            self.phase = event.get("phase")
+            self.last = {}
+        elif event.get("event") == "step":
+            self.last = event
+
+    def stalled(self, stall_s: float | None) -> dict | None:
+        idle = time.monotonic() - self.since
+        if stall_s is None or self.phase in (None, "engine_start", "done") or idle <= stall_s:
+            return None
+        return {"phase": self.phase, "seconds": round(idle), "done": self.last.get("done"),
+                "total": self.last.get("total"), "item": self.last.get("item")}
+
+
 def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None,
                      on_event: Callable[[dict], None], env: dict[str, str] | None = None,
-                     stop: threading.Event | None = None) -> dict:
+                     stop: threading.Event | None = None,
+                     stall_s: float | None = defaults.STALL_TIMEOUT_S) -> dict:
     """Run one cell in its own process and return its stored facts. `env`: extra environment for the
     child (CUDA_VISIBLE_DEVICES when cells share a host's GPUs); `stop`: set by another thread to end the
-    cell as interrupted (Ctrl-C while cells run in parallel). A None value in `env` removes that variable."""
+    cell as interrupted (Ctrl-C while cells run in parallel). A None value in `env` removes that variable.
+    `stall_s`: a started cell with no progress event for this long is stopped and recorded as stalled."""
     spec = {
         "cell_id": plan.id,
         "run_dir": str(run_dir.path.resolve()),
@@ -84,6 +112,8 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     write_json_atomic(run_dir.cell_spec_path(plan.id), spec)
     began = time.monotonic()
     timed_out = False
+    stalled = None
+    watch = _ProgressWatch()
     with run_dir.cell_log_path(plan.id).open("w", encoding="utf-8") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "kveval.worker.cell_main", str(run_dir.cell_spec_path(plan.id).resolve())],
@@ -95,9 +125,14 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
             while child.poll() is None:
                 events, offset = _read_events(run_dir.cell_events_path(plan.id), offset)
                 for event in events:
+                    watch.saw(event)
                     on_event(event)
                 if timeout_s is not None and time.monotonic() - began > timeout_s:
                     timed_out = True
+                    _kill_group(child)
+                    break
+                stalled = watch.stalled(stall_s)
+                if stalled:
                     _kill_group(child)
                     break
                 if stop is not None and stop.is_set():
@@ -115,7 +150,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     events, offset = _read_events(run_dir.cell_events_path(plan.id), offset)
     for event in events:
         on_event(event)
-    return _finish(run_dir, plan, child.returncode, timed_out, timeout_s, time.monotonic() - began)
+    return _finish(run_dir, plan, child.returncode, timed_out, timeout_s, time.monotonic() - began, stalled=stalled)
 
 
 def _end_orphans(child: subprocess.Popen) -> None:
@@ -139,9 +174,9 @@ def _kill_group(child: subprocess.Popen) -> None:
 
 
 def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: bool, timeout_s, seconds: float,
-            *, interrupted: bool = False) -> dict:
+            *, interrupted: bool = False, stalled: dict | None = None) -> dict:
     facts = run_dir.load_cell(plan.id, validate=False)
-    if facts is not None and facts.get("complete") and not interrupted:
+    if facts is not None and facts.get("complete") and not interrupted and not stalled:
         facts["process"] = {"exit_code": exit_code, "seconds": seconds}
         write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
         return facts
@@ -150,7 +185,8 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
     except OSError:
         log = ""
     death = explain_death(exit_code, timed_out=timed_out, timeout_s=timeout_s, stopped_by_user=interrupted,
-                          kv_cache_memory_bytes=plan.engine.get("kv_cache_memory_bytes"), log_tail=log_tail(log, 40))
+                          kv_cache_memory_bytes=plan.engine.get("kv_cache_memory_bytes"), log_tail=log_tail(log, 40),
+                          stalled=stalled)
     if not isinstance(facts, dict) or not facts.get("started"):
         # Died before the engine was up: a start-up failure, in vLLM's words if it left any.
         if interrupted:
@@ -165,7 +201,8 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
     else:
         # Started, then died in a phase: keep every finished phase, mark the rest as lost.
         facts["crash"] = {"message": death["message"], "cause": death["cause"], "advice": death["advice"],
-                          "last_log_line": _last_line(log), "log_tail": log_tail(log)}
+                          "last_log_line": _last_line(log), "log_tail": log_tail(log),
+                          **({"stalled": stalled} if stalled else {})}
     facts["complete"] = True
     facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out,
                         "interrupted": interrupted, "cause": death["cause"]}

@@ -149,6 +149,7 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
             "enforce_eager": options.enforce_eager, "engine_args": options.engine_args, "suite": suite.name,
             "counts": options.counts, "phases": list(options.phases), "phase_options": phase_options,
             "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
+            "stall_timeout_s": options.stall_timeout,
             "tasks": task_names, "lengths": list(shape.fractions), "depths": list(shape.depths),
             "samples_per_point": shape.samples, "limit": options.task_limit,
             "budget": parse_budget(options.budget).to_dict(),
@@ -330,7 +331,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
                 return
         else:
             facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
-                                     on_event=on_event)
+                                     on_event=on_event, stall_s=options.stall_timeout)
         show.cell_finished(plan.id, facts)
         rejected = rejected_engine_arg(facts, options.engine_args, _log_tail(run_dir, plan.id))
         if rejected:

@@ -33,6 +33,7 @@ class CompareOptions:
     speed_max_tokens: int | None = None
     phases: Sequence[str] = defaults.PHASES
     cell_timeout: float | None = defaults.CELL_TIMEOUT_S
+    stall_timeout: float | None = defaults.STALL_TIMEOUT_S  # no progress for this long: the cell is stalled
     command: str | None = None
     gate_config: str | Path | None = None
     gate_overrides: dict[str, Any] = field(default_factory=dict)
@@ -118,6 +119,9 @@ def validate_options(options: CompareOptions) -> None:
     if options.cell_timeout is not None and not options.cell_timeout > 0:
         raise KvevalError(f"--cell-timeout {options.cell_timeout:g}: give the seconds a cell may take, more than 0 "
                           f"(default {defaults.CELL_TIMEOUT_S:g})")
+    if options.stall_timeout is not None and not options.stall_timeout > 0:
+        raise KvevalError(f"--stall-timeout {options.stall_timeout:g}: give the seconds a started cell may go without "
+                          f"progress, more than 0 (default {defaults.STALL_TIMEOUT_S:g})")
     if options.executor not in EXECUTORS:
         raise KvevalError(f"--executor {options.executor!r}: choose one of {', '.join(EXECUTORS)}")
     if options.executor == "ray" and options.gpus:

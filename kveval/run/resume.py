@@ -34,7 +34,7 @@ def redo_reason(previous: dict, *, retry_failed: bool, budget_given: bool) -> st
 
 
 # Options that change how a run is carried out, not what it measures: a resume may change them.
-_NOT_FINGERPRINTED = ("cell_timeout_s", "gpus", "executor")
+_NOT_FINGERPRINTED = ("cell_timeout_s", "stall_timeout_s", "gpus", "executor")
 
 
 def _settings_fingerprint(manifest: dict) -> dict:

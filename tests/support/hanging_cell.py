@@ -1,0 +1,27 @@
+"""Stands in for `python -m kveval.worker.cell_main SPEC` in the stall test: an engine that starts,
+finishes generation, finishes one scoring step and then hangs (as a kept-layer remedy cell did on
+the H200). Invoked as `python hanging_cell.py -m kveval.worker.cell_main SPEC`."""
+import json
+import sys
+import time
+from pathlib import Path
+
+spec = json.loads(Path(sys.argv[-1]).read_text())
+events = Path(spec["events_path"])
+
+
+def emit(**event):
+    with events.open("a") as handle:
+        handle.write(json.dumps({**event, "t": time.time()}) + "\n")
+
+
+facts = {"cell": spec["cell_id"], "kv_cache_dtype": spec["kv_spec"], "max_model_len": 1024, "started": True,
+         "complete": False, "phases": {"generation": {"records": [{"prompt_id": "p", "accepted": True}]}}}
+Path(spec["result_path"]).write_text(json.dumps(facts))
+emit(event="phase", phase="engine_start", pid=0)
+emit(event="outcome", started=True, kv_pool_tokens=4096)
+emit(event="phase", phase="generation")
+emit(event="phase", phase="scoring")
+emit(event="step", phase="scoring", done=5, total=10, item="doc:6554")
+print("scoring 5/10", flush=True)
+time.sleep(600)
