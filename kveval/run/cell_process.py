@@ -133,6 +133,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
                     break
                 stalled = watch.stalled(stall_s)
                 if stalled:
+                    _dump_stacks(child)
                     _kill_group(child)
                     break
                 if stop is not None and stop.is_set():
@@ -157,6 +158,16 @@ def _end_orphans(child: subprocess.Popen) -> None:
     """A helper the engine spawned may outlive the cell's main process and hold memory: end the group."""
     try:
         os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _dump_stacks(child: subprocess.Popen) -> None:
+    """Ask a stalled cell for its threads' stacks (cell_main registers SIGUSR1 with faulthandler): the log
+    then shows where the engine hung."""
+    try:
+        os.kill(child.pid, signal.SIGUSR1)
+        time.sleep(2.0)
     except (ProcessLookupError, PermissionError):
         pass
 

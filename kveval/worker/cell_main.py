@@ -7,8 +7,10 @@ in a late phase keeps what the earlier phases measured.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -116,6 +118,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m kveval.worker.cell_main SPEC.json", file=sys.stderr)
         return 2
+    # A parent that finds this cell stalled sends SIGUSR1 first: every thread's Python stack goes to the
+    # cell's log, which then shows where the engine hung.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     run_cell(read_json(Path(argv[0])))
     return 0
 

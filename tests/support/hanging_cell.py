@@ -1,11 +1,14 @@
 """Stands in for `python -m kveval.worker.cell_main SPEC` in the stall test: an engine that starts,
 finishes generation, finishes one scoring step and then hangs (as a kept-layer remedy cell did on
 the H200). Invoked as `python hanging_cell.py -m kveval.worker.cell_main SPEC`."""
+import faulthandler
 import json
+import signal
 import sys
 import time
 from pathlib import Path
 
+faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # as cell_main does
 spec = json.loads(Path(sys.argv[-1]).read_text())
 events = Path(spec["events_path"])
 
@@ -24,4 +27,10 @@ emit(event="phase", phase="generation")
 emit(event="phase", phase="scoring")
 emit(event="step", phase="scoring", done=5, total=10, item="doc:6554")
 print("scoring 5/10", flush=True)
-time.sleep(600)
+
+
+def hang_in_the_scheduler():
+    time.sleep(600)
+
+
+hang_in_the_scheduler()

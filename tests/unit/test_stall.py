@@ -34,6 +34,8 @@ def test_a_cell_without_progress_is_stopped_as_stalled_and_keeps_its_phases(tmp_
     assert "after step 5 of 10 (last: doc:6554)" in facts["crash"]["message"]
     assert facts["phases"]["generation"]["records"] == [{"prompt_id": "p", "accepted": True}]
     assert facts["process"]["cause"] == "stalled"
+    # The cell's threads' stacks are in its log: where the engine hung.
+    assert "hang_in_the_scheduler" in store.cell_log_path(plan.id).read_text()
 
 
 def test_engine_start_is_not_watched_for_stalls():
