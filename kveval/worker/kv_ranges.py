@@ -119,6 +119,30 @@ def _recording_cache_class():
     return RecordingCache
 
 
+def _record_queries(model, recorder) -> str | None:
+    """Route the model's attention through a wrapper that hands every layer's query (after the rotary
+    embedding: what an FP8 attention kernel quantises) to `recorder`, then runs the model's own attention.
+    None when it is installed, else why the query is not measured."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        current = model.config._attn_implementation
+        attend = ALL_ATTENTION_FUNCTIONS.get(current)
+        if attend is None:
+            return f"the model's attention ({current}) cannot be wrapped"
+
+        def recording_attention(module, query, key, value, attention_mask, **kwargs):
+            recorder(module.layer_idx, query)
+            return attend(module, query, key, value, attention_mask, **kwargs)
+
+        AttentionInterface.register("kveval_query", recording_attention)
+        model.set_attn_implementation("kveval_query")
+    except Exception as error:  # noqa: BLE001 - the query is extra evidence; K and V are measured anyway
+        return f"the query could not be recorded ({type(error).__name__}: {error})"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs.
 
@@ -274,6 +298,15 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
                     {name: value * scale for name, value in LIMITS.items()}, scale, generator)
             slot.add(states, budget["take"])
 
+    def record_query(layer_idx, query_states):
+        # vLLM's FlashAttention-3 backend quantises the query to FP8 with the layer's q_scale (1.0 unless
+        # the checkpoint gives one) when the KV cache is FP8: the same ±448 limit applies.
+        slot = stats.get((layer_idx, "q"))
+        if slot is None:
+            slot = stats[(layer_idx, "q")] = _Accumulator(dict(LIMITS), 1.0, generator)
+        slot.add(query_states, budget["take"])
+
+    query_note = _record_queries(model, record_query)
     cache_class = _recording_cache_class()
     # Only the last position's logits: a full [tokens, vocab] logits tensor would dwarf the model.
     extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
@@ -287,12 +320,13 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
 
     layer_types = facts.get("layer_types") or []
     layers = []
-    for layer_idx in sorted({layer for layer, _ in stats}):
+    for layer_idx in sorted({layer for layer, tensor in stats if tensor != "q"}):
         layers.append({
             "layer": int(layer_idx),
             "attention_type": layer_types[layer_idx] if layer_idx < len(layer_types) else None,
-            "k": stats[(layer_idx, "k")].result(), "v": stats[(layer_idx, "v")].result()})
-    notes = []
+            "k": stats[(layer_idx, "k")].result(), "v": stats[(layer_idx, "v")].result(),
+            **({"q": stats[(layer_idx, "q")].result()} if (layer_idx, "q") in stats else {})})
+    notes = [] if query_note is None else [query_note]
     if getattr(text, "kv_lora_rank", None):
         notes.append("MLA model: vLLM caches the compressed latent (kv_c, k_pe), not these K/V tensors; "
                      "the ranges here do not describe its FP8 cache")

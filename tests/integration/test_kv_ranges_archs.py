@@ -46,6 +46,12 @@ def test_every_layer_is_recorded_within_the_token_budget(tmp_path, kind, layers,
     assert ranges["layers"][1]["k"]["limits"]["fp8_e4m3"] == 224.0 and ranges["layers"][1]["k"]["scale"] == 0.5
     assert ranges["layers"][0]["k"]["limits"]["fp8_e4m3"] == 448.0
     assert diagnose(ranges)["offending_layers"] == []
+    # The query after the rotary embedding, as an FP8 attention kernel (FA3) would quantise it: every
+    # attention head (4, against 2 KV heads), at the FP8 limit of scale 1.0.
+    for layer in ranges["layers"]:
+        assert layer["q"]["count"] == 100 * 4 * 16 and layer["q"]["absmax"] > 0
+        assert layer["q"]["limits"]["fp8_e4m3"] == 448.0
+    assert diagnose(ranges)["query"]["over_layers"] == []
 
 
 def test_sampled_quantiles_are_deterministic(tmp_path, monkeypatch):

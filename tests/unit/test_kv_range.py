@@ -179,6 +179,20 @@ def test_section_without_or_with_a_failed_diagnosis():
     assert "could not be measured" in line and "model \\| broken" in line
 
 
+def test_a_query_past_the_fp8_range_is_told_apart_from_the_cache():
+    # Qwen2.5's case: K and V fit, the query of layer 0 does not (FA3 quantises Q with an FP8 cache).
+    measured = ranges({0: (stats(360.0), stats(3.0)), 1: (stats(112.0), stats(6.0)), 2: (stats(13.0), stats(4.0))})
+    for layer, q in zip(measured["layers"], (stats(1500.0, over_e4m3=40), stats(90.0), stats(30.0))):
+        layer["q"] = q
+    diagnosis = diagnose(measured)
+    assert diagnosis["offending_layers"] == [] and plan_keep_layers(diagnosis) == []   # the cache does not clip
+    assert diagnosis["query"]["over_layers"] == [0] and diagnosis["query"]["largest"]["layer"] == 0
+    text = "\n".join(render_diagnosis_section(diagnosis))
+    assert "largest |Q| is 1,500 in layer 0 (median layer peak 90)" in text
+    assert "leaves the FP8 range in layer 0, so its attention scores are computed from clipped queries" in text
+    assert "|Q|" not in "\n".join(render_diagnosis_section(diagnose(CLEAN)))   # not measured: nothing said
+
+
 def test_plot_is_written_and_skipped_without_rows(tmp_path):
     assert kv_range_plot(diagnose(ranges({})), tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
