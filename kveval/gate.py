@@ -554,16 +554,25 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
             defects.append({"cell": pair["remedy"], "message": f"{pair['remedy']} looks broken, not FP8-damaged: "
                                                                f"{why}. Keeping {_layers(pair['kept'])} in the model "
                                                                f"dtype cannot do that in a correct engine"})
+    errors = _engine_errors(evidence)
+    stalled = {row["cell"] for row in evidence.get("startup") or [] if row.get("crash_cause") == "stalled"}
     for row in evidence.get("startup") or []:
-        if row.get("crash_cause") == "stalled":
+        if row["cell"] in stalled:
             defects.append({"cell": row["cell"], "message": f"{row['cell']}: {row.get('crash')}; an engine that hangs "
                                                             "is broken on this configuration, which says nothing of FP8 "
-                                                            "quality"})
+                                                            "quality" + errors.pop(row["cell"], "")})
+    for cell, said in errors.items():
+        defects.append({"cell": cell, "message": f"{cell}: the engine failed requests that `{BASELINE_KV}` served"
+                                                 f"{said}: a configuration the engine cannot serve reliably is not one "
+                                                 "to deploy, whatever its quality figures"})
     for same in evidence.get("identical_specs") or []:
         first, second = same["cells"]
         defects.append({"cell": second, "message": f"{first} and {second} have identical per-position figures on "
                                                    f"{same['n_positions']} positions: the kept-layer setting did not "
                                                    "reach the engine (vLLM ignored it, or kveval did not pass it)"})
+    # A stalled cell's missing phases are explained by the stall: their "not measured" reasons would
+    # only send the reader after a baseline that is there.
+    out.reasons = [r for r in out.reasons if not (r.cell in stalled and r.level == INCONCLUSIVE)]
     for defect in defects:
         for reason in out.reasons:
             if reason.cell == defect["cell"] and reason.level == FAIL:
@@ -573,6 +582,20 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
                    "a defect of the engine path (or of kveval), not of the model's FP8 quality: try another vLLM "
                    "version or attention backend, and report it with the cell's log")
     return defects
+
+
+def _engine_errors(evidence: dict) -> dict[str, str]:
+    """Tested cells whose engine raised errors on requests (not refusals of over-long prompts) while the
+    `auto` cells raised none: cell -> a clause quoting vLLM's first message, e.g. FA3's
+    "scheduler_metadata must have shape (metadata_size)" on layers kept in bf16 (vLLM 0.26)."""
+    rows = [r for r in ((evidence.get("acceptance") or {}).get("rejections") or []) if r.get("kind") == "error"]
+    if any(str(r.get("cell", "")).startswith(f"{BASELINE_KV}-") for r in rows):
+        return {}
+    found: dict[str, list[str]] = {}
+    for row in rows:
+        found.setdefault(row["cell"], []).append(" ".join(str(row.get("message") or "").split())[:200])
+    return {cell: f" (vLLM raised `{messages[0]}` on {len(messages)} request{'s' if len(messages) > 1 else ''}, the "
+                  f"{BASELINE_KV} cells on none)" for cell, messages in found.items()}
 
 
 def _attribute(out: _Collector, evidence: dict, defective: set[str], t: Thresholds) -> dict[str, list[str]]:

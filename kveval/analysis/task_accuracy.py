@@ -322,7 +322,7 @@ def task_evidence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dic
         "comparisons": records(comparisons), "grid": records(depth_length_grid(samples)),
         "cells": per_cell, "unmatched": unmatched, "errors": errors, "task_errors": task_errors, "runs": runs,
         **({"design": {"n_max": designs[0]["n_max"], "stopped": designs[0].get("stopped"),
-                       "spending": "O'Brien-Fleming-type alpha spending (Lan & DeMets 1983)"}} if designs else {}),
+                       "spending": "Pocock-type alpha spending (Lan & DeMets 1983)"}} if designs else {}),
     })
 
 

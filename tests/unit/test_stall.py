@@ -64,3 +64,20 @@ def test_a_stalled_remedy_is_a_defect_not_fp8_damage():
     (defect,) = verdict.defects
     assert defect["cell"] == "fp8:keep=0,1-8192" and "hangs" in defect["message"] and message in defect["message"]
     assert any(r.level == "INCONCLUSIVE" and r.cell == "fp8:keep=0,1-8192" for r in verdict.reasons)
+
+
+def test_requests_the_engine_failed_only_in_the_remedy_are_a_defect_named_in_vllms_words():
+    # The H200 run of fp8:keep=0,1 with --enforce-eager (reports/h200-qwen2.5-coder-1.5b-keep-layers-defect):
+    # FA3 scheduled the layers kept in bf16 with FP8 metadata and vLLM 0.26 raised this on 5 of 10 prompts.
+    message = "RuntimeError: scheduler_metadata must have shape (metadata_size)"
+    ev = evidence()
+    ev["acceptance"] = {"matrix": [], "rejections": [
+        {"cell": "fp8:keep=0,1-8192", "prompt": f"p{i}", "kind": "error", "message": message} for i in range(5)] + [
+        {"cell": "auto-8192", "prompt": "over", "kind": "rejected", "message": "VLLMValidationError: too long"}]}
+    verdict = evaluate(ev)
+    (defect,) = verdict.defects
+    assert defect["cell"] == "fp8:keep=0,1-8192"
+    assert f"vLLM raised `{message}` on 5 requests, the auto cells on none" in defect["message"]
+    # The same errors in the baseline too: not specific to the tested configuration, no defect is claimed.
+    ev["acceptance"]["rejections"].append({"cell": "auto-8192", "prompt": "p0", "kind": "error", "message": message})
+    assert evaluate(ev).defects == []
