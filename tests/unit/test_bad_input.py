@@ -32,6 +32,7 @@ def _refused(args: list[str], fragment: str) -> str:
     (["--task-lengths=-0.5"], "task length -0.5 must be a share"),
     (["--cell-timeout", "0"], "--cell-timeout 0: give the seconds a cell may take"),
     (["--cell-timeout", "-1"], "--cell-timeout -1"),
+    (["--stall-timeout", "0"], "--stall-timeout 0: give the seconds a started cell may go without progress"),
     (["--max-model-len", "1000000000"], "above 4,194,304 that alone would exhaust memory"),
     (["--threshold", "alpha=2"], "alpha is a share and must lie in [0, 1]"),
 ])
