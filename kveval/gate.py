@@ -595,7 +595,19 @@ def _engine_errors(evidence: dict) -> dict[str, str]:
     for row in rows:
         found.setdefault(row["cell"], []).append(" ".join(str(row.get("message") or "").split())[:200])
     return {cell: f" (vLLM raised `{messages[0]}` on {len(messages)} request{'s' if len(messages) > 1 else ''}, the "
-                  f"{BASELINE_KV} cells on none)" for cell, messages in found.items()}
+                  f"{BASELINE_KV} cells on none{_known_cause(messages[0])})" for cell, messages in found.items()}
+
+
+# Engine errors whose cause is known, and where it lies: said beside vLLM's words.
+KNOWN_ENGINE_DEFECTS = {
+    "scheduler_metadata must have shape": "; known in vLLM 0.26: its FlashAttention backend computes FA3's "
+                                          "ahead-of-time schedule with the global FP8 cache dtype also for layers "
+                                          "kept in the model dtype (v1/attention/backends/flash_attn.py)",
+}
+
+
+def _known_cause(message: str) -> str:
+    return next((cause for text, cause in KNOWN_ENGINE_DEFECTS.items() if text in message), "")
 
 
 def _attribute(out: _Collector, evidence: dict, defective: set[str], t: Thresholds) -> dict[str, list[str]]:
