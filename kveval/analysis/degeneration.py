@@ -362,8 +362,8 @@ def _scanned(workloads: list[dict], cells: dict[str, dict], records: dict[str, d
 
 
 def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
-    """One row per finding; `new_vs_baseline` is False for baseline cells and for findings the
-    baseline's output for the same prompt also had (detector by detector)."""
+    """One row per finding; `new_vs_baseline` is False for baseline cells and for findings a baseline
+    output for the same prompt also had, at any length (detector by detector)."""
     records = {name: generation_records(facts) for name, facts in cells.items()}
     own: dict[tuple[str, str], list[Finding]] = {}
     sources: dict[tuple[str, str], str | None] = {}
@@ -377,8 +377,12 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
     for name, prompt, record in _scanned(workloads, cells, records):
         key, facts = (name, prompt["id"]), cells[name]
         source = sources[key]
-        base_hits = {f.detector for f in own.get((source, prompt["id"]), [])} if source else set()
         is_base = facts.get("kv_cache_dtype") == baseline_kv
+        # A finding the baseline also has for this prompt, at this length or at another one, is the
+        # model's own habit on that prompt (greedy outputs of a small model loop readily), not new.
+        base_hits = set() if not source else {
+            f.detector for other, f_cell in cells.items() if f_cell.get("kv_cache_dtype") == baseline_kv
+            for f in own.get((other, prompt["id"]), [])}
         for finding in own[key]:
             rows.append({"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"),
                          "max_model_len": facts.get("max_model_len"), "prompt": prompt["id"],

@@ -378,3 +378,18 @@ def test_summary_counts_token_limit_from_records_and_not_as_a_finding():
     row = summary.iloc[0]
     assert row["outputs"] == 2 and row["outputs_with_findings"] == 0 and row["hit_token_limit"] == 1
     assert row["token_limit_rate"] == 0.5
+
+
+def test_a_loop_the_baseline_has_at_another_length_is_not_new():
+    # Issue 22: auto-2048 loops on short_256-0 and auto-1024 does not; fp8-1024's same loop is the model's
+    # habit on that prompt, not FP8's doing. A loop no baseline has stays new.
+    cells = {
+        "auto-1024": _cell("auto", 1024, [_rec("short_256-0", NORMAL), _rec("short_256-1", NORMAL)]),
+        "auto-2048": _cell("auto", 2048, [_rec("short_256-0", LOOP, finish="length"), _rec("short_256-1", NORMAL)]),
+        "fp8-1024": _cell("fp8", 1024, [_rec("short_256-0", LOOP, finish="length"),
+                                        _rec("short_256-1", LOOP, finish="length")]),
+    }
+    rows = _by_key(scan_cells(WORKLOADS, cells))
+    assert rows[("fp8-1024", "short_256-0", "ngram_loop_tokens")].baseline_cell == "auto-1024"
+    assert not rows[("fp8-1024", "short_256-0", "ngram_loop_tokens")].new_vs_baseline
+    assert rows[("fp8-1024", "short_256-1", "ngram_loop_tokens")].new_vs_baseline
