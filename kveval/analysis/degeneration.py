@@ -61,7 +61,7 @@ DETECTORS = ("ngram_loop_tokens", "ngram_loop_chars", "token_run", "alternating_
 INFORMATIONAL_DETECTORS = frozenset({"hit_token_limit"})
 
 FINDING_COLUMNS = ["cell", "kv_cache_dtype", "max_model_len", "prompt", "workload", "detector", "detail",
-                   "excerpt", "new_vs_baseline", "baseline_cell"]
+                   "excerpt", "new_vs_baseline", "baseline_cell", "baseline_excerpt"]
 
 
 @dataclass(frozen=True)
@@ -390,7 +390,10 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
                          # None: no baseline output for this prompt, so "new" cannot be judged.
                          "new_vs_baseline": (False if is_base else None if source is None
                                              else finding.detector not in base_hits),
-                         "baseline_cell": source})
+                         "baseline_cell": source,
+                         # What the baseline answered instead, for the reader to set beside the excerpt.
+                         "baseline_excerpt": (None if not source else
+                                              (records[source].get(prompt["id"]) or {}).get("text", "")[:EXCERPT_CHARS])})
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
 

@@ -611,7 +611,11 @@ def _diff_examples_section(evidence: dict) -> str:
 def _new_findings_table(new: pd.DataFrame) -> str:
     view = pd.DataFrame({"cell": new.cell, "workload": new.workload, "prompt": new.prompt, "detector": new.detector,
                          "detail": new.detail, "excerpt": new.excerpt.map(lambda t: _shorten(t or "", 160))})
-    text = table(view.head(MAX_FINDING_ROWS), untrusted=("workload", "prompt", "detail", "excerpt"))
+    untrusted = ("workload", "prompt", "detail", "excerpt")
+    if "baseline_excerpt" in new and new.baseline_excerpt.notna().any():  # the baseline's answer, beside it
+        view[f"{BASELINE_KV}'s output"] = new.baseline_excerpt.map(lambda t: _shorten(t if isinstance(t, str) else "", 160))
+        untrusted += (f"{BASELINE_KV}'s output",)
+    text = table(view.head(MAX_FINDING_ROWS), untrusted=untrusted)
     if len(view) > MAX_FINDING_ROWS:
         text += f"\n\n_{len(view) - MAX_FINDING_ROWS} more in `tables/degeneration_findings.csv`._"
     return text

@@ -393,3 +393,15 @@ def test_a_loop_the_baseline_has_at_another_length_is_not_new():
     assert rows[("fp8-1024", "short_256-0", "ngram_loop_tokens")].baseline_cell == "auto-1024"
     assert not rows[("fp8-1024", "short_256-0", "ngram_loop_tokens")].new_vs_baseline
     assert rows[("fp8-1024", "short_256-1", "ngram_loop_tokens")].new_vs_baseline
+
+
+def test_a_new_finding_carries_the_baselines_answer_and_the_review_shows_them_side_by_side():
+    from kveval.render.review import _new_findings_table
+
+    findings = scan_cells(WORKLOADS, _cells())
+    row = _by_key(findings)[("fp8-1024", "short_256-1", "char_run")]
+    assert row.baseline_excerpt == NORMAL and row.baseline_cell == "auto-1024"
+    assert all(pd.isna(r.baseline_excerpt) for r in findings.itertuples() if r.cell == "auto-1024")
+    new = findings[findings.new_vs_baseline.fillna(False).astype(bool)]
+    table = _new_findings_table(new)
+    assert "auto's output" in table.split("\n")[0] and "The pass key is 4821." in table
