@@ -61,7 +61,10 @@ DETECTORS = ("ngram_loop_tokens", "ngram_loop_chars", "token_run", "alternating_
 INFORMATIONAL_DETECTORS = frozenset({"hit_token_limit"})
 
 FINDING_COLUMNS = ["cell", "kv_cache_dtype", "max_model_len", "prompt", "workload", "detector", "detail",
-                   "excerpt", "new_vs_baseline", "baseline_cell", "baseline_excerpt"]
+                   "excerpt", "new_vs_baseline", "baseline_cell", "baseline_excerpt", "late"]
+# A loop or run that starts after this share of an answer cut at max_tokens came after the answer
+# (issue 22): it is listed, marked late, and not counted as a degenerate output.
+LATE_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,10 @@ class Finding:
     detector: str
     detail: str
     excerpt: str
+    start_share: float | None = None   # where a loop or run starts, as a share of the output
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"detector": self.detector, "detail": self.detail, "excerpt": self.excerpt}
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -167,7 +171,7 @@ def ngram_loop_tokens(token_ids: Sequence[int], text: str = "") -> Finding | Non
         return None
     unit = ids[loop.start:loop.start + loop.period]
     return Finding("ngram_loop_tokens", _loop_detail(loop, len(ids), str(unit), "tokens"),
-                   _token_excerpt(ids, text, loop.start, loop.at_end))
+                   _token_excerpt(ids, text, loop.start, loop.at_end), loop.start / len(ids))
 
 
 def _has_content(unit: Sequence[str]) -> bool:
@@ -182,7 +186,7 @@ def ngram_loop_chars(text: str) -> Finding | None:
         return None
     unit = text[loop.start:loop.start + loop.period]
     return Finding("ngram_loop_chars", _loop_detail(loop, len(text), repr(unit), "chars"),
-                   text[loop.start:loop.start + EXCERPT_CHARS])
+                   text[loop.start:loop.start + EXCERPT_CHARS], loop.start / len(text))
 
 
 def token_run(token_ids: Sequence[int], text: str = "") -> Finding | None:
@@ -197,7 +201,7 @@ def token_run(token_ids: Sequence[int], text: str = "") -> Finding | None:
         return None
     token = token_ids[best_start]
     return Finding("token_run", f"token {token} repeated {best_length}x from token {best_start}",
-                   _token_excerpt(token_ids, text, best_start))
+                   _token_excerpt(token_ids, text, best_start), best_start / len(token_ids))
 
 
 def _doublings(ids: Sequence[int]) -> list[int]:
@@ -230,7 +234,7 @@ def alternating_duplication(token_ids: Sequence[int], text: str = "") -> Finding
     return Finding("alternating_duplication",
                    f"{len(best)} tokens doubled over tokens {start}..{end} of {len(ids)} "
                    f"(e.g. {ids[start:min(end, start + 8)]})",
-                   _token_excerpt(ids, text, start))
+                   _token_excerpt(ids, text, start), start / len(ids))
 
 
 def _char_kind(ch: str) -> str:
@@ -291,7 +295,8 @@ def char_run(text: str) -> Finding | None:
             layout = _layout_run(counted)
             problem = layout if layout and not _table_rule(text, start) else None
         if problem:
-            return Finding("char_run", f"{problem} at char {start}", text[start:start + EXCERPT_CHARS])
+            return Finding("char_run", f"{problem} at char {start}", text[start:start + EXCERPT_CHARS],
+                           start / len(text))
     return None
 
 
@@ -384,9 +389,13 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
             f.detector for other, f_cell in cells.items() if f_cell.get("kv_cache_dtype") == baseline_kv
             for f in own.get((other, prompt["id"]), [])}
         for finding in own[key]:
+            late = (record.get("finish_reason") == "length" and finding.start_share is not None
+                    and finding.start_share >= LATE_SHARE)
+            detail = finding.detail + (f"; late: starts after {100 * LATE_SHARE:.0f} % of an answer cut at max_tokens, "
+                                       "not counted" if late else "")
             rows.append({"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"),
                          "max_model_len": facts.get("max_model_len"), "prompt": prompt["id"],
-                         "workload": prompt["workload"], **finding.to_dict(),
+                         "workload": prompt["workload"], **finding.to_dict(), "detail": detail, "late": late,
                          # None: no baseline output for this prompt, so "new" cannot be judged.
                          "new_vs_baseline": (False if is_base else None if source is None
                                              else finding.detector not in base_hits),
@@ -397,10 +406,16 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
 
+def _counted(findings: pd.DataFrame) -> pd.DataFrame:
+    """The findings that make an output degenerate: not informational, not late."""
+    return findings[~findings["detector"].isin(INFORMATIONAL_DETECTORS)
+                    & ~findings["late"].fillna(False).astype(bool)]
+
+
 def _baseline_only(findings: pd.DataFrame, cells: dict[str, dict], name: str, workloads: list[dict],
                    records: dict[str, dict], degenerate: set) -> int:
     """Prompts this cell answered cleanly whose baseline output (the one that excuses findings) degenerates."""
-    failing = findings[~findings["detector"].isin(INFORMATIONAL_DETECTORS)]
+    failing = _counted(findings)
     count = 0
     for _, prompt, _ in _scanned(workloads, {name: cells[name]}, {name: records[name]}):
         source = _baseline_source(cells, name, prompt["id"], BASELINE_KV, records)
@@ -424,7 +439,7 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, dict], workloa
             continue
         outputs = [record for _, _, record in _scanned(workloads, {name: facts}, {name: records[name]})]
         mine = findings[findings["cell"] == name]
-        failures = mine[~mine["detector"].isin(INFORMATIONAL_DETECTORS)]
+        failures = _counted(mine)
         new = failures[failures["new_vs_baseline"].fillna(False).astype(bool)]
         is_base = facts.get("kv_cache_dtype") == BASELINE_KV
         # Outputs with a baseline output for the same prompt: only these can show "new" degeneration.

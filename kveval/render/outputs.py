@@ -81,8 +81,8 @@ def evidence_tables(evidence: dict, verdict=None) -> dict[str, pd.DataFrame]:
         "diff_examples": _flat_excerpts(evidence["diff"]["examples"], EXAMPLE_COLUMNS),
         # Evidence from before the baseline's excerpt was kept writes the table it always wrote.
         "degeneration_findings": _frame(degeneration.get("findings", []), [
-            c for c in FINDING_COLUMNS if c != "baseline_excerpt"
-            or any("baseline_excerpt" in row for row in degeneration.get("findings", []))]),
+            c for c in FINDING_COLUMNS if c not in ("baseline_excerpt", "late")
+            or any(c in row for row in degeneration.get("findings", []))]),
         "degeneration_summary": _frame(summary_rows),
         "divergence": _frame(divergence_rows(evidence.get("divergence") or {}), DIVERGENCE_COLUMNS),
         "startup": _frame(evidence.get("startup", [])),

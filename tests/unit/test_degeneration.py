@@ -363,7 +363,9 @@ def test_degeneration_summary():
     rows = {r.cell: r for r in summary.itertuples(index=False)}
     auto, fp8, other = rows["auto-1024"], rows["fp8-1024"], rows["fp8-2048"]
     assert (auto.outputs, auto.outputs_with_findings, auto.outputs_with_new_findings) == (2, 1, 0)
-    assert (fp8.outputs, fp8.outputs_with_findings, fp8.outputs_with_new_findings) == (2, 2, 2)
+    # fp8's "!!!!" on short_256-0 starts after 80 % of an answer cut at max_tokens: listed as late, not
+    # counted (issue 22); its blow-up on short_256-1 counts.
+    assert (fp8.outputs, fp8.outputs_with_findings, fp8.outputs_with_new_findings) == (2, 2, 1)
     assert (other.outputs, other.outputs_with_findings, other.outputs_with_new_findings) == (3, 1, 0)
     assert (auto.hit_token_limit, fp8.hit_token_limit, fp8.char_run, fp8.length_blowup) == (1, 2, 2, 1)
     assert (auto.token_limit_rate, fp8.token_limit_rate) == (0.5, 1.0)
@@ -405,3 +407,25 @@ def test_a_new_finding_carries_the_baselines_answer_and_the_review_shows_them_si
     new = findings[findings.new_vs_baseline.fillna(False).astype(bool)]
     table = _new_findings_table(new)
     assert "auto's output" in table.split("\n")[0] and "The pass key is 4821." in table
+
+
+def test_a_loop_after_a_capped_answer_is_late_and_not_counted_but_one_replacing_the_answer_is():
+    answer = PROSE[:8 * len(LOOP_UNIT * 6)]
+    late_loop = answer + LOOP_UNIT * 6           # the answer first, then a loop in the last fifth
+    early_loop = "Answer: " + LOOP_UNIT * 20      # the loop is the answer
+    cells = {
+        "auto-1024": _cell("auto", 1024, [_rec("short_256-0", PROSE[:len(late_loop)], finish="length"),
+                                          _rec("short_256-1", NORMAL)]),
+        "fp8-1024": _cell("fp8", 1024, [_rec("short_256-0", late_loop, finish="length"),
+                                        _rec("short_256-1", early_loop, finish="length")]),
+    }
+    findings = scan_cells(WORKLOADS, cells)
+    rows = _by_key(findings)
+    late = rows[("fp8-1024", "short_256-0", "ngram_loop_chars")]
+    assert late.late and late.new_vs_baseline and "late: starts after 80 % of an answer cut at max_tokens" in late.detail
+    assert all(r.late for r in findings.itertuples() if r.prompt == "short_256-0" and r.cell == "fp8-1024"
+               and r.detector != "hit_token_limit")
+    assert not rows[("fp8-1024", "short_256-1", "ngram_loop_chars")].late
+    summary = degeneration_summary(findings, cells, WORKLOADS)
+    fp8 = summary[summary.cell == "fp8-1024"].iloc[0]
+    assert (fp8.outputs_with_findings, fp8.outputs_with_new_findings) == (1, 1)   # only the early loop
