@@ -555,12 +555,12 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
                                                                f"{why}. Keeping {_layers(pair['kept'])} in the model "
                                                                f"dtype cannot do that in a correct engine"})
     errors = _engine_errors(evidence)
-    stalled = {row["cell"] for row in evidence.get("startup") or [] if row.get("crash_cause") == "stalled"}
-    for row in evidence.get("startup") or []:
-        if row["cell"] in stalled:
-            defects.append({"cell": row["cell"], "message": f"{row['cell']}: {row.get('crash')}; an engine that hangs "
-                                                            "is broken on this configuration, which says nothing of FP8 "
-                                                            "quality" + errors.pop(row["cell"], "")})
+    stalled = {row["cell"]: row.get("crash") for row in evidence.get("startup") or []
+               if row.get("crash_cause") == "stalled"}
+    for cell, crash in stalled.items():
+        defects.append({"cell": cell, "message": f"{cell}: {crash}; an engine that hangs is broken on this "
+                                                 "configuration, which says nothing of FP8 quality"
+                                                 + errors.pop(cell, "")})
     for cell, said in errors.items():
         defects.append({"cell": cell, "message": f"{cell}: the engine failed requests that `{BASELINE_KV}` served"
                                                  f"{said}: a configuration the engine cannot serve reliably is not one "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import pandas as pd
@@ -395,7 +395,8 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
                                        "not counted" if late else "")
             rows.append({"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"),
                          "max_model_len": facts.get("max_model_len"), "prompt": prompt["id"],
-                         "workload": prompt["workload"], **finding.to_dict(), "detail": detail, "late": late,
+                         "workload": prompt["workload"], "detector": finding.detector, "detail": detail,
+                         "excerpt": finding.excerpt, "late": late,
                          # None: no baseline output for this prompt, so "new" cannot be judged.
                          "new_vs_baseline": (False if is_base else None if source is None
                                              else finding.detector not in base_hits),

@@ -88,7 +88,7 @@ def samples_to_decide(n: int, b: int, c: int, baseline_accuracy: float, margin: 
     observed = (n11 + c) / (n11 + b)
     if min(observed, 1.0) - margin < 0.02:
         return None
-    statistic = score_statistic(margin, n11, min(b, c) if c > b else c, b, n)
+    statistic = score_statistic(margin, n11, min(b, c), b, n)   # no benefit assumed: c at most b
     if not statistic > 0:
         return None
     if math.isinf(statistic):
