@@ -37,6 +37,9 @@ def _cells_evidence(cells: dict[str, dict], planned: list[dict], references: dic
                      "started": bool(facts.get("started")),
                      "failure_reason": (facts.get("failure") or {}).get("reason"),
                      "kv_pool_tokens": (facts.get("capacity") or {}).get("kv_pool_tokens")}
+        backend = (facts.get("engine_settings") or {}).get("attention_backend")
+        if backend:  # chosen, not the platform's default: part of the configuration to deploy
+            out[name]["attention_backend_flag"] = backend
         if name in (references or {}):  # a baseline for quality only: its pool is no capacity figure
             out[name].update(reference_for=references[name].get("for"), kv_pool_tokens=None)
     for plan in planned:

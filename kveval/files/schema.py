@@ -510,6 +510,7 @@ class EvidenceCell(FileModel):
     missing: bool = False                 # only written (True) for a planned cell with no file
     failure_reason: Optional[str]
     kv_pool_tokens: Optional[int]
+    attention_backend_flag: Optional[str] = None   # a backend chosen for the cell, not the default (issue 23)
 
 
 class PoolRow(FileModel):

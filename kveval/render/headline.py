@@ -55,7 +55,15 @@ def deploy_line(verdict, evidence: dict) -> str | None:
     if spec is None:
         return None
     lengths = _lengths(_specs_by_status(verdict, evidence)[spec][PASS])
-    return f"Deploy (passes at {lengths}): `vllm serve MODEL {parse_kv(spec).vllm_flags()}`"
+    return f"Deploy (passes at {lengths}): `vllm serve MODEL {parse_kv(spec).vllm_flags()}{_backend_flag(spec, evidence)}`"
+
+
+def _backend_flag(spec: str, evidence: dict) -> str:
+    """The attention backend the spec's cells ran on when it was not the default (worker/engine.py
+    moves cells with kept layers off FlashAttention on a GPU): what passed is what is deployed."""
+    backends = sorted({str(facts["attention_backend_flag"]) for facts in (evidence.get("cells") or {}).values()
+                       if facts.get("kv_cache_dtype") == spec and facts.get("attention_backend_flag")})
+    return f" --attention-backend {backends[0]}" if len(backends) == 1 else ""
 
 
 def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> str:

@@ -63,8 +63,26 @@ class EngineSettings:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if self.kv_cache_dtype_skip_layers:
             kwargs["kv_cache_dtype_skip_layers"] = list(self.kv_cache_dtype_skip_layers)
+            backend = kept_layers_backend()
+            if backend and "attention_backend" not in self.extra:
+                kwargs["attention_backend"] = backend
         kwargs.update(self.extra)
         return kwargs
+
+
+# vLLM's FlashAttention backend (0.26; 0.32's source is the same) builds FA3's ahead-of-time schedule
+# with the global cache dtype (FlashAttentionMetadataBuilder.build, `qkv_dtype`), so the layers kept in
+# the model dtype run with an FP8 schedule: requests fail with "scheduler_metadata must have shape" or
+# hang (reports/h200-qwen2.5-coder-1.5b-keep-layers-defect). Triton's backend reads each layer's own
+# dtype, so a cell that keeps layers runs on it on a GPU, and the deploy line names it.
+KEPT_LAYERS_GPU_BACKEND = "TRITON_ATTN"
+
+
+def kept_layers_backend() -> str | None:
+    """The attention backend a cell with kept layers must run on here; None: the platform's default."""
+    from vllm.platforms import current_platform
+
+    return KEPT_LAYERS_GPU_BACKEND if current_platform.is_cuda() else None
 
 
 def vllm_version() -> str:

@@ -80,6 +80,15 @@ def test_drift_the_kept_layers_remove_fails_plain_fp8_and_the_remedy_passes():
                                               "`vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17`")
 
 
+def test_the_deploy_line_names_the_backend_the_passing_cells_ran_on():
+    # On a GPU a cell that keeps layers runs on Triton (worker/engine.py): what passed is what is deployed.
+    cells = _cells(DRIFT, HEALTHY)
+    cells[f"fp8:keep=3,17-{LENGTH}"]["engine_settings"] = {"attention_backend": "TRITON_ATTN"}
+    evidence, verdict = _judge(cells)
+    assert deploy_line(verdict, evidence) == ("Deploy (passes at 1024): `vllm serve MODEL --kv-cache-dtype fp8 "
+                                              "--kv-cache-dtype-skip-layers 3 17 --attention-backend TRITON_ATTN`")
+
+
 def test_without_a_remedy_cell_the_same_drift_stays_inconclusive():
     _, verdict = _judge(_cells(DRIFT))
     assert verdict.cells == {f"fp8-{LENGTH}": INCONCLUSIVE} and not verdict.attributed
