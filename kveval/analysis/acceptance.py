@@ -7,25 +7,38 @@ from kveval.analysis.cell_records import generation_records
 
 
 def acceptance_matrix(workloads: list[dict], cells: dict[str, dict]) -> pd.DataFrame:
-    """Rows: prompts; columns: cells; values: accepted / rejected / error / not run."""
+    """Rows: prompts; columns: cells; values: accepted / rejected / error / not run. The degeneration
+    probes share one row ("probe (100 prompts)": "accepted", or "k/n accepted"), so a hundred short
+    questions do not bury the prompts whose acceptance is the finding."""
     rows = []
+    probes = [prompt for prompt in workloads if prompt.get("kind") == "probe"]
     for prompt in workloads:
+        if prompt.get("kind") == "probe":
+            continue
         row = {"prompt": prompt["id"], "prompt_tokens": len(prompt["token_ids"])}
         for name, facts in cells.items():
-            if not facts.get("started"):
-                row[name] = "not started"
-                continue
-            record = generation_records(facts).get(prompt["id"])
-            if record is None:
-                row[name] = "not run"
-            elif record.get("accepted"):
-                row[name] = "accepted"
-            elif record.get("rejection"):
-                row[name] = "rejected"
-            else:
-                row[name] = "error"
+            row[name] = _status(facts, prompt["id"])
+        rows.append(row)
+    if probes:
+        row = {"prompt": f"{probes[0].get('workload') or 'probe'} ({len(probes)} prompts)",
+               "prompt_tokens": max(len(prompt["token_ids"]) for prompt in probes)}
+        for name, facts in cells.items():
+            statuses = [_status(facts, prompt["id"]) for prompt in probes]
+            accepted = statuses.count("accepted")
+            row[name] = statuses[0] if len(set(statuses)) == 1 else f"{accepted}/{len(statuses)} accepted"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _status(facts: dict, prompt_id: str) -> str:
+    if not facts.get("started"):
+        return "not started"
+    record = generation_records(facts).get(prompt_id)
+    if record is None:
+        return "not run"
+    if record.get("accepted"):
+        return "accepted"
+    return "rejected" if record.get("rejection") else "error"
 
 
 def rejections(cells: dict[str, dict]) -> pd.DataFrame:

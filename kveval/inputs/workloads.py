@@ -32,8 +32,13 @@ CTX_MAX_TOKENS = 256
 OVER_LIMIT_MAX_TOKENS = 64
 USER_MAX_TOKENS = 256
 USER_WORKLOAD = "user"
+# Degeneration probes: short questions from data/probes.jsonl, generated together in one batch. A
+# paired test of loops needs outputs by the hundred (issue 22: 9 outputs have no power), and short
+# answers in one batch cost little next to the tasks.
+PROBE_WORKLOAD = "probe"
+PROBE_MAX_TOKENS = 256
 # Keys are valid `counts` keys: "ctx_pct" covers every ctx_*pct workload, "over" every over_L.
-DEFAULT_COUNTS = {"short_256": 3, "short_512": 2, "ctx_1k": 2, "ctx_pct": 1, "over": 1}
+DEFAULT_COUNTS = {"short_256": 3, "short_512": 2, "probe": 100, "ctx_1k": 2, "ctx_pct": 1, "over": 1}
 DEFAULT_CONTEXT_FRACTIONS = (0.25, 0.90)
 
 MIN_MAX_MODEL_LEN = 64
@@ -62,7 +67,7 @@ _WORKLOAD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class PromptSpec:
     id: str                      # unique, stable: f"{workload}-{index}" unless a user file names it
     workload: str                # group name, e.g. "short_256", "ctx_90pct", "over_4096", "user"
-    kind: str                    # "short" | "context" | "over_limit" | "user"
+    kind: str                    # "short" | "probe" | "context" | "over_limit" | "user"
     text: str                    # tokenizer.decode(token_ids), special tokens kept
     token_ids: tuple[int, ...]   # what the engine gets
     max_tokens: int
@@ -191,9 +196,9 @@ def load_corpus(data_dir: Path = DATA_DIR) -> list[str]:
     return paragraphs
 
 
-def load_questions(data_dir: Path = DATA_DIR) -> list[str]:
-    """The `question` of every line of data/questions.jsonl, in file order."""
-    path = Path(data_dir) / "questions.jsonl"
+def load_questions(data_dir: Path = DATA_DIR, name: str = "questions.jsonl") -> list[str]:
+    """The `question` of every line of data/questions.jsonl (or data/probes.jsonl), in file order."""
+    path = Path(data_dir) / name
     questions = []
     for lineno, obj in _read_jsonl(path):
         q = obj.get("question")
@@ -312,6 +317,7 @@ def _plan(lens: list[int], context_fractions: Sequence[float],
     largest = min(lens[-1], context_basis) if context_basis else lens[-1]
     plan = [_Workload(name, "short", max_tokens, DEFAULT_COUNTS[name])
             for name, max_tokens in SHORT_WORKLOADS.items()]
+    plan.append(_Workload(PROBE_WORKLOAD, "probe", PROBE_MAX_TOKENS, DEFAULT_COUNTS[PROBE_WORKLOAD]))
     # A 1k prompt is only useful if at least the largest cell accepts it (vLLM refuses
     # prompt_len >= max_model_len), so it is left out of suites whose cells are all too small.
     ctx_1k_fits = CTX_1K_TOKENS < largest
@@ -383,6 +389,25 @@ def _short_prompts(tokenizer, workloads: list[_Workload], data_dir: Path,
     return prompts
 
 
+def _probe_prompts(tokenizer, workloads: list[_Workload], data_dir: Path,
+                   seed: int) -> list[PromptSpec]:
+    """Degeneration probes: the first `count` questions of a seeded shuffle of data/probes.jsonl."""
+    if not workloads:
+        return []
+    [w] = workloads
+    questions = load_questions(data_dir, "probes.jsonl")
+    if w.count > len(questions):
+        raise ValueError(f"the probe workload asks for {w.count} questions but "
+                         f"{Path(data_dir) / 'probes.jsonl'} has only {len(questions)}")
+    random.Random(f"{seed}:probes").shuffle(questions)
+    prompts = []
+    for i, question in enumerate(questions[:w.count]):
+        _, ids = render_chat(tokenizer, question)
+        prompts.append(PromptSpec(f"{w.name}-{i}", w.name, w.kind, _decode(tokenizer, ids),
+                                  tuple(ids), w.max_tokens, None))
+    return prompts
+
+
 def _context_prompts(tokenizer, workloads: list[_Workload], data_dir: Path,
                      seed: int) -> list[PromptSpec]:
     """Document + question prompts of exactly target_tokens tokens (ctx_* and over_*)."""
@@ -440,6 +465,8 @@ def build_workloads(tokenizer, max_model_lens: Sequence[int], *, seed: int = 0,
 
     Built-in workloads (default counts in DEFAULT_COUNTS):
       short_256 / short_512   questions from data/questions.jsonl, max_tokens 256 / 512;
+      probe                   100 questions from data/probes.jsonl, max_tokens 256, generated in one
+                              batch: the outputs the degeneration test counts;
       ctx_1k                  exactly 1000 tokens (only if the largest max_model_len is above it);
       ctx_{f*100}pct          exactly floor(f * largest max_model_len) tokens, per context fraction
                               (largest capped at `context_basis`, e.g. the model's own limit);
@@ -452,7 +479,8 @@ def build_workloads(tokenizer, max_model_lens: Sequence[int], *, seed: int = 0,
     data_dir = Path(data_dir)
     plan = _plan(lens, context_fractions, counts, context_basis)
     prompts = _short_prompts(tokenizer, [w for w in plan if w.kind == "short"], data_dir, seed)
-    prompts += _context_prompts(tokenizer, [w for w in plan if w.kind != "short"], data_dir, seed)
+    prompts += _probe_prompts(tokenizer, [w for w in plan if w.kind == "probe"], data_dir, seed)
+    prompts += _context_prompts(tokenizer, [w for w in plan if w.kind not in ("short", "probe")], data_dir, seed)
     all_builtin = [w.name for w in _plan(lens, context_fractions, None, context_basis)] + ["ctx_pct", "over"]
     prompts += _user_prompt_specs(tokenizer, user_prompts, all_builtin)
 

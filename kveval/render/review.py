@@ -415,7 +415,7 @@ def _acceptance_section(evidence: dict) -> str:
     view = matrix[["prompt", "prompt_tokens", *started]].copy()
     view["prompt_tokens"] = view.prompt_tokens.map(fmt_int)
     for name in started:
-        view[name] = view[name].map(symbols.get)
+        view[name] = view[name].map(lambda status: symbols.get(status, status))
     out = ["## Prompt acceptance", "",
            "Every prompt was submitted to every started cell; ✗ means the engine refused it "
            "(nothing is predicted or truncated).", "", table(view, names=("prompt",))]

@@ -57,21 +57,33 @@ def document_of(p: PromptSpec) -> str:
 def test_default_suite_names_counts_and_order(tokenizer):
     prompts = build_workloads(tokenizer, [4096, 2048])
     counts = Counter(p.workload for p in prompts)
-    assert counts == {"short_256": 3, "short_512": 2, "ctx_1k": 2, "ctx_25pct": 1,
+    assert counts == {"short_256": 3, "short_512": 2, "probe": 100, "ctx_1k": 2, "ctx_25pct": 1,
                       "ctx_90pct": 1, "over_2048": 1, "over_4096": 1}
-    # Fixed order: short, context, over-limit (ascending L).
+    # Fixed order: short, probes, context, over-limit (ascending L).
     assert list(dict.fromkeys(p.workload for p in prompts)) == [
-        "short_256", "short_512", "ctx_1k", "ctx_25pct", "ctx_90pct", "over_2048", "over_4096"]
+        "short_256", "short_512", "probe", "ctx_1k", "ctx_25pct", "ctx_90pct", "over_2048", "over_4096"]
     for name, group in by_workload(prompts).items():
         assert [p.id for p in group] == [f"{name}-{i}" for i in range(len(group))]
     assert len({p.id for p in prompts}) == len(prompts)
 
-    expected = {"short_256": ("short", 256), "short_512": ("short", 512),
+    expected = {"short_256": ("short", 256), "short_512": ("short", 512), "probe": ("probe", 256),
                 "ctx_1k": ("context", 256), "ctx_25pct": ("context", 256),
                 "ctx_90pct": ("context", 256), "over_2048": ("over_limit", 64),
                 "over_4096": ("over_limit", 64)}
     for p in prompts:
         assert (p.kind, p.max_tokens) == expected[p.workload]
+
+
+def test_probes_are_a_hundred_distinct_questions_set_by_count_and_seed(tokenizer):
+    probes = [p for p in build_workloads(tokenizer, [2048]) if p.kind == "probe"]
+    assert len(probes) == 100 and len({p.text for p in probes}) == 100
+    assert [p.id for p in build_workloads(tokenizer, [2048], counts={"probe": 10}) if p.kind == "probe"] == [
+        f"probe-{i}" for i in range(10)]
+    assert not [p for p in build_workloads(tokenizer, [2048], counts={"probe": 0}) if p.kind == "probe"]
+    other_seed = [p.text for p in build_workloads(tokenizer, [2048], seed=1) if p.kind == "probe"]
+    assert other_seed != [p.text for p in probes] and sorted(other_seed) == sorted(p.text for p in probes)
+    with pytest.raises(ValueError, match="probes.jsonl has only 100"):
+        build_workloads(tokenizer, [2048], counts={"probe": 101})
 
 
 def test_context_and_over_limit_prompts_have_exact_sizes(tokenizer):
@@ -117,7 +129,7 @@ def test_fractions_follow_largest_length_and_are_named_from_fraction(tokenizer):
 
 
 def test_long_context_repeats_corpus_and_stays_exact(tokenizer):
-    prompts = build_workloads(tokenizer, [32768], counts={"short_256": 0, "short_512": 0,
+    prompts = build_workloads(tokenizer, [32768], counts={"short_256": 0, "short_512": 0, "probe": 0,
                                                           "ctx_1k": 0, "ctx_25pct": 0})
     sizes = {p.workload: len(p.token_ids) for p in prompts}
     assert sizes == {"ctx_90pct": 29491, "over_32768": 32769}
@@ -168,7 +180,7 @@ def test_different_seed_changes_documents_not_sizes(tokenizer):
     b = {p.id: p for p in build_workloads(tokenizer, [4096], seed=1)}
     assert a.keys() == b.keys()
     for pid in a:
-        assert len(a[pid].token_ids) == len(b[pid].token_ids) or a[pid].kind == "short"
+        assert len(a[pid].token_ids) == len(b[pid].token_ids) or a[pid].kind in ("short", "probe")
         if a[pid].kind in ("context", "over_limit"):
             assert document_of(a[pid]) != document_of(b[pid])
 
@@ -194,17 +206,17 @@ def test_dropping_a_workload_leaves_others_unchanged(tokenizer):
 def test_group_count_keys(tokenizer):
     prompts = build_workloads(tokenizer, [2048], context_fractions=(0.25, 0.5, 0.9),
                               counts={"ctx_pct": 2, "ctx_50pct": 0, "short_256": 0,
-                                      "short_512": 0, "ctx_1k": 0, "over": 0})
+                                      "short_512": 0, "probe": 0, "ctx_1k": 0, "over": 0})
     assert Counter(p.workload for p in prompts) == {"ctx_25pct": 2, "ctx_90pct": 2}
-    assert set(wl.DEFAULT_COUNTS) <= {"short_256", "short_512", "ctx_1k", "ctx_pct", "over"}
+    assert set(wl.DEFAULT_COUNTS) <= {"short_256", "short_512", "probe", "ctx_1k", "ctx_pct", "over"}
 
 
 def test_counts_override(tokenizer):
     prompts = build_workloads(tokenizer, [2048, 4096],
-                              counts={"short_256": 1, "short_512": 0, "ctx_90pct": 2,
+                              counts={"short_256": 1, "short_512": 0, "probe": 3, "ctx_90pct": 2,
                                       "over": 0, "over_4096": 2})
     assert Counter(p.workload for p in prompts) == {
-        "short_256": 1, "ctx_1k": 2, "ctx_25pct": 1, "ctx_90pct": 2, "over_4096": 2}
+        "short_256": 1, "probe": 3, "ctx_1k": 2, "ctx_25pct": 1, "ctx_90pct": 2, "over_4096": 2}
     assert all(len(p.token_ids) == 4097 for p in prompts if p.workload == "over_4096")
 
 
@@ -313,7 +325,7 @@ def test_data_dir_override(tmp_path, tokenizer):
     (tmp_path / "corpus" / "a.txt").write_text("Alpha beta gamma delta. " * 40 + "\n\nEnd.")
     (tmp_path / "questions.jsonl").write_text('{"id": "q", "question": "Why is the sky blue?"}\n')
     prompts = build_workloads(tokenizer, [2048], data_dir=tmp_path,
-                              counts={"short_256": 1, "short_512": 0})
+                              counts={"short_256": 1, "short_512": 0, "probe": 0})
     assert "Why is the sky blue?" in prompts[0].text
     assert "Alpha beta gamma" in prompts[1].text
     assert all(len(p.token_ids) == p.target_tokens for p in prompts[1:])
@@ -414,7 +426,7 @@ def test_user_prompts_in_build_workloads(tmp_path, tokenizer):
         ' {"role": "user", "content": "Hi"}], "workload": "chat"}',
     )
     prompts = build_workloads(tokenizer, [2048], user_prompts=load_user_prompts(path),
-                              counts={"short_256": 0, "short_512": 0, "ctx_1k": 0,
+                              counts={"short_256": 0, "short_512": 0, "probe": 0, "ctx_1k": 0,
                                       "ctx_25pct": 0, "ctx_90pct": 0, "over": 0})
     assert [(p.id, p.workload, p.kind, p.max_tokens, p.target_tokens) for p in prompts] == [
         ("owls", "user", "user", 100, None), ("chat-0", "chat", "user", 256, None)]

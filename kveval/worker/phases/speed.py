@@ -25,7 +25,7 @@ def _summary(values: list[float]) -> dict:
 def _representatives(cell, workloads: list[str] | None) -> list:
     chosen, seen = [], set()
     for prompt in cell.prompts:
-        if prompt.workload in seen or prompt.kind == "over_limit":
+        if prompt.workload in seen or prompt.kind in ("over_limit", "probe"):  # probes: quality only
             continue
         if workloads is not None and prompt.workload not in workloads:
             continue
