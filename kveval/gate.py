@@ -35,6 +35,7 @@ from scipy.stats import binomtest
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
+from kveval.analysis.paired_difference import excess_lower_bound
 from kveval.analysis.sequential import final_look_alpha, look_alpha, samples_to_show_drop
 
 EXIT_PASS = 0
@@ -377,10 +378,12 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
 
 def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds) -> None:
     """Degeneration as paired evidence (issue 22): per prompt, does the cell's output degenerate, and the
-    baseline's? FAIL needs more new degenerate outputs than `new_degenerate_allowance`, an excess
-    (cell-only minus baseline-only) above `max_new_degenerate_share` of the judged outputs, and McNemar's
-    exact test (McNemar 1947; the one-sided binomial test on the discordant prompts) at p < alpha. A
-    handful of loops (2 of 9 against 0: p 0.25) is reported and left undecided, never a FAIL."""
+    baseline's? FAIL needs more new degenerate outputs than `new_degenerate_allowance` and an excess
+    (cell-only minus baseline-only, as a share of the judged outputs) shown to be above
+    `max_new_degenerate_share`: the one-sided (1 − alpha) lower bound of Tango's score interval for the
+    difference of paired proportions (analysis/paired_difference.py) is above it. McNemar's exact p is
+    reported beside it. A handful of loops (2 of 9 against 0), or an excess that could still be under
+    the margin (12 of 109 against 4: bound 1.4 %), is reported and left undecided, never a FAIL."""
     if not entry or not entry.get("outputs"):
         return
     judged, new = entry.get("judged_outputs"), entry.get("new_degenerate") or 0
@@ -398,15 +401,19 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
         out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, True,
                   f"{detail}; allowed {allowed:g}")
         return
-    if excess > t.max_new_degenerate_share and p < t.alpha:
+    bound = excess_lower_bound(judged, new, base_only, t.alpha)
+    detail += f", {_pct(1 - t.alpha)} lower bound {_pct(bound)} (Tango score)"
+    if bound > t.max_new_degenerate_share:
         out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, False, detail)
         out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
-                               f"same prompt does not, {base_only} the other way ({detail} < {t.alpha:g})")
+                               f"same prompt does not, {base_only} the other way ({detail} > "
+                               f"{_pct(t.max_new_degenerate_share)})")
         return
     out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, None, detail)
     out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
-                                   f"does not, {base_only} the other way: not significant ({detail})",
-               "more generation prompts (--suite standard, or --prompts FILE) show whether the excess is real")
+                                   f"does not, {base_only} the other way: the excess is not shown to be above "
+                                   f"{_pct(t.max_new_degenerate_share)} ({detail})",
+               "more generation prompts (--prompts FILE) show whether the excess is real")
 
 
 def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool, unmatched: str | None,

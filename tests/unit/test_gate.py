@@ -174,25 +174,27 @@ def test_degeneration_without_a_baseline_output_is_not_judged():
     assert any("degeneration not judged" in r.message for r in verdict.reasons)
 
 
-def test_a_significant_excess_of_new_degeneration_fails():
-    # 8 of 60 outputs loop only in FP8, none only in auto: McNemar exact p 0.5^8 = 0.0039, excess 13 %.
-    degeneration = {"fp8-8192": {"outputs": 60, "new_degenerate": 8, "judged_outputs": 60,
+def test_an_excess_of_new_degeneration_shown_above_the_margin_fails():
+    # 12 of 60 outputs loop only in FP8, none only in auto: excess 20 %, Tango's 95 % lower bound 12.9 % > 5 %.
+    degeneration = {"fp8-8192": {"outputs": 60, "new_degenerate": 12, "judged_outputs": 60,
                                  "baseline_only_degenerate": 0}}
     verdict = evaluate(evidence(degeneration=degeneration))
     assert verdict.status == FAIL
     message = decided(verdict, FAIL)[0].message
-    assert "8 of 60 outputs degenerate" in message and "McNemar exact p 0.0039" in message
+    assert "12 of 60 outputs degenerate" in message and "McNemar exact p 0.00024" in message
+    assert "95.0 % lower bound 12.9 % (Tango score)" in message
 
 
-@pytest.mark.parametrize("new,base_only,judged", [(2, 0, 9), (3, 0, 9), (6, 3, 60)],
-                         ids=["2-vs-0-of-9 (issue 22)", "3-vs-0-of-9", "6-vs-3-of-60"])
+@pytest.mark.parametrize("new,base_only,judged", [(2, 0, 9), (3, 0, 9), (6, 3, 60), (12, 4, 109)],
+                         ids=["2-vs-0-of-9 (issue 22)", "3-vs-0-of-9", "6-vs-3-of-60",
+                              "12-vs-4-of-109 (healthy SmolLM2, CPU, 2048, with probes)"])
 def test_a_handful_of_loops_is_never_a_fail(new, base_only, judged):
     degeneration = {"fp8-8192": {"outputs": judged, "new_degenerate": new, "judged_outputs": judged,
                                  "baseline_only_degenerate": base_only}}
     verdict = evaluate(evidence(degeneration=degeneration))
     assert verdict.status == INCONCLUSIVE
     assert check(verdict, "new_degenerate_share").passed is None
-    assert any("not significant" in r.message for r in decided(verdict, INCONCLUSIVE))
+    assert any("not shown to be above 5.0 %" in r.message for r in decided(verdict, INCONCLUSIVE))
 
 
 def test_missing_result_file_is_named_and_never_pass():
