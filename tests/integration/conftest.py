@@ -10,7 +10,7 @@ from tests.support.quiet import Quiet
 # its diff and scan, and the Ray test compares its own cells' tokens with these.
 TWO_AUTO_CELLS = dict(kv=["auto"], max_model_len=[512, 1024], enforce_eager=True, suite="quick",
                       phases=("generation",),
-                      counts={"short_256": 2, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0})
+                      counts={"short_256": 2, "short_512": 0, "probe": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0})
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from tests.support.quiet import Quiet
 
 pytestmark = pytest.mark.engine
 
-COUNTS = {"short_256": 1, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
+COUNTS = {"short_256": 1, "short_512": 0, "probe": 6, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +105,14 @@ def test_over_long_prompt_is_rejected_with_engine_message_and_rest_still_runs(ru
     started_2048 = [f for f in run.cells.values() if f["started"] and f["max_model_len"] == 2048]
     for cell in started_2048:  # a longer cell accepts the prompt a shorter one refused
         assert {r["prompt_id"]: r for r in cell["phases"]["generation"]["records"]}["over_1024-0"]["accepted"]
+
+
+def test_degeneration_probes_run_in_one_batch_on_the_real_engine(run):
+    generation = run.cell("auto", 1024)["phases"]["generation"]
+    assert generation["sampling"]["probes_in_one_batch"] == COUNTS["probe"]
+    probes = [r for r in generation["records"] if r["workload"] == "probe"]
+    assert len(probes) == COUNTS["probe"] and all(r["accepted"] and r["output_tokens"] > 0 for r in probes)
+    assert run.evidence["degeneration"]["cells"]["auto-1024"]["outputs"] >= COUNTS["probe"]
 
 
 def test_scoring_is_stored_with_a_noise_floor_and_the_healthy_model_never_fails(run):

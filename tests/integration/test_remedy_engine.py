@@ -28,7 +28,7 @@ def run(tmp_path_factory, default_model_dir):
     model = plant(default_model_dir, root / "model", tensor="k", factor=128, layers=PLANTED)
     return kveval.compare(model=str(model), kv=["fp8", "auto"], max_model_len=[1024], kv_cache_memory="60MiB",
                           enforce_eager=True, suite="quick", tasks=["none"], out=root / "run", progress=Quiet(),
-                          counts={"short_256": 2, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0},
+                          counts={"short_256": 2, "short_512": 0, "probe": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0},
                           phases=("generation", "scoring"))
 
 

@@ -10,7 +10,7 @@ import os
 from kveval import api
 from kveval.cli.commands import main
 
-TINY_COUNTS = {"short_256": 0, "short_512": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
+TINY_COUNTS = {"short_256": 0, "short_512": 0, "probe": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
 
 _real_compare = api.compare
 
