@@ -223,3 +223,34 @@ def test_lm_eval_scores_an_oracle_end_to_end(loaded, data_dir):
     assert results[td.TASK_GROUP]["all_match,none"] == pytest.approx(23 / 24)
     sample = out["samples"]["kveval_passkey"][0]
     assert sample["target"] == sample["doc"]["outputs"] and sample["all_match"] == 1.0
+
+
+def test_a_samples_selection_numbers_requests_by_position_and_the_log_by_document(loaded, data_dir):
+    """lm-eval's own behaviour behind tasks._renumber_requests: with `samples=[3, 1]` the requests carry
+    doc_id 0 and 1 (document order) while the sample log labels position p samples[p]; renumbered the
+    same way, each request meets the log entry of its own document (kveval's selections are sorted)."""
+    from lm_eval import evaluator
+    from lm_eval.api.model import LM
+
+    from kveval.worker.phases.tasks import _renumber_requests
+
+    seen = []
+
+    class Recorder(LM):
+        def loglikelihood(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+        def generate_until(self, requests, disable_tqdm=False):
+            seen.extend({"doc_id": r.doc_id, "input": r.args[0]} for r in requests)
+            return ["" for _ in requests]
+
+    manager, _ = loaded
+    out = evaluator.simple_evaluate(model=Recorder(), tasks=["kveval_passkey"], task_manager=manager,
+                                    log_samples=True, samples={"kveval_passkey": [3, 1]})
+    logged = {entry["doc_id"]: entry["doc"]["input"] for entry in out["samples"]["kveval_passkey"]}
+    assert sorted(logged) == [1, 3] and sorted(r["doc_id"] for r in seen) == [0, 1]
+    _renumber_requests(seen, [3, 1])
+    assert {r["doc_id"]: r["input"] for r in seen} == logged

@@ -43,6 +43,17 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _renumber_requests(requests: list[dict], chosen: list[int]) -> None:
+    """With `samples=` lm-eval (0.4.13, Task.doc_iterator) numbers the requests 0..k-1 by the position of
+    their document among the chosen ones, and labels the sample-log entry at position p `chosen[p]`; so
+    the request at position p becomes `chosen[p]` too. Without this, a round that used part of its
+    documents joined samples with other samples' requests and left the highest ones without any."""
+    for request in requests:
+        position = request.get("doc_id")
+        if isinstance(position, int) and 0 <= position < len(chosen):
+            request["doc_id"] = chosen[position]
+
+
 def sample_records(task_samples: dict[str, list[dict]], requests: list[dict],
                    max_model_len: int | None = None) -> list[dict]:
     """One record per (task, doc): the engine's requests for it joined with lm-eval's sample log."""
@@ -161,6 +172,8 @@ def run(engine, cell) -> dict:
             cell.checkpoint()
             continue
         output = output or {}
+        if chosen:  # lm-eval numbers the requests of a --samples selection 0..k-1, its sample log by document
+            _renumber_requests(lm.records, chosen)
         phase["lm_eval_results"].update(json.loads(json.dumps(output.get("results") or {}, default=str)))
         phase["samples"].extend(sample_records(output.get("samples") or {}, lm.records,
                                                    cell.max_model_len))
