@@ -380,9 +380,9 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
     """Degeneration as paired evidence (issue 22): per prompt, does the cell's output degenerate, and the
     baseline's? FAIL needs more new degenerate outputs than `new_degenerate_allowance` and an excess
     (cell-only minus baseline-only, as a share of the judged outputs) shown to be above
-    `max_new_degenerate_share`: the one-sided (1 − alpha) lower bound of Tango's score interval for the
-    difference of paired proportions (analysis/paired_difference.py) is above it. McNemar's exact p is
-    reported beside it. A handful of loops (2 of 9 against 0), or an excess that could still be under
+    `max_new_degenerate_share`: McNemar's exact test (McNemar 1947; one-sided binomial on the discordant
+    prompts) at p < alpha, and the one-sided (1 − alpha) lower bound of Tango's score interval for the
+    difference of paired proportions (analysis/paired_difference.py) above the margin. A handful of loops (2 of 9 against 0), or an excess that could still be under
     the margin (12 of 109 against 4: bound 1.4 %), is reported and left undecided, never a FAIL."""
     if not entry or not entry.get("outputs"):
         return
@@ -403,16 +403,19 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
         return
     bound = excess_lower_bound(judged, new, base_only, t.alpha)
     detail += f", {_pct(1 - t.alpha)} lower bound {_pct(bound)} (Tango score)"
-    if bound > t.max_new_degenerate_share:
+    # Both: the exact test keeps a few outputs (3 of 3: p 0.125) from deciding, where the asymptotic
+    # bound alone would; the bound keeps a significant but small excess (12 vs 4 of 109) from it.
+    if p < t.alpha and bound > t.max_new_degenerate_share:
         out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, False, detail)
         out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
                                f"same prompt does not, {base_only} the other way ({detail} > "
                                f"{_pct(t.max_new_degenerate_share)})")
         return
     out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, None, detail)
+    why = ("not significant" if p >= t.alpha else
+           f"the excess is not shown to be above {_pct(t.max_new_degenerate_share)}")
     out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
-                                   f"does not, {base_only} the other way: the excess is not shown to be above "
-                                   f"{_pct(t.max_new_degenerate_share)} ({detail})",
+                                   f"does not, {base_only} the other way: {why} ({detail})",
                "more generation prompts (--prompts FILE) show whether the excess is real")
 
 

@@ -194,7 +194,8 @@ def test_a_handful_of_loops_is_never_a_fail(new, base_only, judged):
     verdict = evaluate(evidence(degeneration=degeneration))
     assert verdict.status == INCONCLUSIVE
     assert check(verdict, "new_degenerate_share").passed is None
-    assert any("not shown to be above 5.0 %" in r.message for r in decided(verdict, INCONCLUSIVE))
+    why = "not shown to be above 5.0 %" if (new, base_only) == (12, 4) else "not significant"  # p 0.038 there
+    assert any(why in r.message for r in decided(verdict, INCONCLUSIVE))
 
 
 def test_missing_result_file_is_named_and_never_pass():
