@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 # A cell is already its own process, so run vLLM's engine core in-process: the real start-up
@@ -26,47 +25,20 @@ try:  # moved between releases
 except ImportError:  # pragma: no cover
     from vllm.inputs.data import TokensPrompt  # type: ignore  # noqa: E402
 
+from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings  # noqa: E402
+
 # The prompt-too-long texts of vLLM 0.26 and 0.32 ("This model's maximum context length is ...").
 _TOO_LONG = re.compile(r"maximum context length|prompt .*(too long|longer than)|exceeds this limit", re.I)
 
 
-@dataclass
-class EngineSettings:
-    """What one cell asks of vLLM. `extra` passes straight through to `vllm.LLM`."""
-
-    model: str
-    kv_cache_dtype: str
-    max_model_len: int
-    seed: int = 0
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float | None = None
-    enforce_eager: bool = False
-    # Layers whose cache keeps the model dtype while the rest use kv_cache_dtype (vLLM >= 0.26).
-    kv_cache_dtype_skip_layers: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+class EngineSettings(BaseEngineSettings):
+    """The cell's settings; on a GPU a cell that keeps layers also names its attention backend."""
 
     def llm_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "max_model_len": self.max_model_len,
-            "seed": self.seed,
-            "enforce_eager": self.enforce_eager,
-            # Per-request timing (TTFT, decode) only exists with stats on.
-            "disable_log_stats": False,
-            # Repeated speed runs of the same prompt must not be served from the prefix cache.
-            "enable_prefix_caching": False,
-        }
-        if self.kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
-        if self.gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-        if self.kv_cache_dtype_skip_layers:
-            kwargs["kv_cache_dtype_skip_layers"] = list(self.kv_cache_dtype_skip_layers)
-            backend = kept_layers_backend()
-            if backend and "attention_backend" not in self.extra:
-                kwargs["attention_backend"] = backend
-        kwargs.update(self.extra)
+        kwargs = super().llm_kwargs()
+        backend = kept_layers_backend() if self.kv_cache_dtype_skip_layers else None
+        if backend and "attention_backend" not in self.extra:
+            kwargs["attention_backend"] = backend
         return kwargs
 
 

@@ -21,11 +21,11 @@ import hashlib
 import json
 import math
 import os
-import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings
 
 _BLOCK = 16
 _DEFAULT_KV_BYTES = 1 << 30
@@ -34,30 +34,11 @@ _SPAN = 4000
 _ANSWER_TOKENS_PER_UNIT_NOISE = 40   # an FP8 answer follows auto's for about this many tokens / noise
 
 
-@dataclass
-class EngineSettings:
-    """The same fields as worker/engine.EngineSettings."""
-
-    model: str
-    kv_cache_dtype: str
-    max_model_len: int
-    seed: int = 0
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float | None = None
-    enforce_eager: bool = False
-    kv_cache_dtype_skip_layers: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+class EngineSettings(BaseEngineSettings):
+    """worker/engine_settings.EngineSettings, marked as the fake's in the cell file."""
 
     def llm_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self.model, "kv_cache_dtype": self.kv_cache_dtype,
-                                  "max_model_len": self.max_model_len, "seed": self.seed,
-                                  "enforce_eager": self.enforce_eager, "engine": "fake"}
-        if self.kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
-        if self.kv_cache_dtype_skip_layers:
-            kwargs["kv_cache_dtype_skip_layers"] = list(self.kv_cache_dtype_skip_layers)
-        kwargs.update(self.extra)
-        return kwargs
+        return {**super().llm_kwargs(), "engine": "fake"}
 
 
 def vllm_version() -> str:
