@@ -382,8 +382,9 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
     (cell-only minus baseline-only, as a share of the judged outputs) shown to be above
     `max_new_degenerate_share`: McNemar's exact test (McNemar 1947; one-sided binomial on the discordant
     prompts) at p < alpha, and the one-sided (1 − alpha) lower bound of Tango's score interval for the
-    difference of paired proportions (analysis/paired_difference.py) above the margin. A handful of loops (2 of 9 against 0), or an excess that could still be under
-    the margin (12 of 109 against 4: bound 1.4 %), is reported and left undecided, never a FAIL."""
+    difference of paired proportions (analysis/paired_difference.py) above the margin. A handful of
+    loops (2 of 9 against 0), or an excess that could still be under the margin (12 of 109 against 4:
+    bound 1.4 %), is reported and left undecided, never a FAIL."""
     if not entry or not entry.get("outputs"):
         return
     judged, new = entry.get("judged_outputs"), entry.get("new_degenerate") or 0
