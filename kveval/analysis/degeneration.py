@@ -11,6 +11,7 @@ chosen so that normal prose, code and markdown (table rules, `---`, `...`, banne
 from __future__ import annotations
 
 import itertools
+import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -49,6 +50,19 @@ SYMBOL_MAX_DISTINCT = 4       # ... made of a short pattern: a regex character c
 # so they neither break a symbol run nor count towards its length.
 _NEUTRAL_CATEGORIES = frozenset({"Mn", "Me", "Cf", "Sk"})
 
+# -- unreadable text ----------------------------------------------------------------------------
+# Output that is neither a loop nor a symbol run but no longer language: random sub-word soup such as
+# "cuts((⊙w)lat:" or "reveleadalsydklfjfhwesdkghj" (a remedy cell broken by the engine path, issue 23).
+# A word counts as unreadable on signs that prose, code, markdown and mixed-script text do not show:
+UNREADABLE_MIN_WORDS = 3        # unreadable words in one output ...
+UNREADABLE_MIN_SHARE = 0.05     # ... and this share of its words (one odd identifier is not garbage)
+CONSONANT_RUN_MIN = 7           # lowercase consonants in a row ("dklfjfhw"); English peaks at 5-6 ("latchstring")
+_VOWELS = frozenset("aeiouy")   # y: "rhythms" is a word
+# Alphabets that do not mix inside one word in real text. CJK and kana are left out (Chinese and
+# Japanese run Latin words into their own without spaces), and Greek too (units and maths: "10μs", "2π").
+_SEPARATE_SCRIPTS = ("LATIN", "CYRILLIC", "ARABIC", "HEBREW", "ARMENIAN", "GEORGIAN", "THAI", "DEVANAGARI",
+                     "HANGUL", "BENGALI", "TAMIL")
+
 # -- length -------------------------------------------------------------------------------------
 BLOWUP_FACTOR = 3.0           # vllm#13133: 140 -> 1000+ tokens; 3x is far outside greedy noise
 BLOWUP_MIN_EXTRA = 64         # ... and at least this many tokens more, so 5 -> 16 is not a blow-up
@@ -56,7 +70,7 @@ BLOWUP_MIN_EXTRA = 64         # ... and at least this many tokens more, so 5 -> 
 EXCERPT_CHARS = 120
 
 DETECTORS = ("ngram_loop_tokens", "ngram_loop_chars", "token_run", "alternating_duplication", "char_run",
-             "length_blowup", "hit_token_limit")
+             "unreadable_text", "length_blowup", "hit_token_limit")
 # Reported and counted, but not a failure by itself (a long answer may just need more tokens).
 INFORMATIONAL_DETECTORS = frozenset({"hit_token_limit"})
 
@@ -300,6 +314,49 @@ def char_run(text: str) -> Finding | None:
     return None
 
 
+def _script(ch: str) -> str | None:
+    """The alphabet of a letter among _SEPARATE_SCRIPTS, else None."""
+    if not ch.isalpha():
+        return None
+    name = unicodedata.name(ch, "")
+    return next((script for script in _SEPARATE_SCRIPTS if name.startswith(script)), None)
+
+
+def _unreadable_sign(word: str) -> str | None:
+    """Why one whitespace-delimited word is not language, or None."""
+    for ch in word:
+        category = unicodedata.category(ch)
+        if ch == "\ufffd" or (category[0] == "C" and category != "Cf"):   # words hold no whitespace
+            return "broken or control character"
+    for index, ch in enumerate(word):
+        # Arrows ("input→output") are writing; other maths symbols glued to letters are not.
+        if unicodedata.category(ch) == "Sm" and not ch.isascii() and not "\u2190" <= ch <= "\u21ff":
+            neighbours = word[max(0, index - 1):index] + word[index + 1:index + 2]
+            if any(n.isalpha() for n in neighbours):
+                return f"maths symbol {ch!r} inside a word"
+    run = 0
+    for ch in word:
+        run = run + 1 if "a" <= ch <= "z" and ch not in _VOWELS else 0
+        if run >= CONSONANT_RUN_MIN:
+            return f"{CONSONANT_RUN_MIN}+ consonants in a row"
+    scripts = {script for script in map(_script, word) if script}
+    if len(scripts) > 1:
+        return f"{' and '.join(sorted(scripts)).lower()} letters in one word"
+    return None
+
+
+def unreadable_text(text: str) -> Finding | None:
+    """Several words that are not language (see _unreadable_sign), at least UNREADABLE_MIN_SHARE of them."""
+    words = [(match.start(), match.group(0)) for match in re.finditer(r"\S+", text or "")]
+    odd = [(start, word, sign) for start, word in words if (sign := _unreadable_sign(word))]
+    if len(odd) < UNREADABLE_MIN_WORDS or len(odd) < UNREADABLE_MIN_SHARE * len(words):
+        return None
+    start, word, sign = odd[0]
+    shown = ", ".join(repr(w[:24]) for _, w, _ in odd[:3])
+    return Finding("unreadable_text", f"{len(odd)} of {len(words)} words are not language (e.g. {shown}: {sign})",
+                   text[start:start + EXCERPT_CHARS], start / len(text))
+
+
 def length_blowup(output_tokens: int, baseline_tokens: int | None, text: str = "") -> Finding | None:
     """Output more than BLOWUP_FACTOR x (and BLOWUP_MIN_EXTRA tokens) longer than the baseline's."""
     if baseline_tokens is None:
@@ -332,7 +389,7 @@ def scan_output(record: dict, baseline_record: dict | None = None) -> list[Findi
     ids, text, tokens = list(record.get("token_ids") or []), record.get("text") or "", _token_count(record)
     base_tokens = _token_count(baseline_record) if baseline_record and baseline_record.get("accepted") else None
     found = [ngram_loop_tokens(ids, text), ngram_loop_chars(text), token_run(ids, text),
-             alternating_duplication(ids, text), char_run(text), length_blowup(tokens, base_tokens, text),
+             alternating_duplication(ids, text), char_run(text), unreadable_text(text), length_blowup(tokens, base_tokens, text),
              hit_token_limit(record.get("finish_reason"), tokens, text)]
     return [finding for finding in found if finding is not None]
 

@@ -655,7 +655,8 @@ def _degeneration_section(evidence: dict) -> str:
     new = judged[judged.new_vs_baseline.astype(bool)]
     old = judged[~judged.new_vs_baseline.astype(bool)]
     unjudged = failing[failing.new_vs_baseline.isna()]
-    detectors = ", ".join(d for d in DETECTORS if d not in INFORMATIONAL_DETECTORS)
+    # The detectors of the run that made the evidence: a re-render names what was scanned then.
+    detectors = ", ".join(d for d in degeneration.get("detectors", DETECTORS) if d not in INFORMATIONAL_DETECTORS)
     out = ["## Degeneration", "",
            f"Every accepted output is scanned by: {detectors} (hit_token_limit is informational). A finding counts "
            f"against a cell only when the `{BASELINE_KV}` output for the same prompt does not show the same detector.",

@@ -9,7 +9,7 @@ import pytest
 from kveval.analysis import degeneration as dg
 from kveval.analysis.degeneration import (DETECTORS, FINDING_COLUMNS, Finding, alternating_duplication, char_run,
                                           degeneration_summary, hit_token_limit, length_blowup, ngram_loop_chars,
-                                          ngram_loop_tokens, scan_cells, scan_output, token_run)
+                                          ngram_loop_tokens, scan_cells, scan_output, token_run, unreadable_text)
 from kveval.inputs.workloads import load_corpus
 
 _VOCAB: dict[str, int] = {}
@@ -88,7 +88,7 @@ LOOP_UNIT = "The pass key is the pass key. "
 def _all_detectors(text: str) -> list[Finding]:
     tokens = ids(text)
     found = [ngram_loop_tokens(tokens, text), ngram_loop_chars(text), token_run(tokens, text),
-             alternating_duplication(tokens, text), char_run(text)]
+             alternating_duplication(tokens, text), char_run(text), unreadable_text(text)]
     return [f for f in found if f is not None]
 
 
@@ -234,6 +234,43 @@ def test_char_run_stays_silent(fine):
     assert char_run("The answer is\n" + fine + "\ndone") is None
 
 
+# ----------------------------------------------------------------------------- unreadable_text
+
+# The garbage of the broken remedy cells in reports/h200-qwen2.5-coder-1.5b/keep-layers (their excerpts),
+# which no other detector saw.
+BROKEN_REMEDY = ("lock perfectly symmetrical cuts((⊙w)lat:\n matéria roateemonading JavaScript is\n0 "
+                 "lock satisfying all reveleadalsydklfjfhwesdkghjuijshsjflkjnjshODO\n\nainer oil0\nis "
+                 "lock picking out of 你提到过载\n;&#spring... 为了简化XMLHttpRequest0.0000000000 sdfghjkl qwrtzpx")
+
+
+def test_unreadable_text_fires_on_sub_word_soup():
+    finding = unreadable_text(BROKEN_REMEDY)
+    assert finding.detector == "unreadable_text"
+    assert finding.detail.startswith("4 of 25 words are not language")
+    assert "'cuts((⊙w)lat:'" in finding.detail and finding.excerpt.startswith("cuts((⊙w)lat:")
+
+
+@pytest.mark.parametrize("word, sign", [("cuts((⊙w)lat:", "maths symbol"), ("sydklfjfhwes", "consonants"),
+                                        ("Bаsилий", "cyrillic and latin"), ("ab\ufffdcd", "broken"),
+                                        ("x\x07y", "control")])
+def test_unreadable_signs(word, sign):
+    assert sign in dg._unreadable_sign(word)
+
+
+@pytest.mark.parametrize("word", ["用Python写代码", "10μs", "2πr", "input→output", "latchstring", "rhythms",
+                                  "HTTPSConnection", "x²", "naïve", "👨‍👩‍👧‍👦", "3×3", "Привет", "mask=0xFFFF"])
+def test_real_words_are_readable(word):
+    assert dg._unreadable_sign(word) is None
+
+
+def test_unreadable_text_needs_several_words_and_a_share_of_them():
+    two = "A fine answer with sdfghjkl and qwrtzpx in it."
+    assert unreadable_text(two) is None
+    three = two + " Also bcdfghjk."
+    assert unreadable_text(three).detail.startswith("3 of 11 words")
+    assert unreadable_text(PROSE[:3000] + " sdfghjkl qwrtzpx bcdfghjk") is None   # 3 of ~500 words: under 5 %
+
+
 # ----------------------------------------------------------------------------- length and limit
 
 def test_length_blowup():
@@ -334,7 +371,7 @@ def test_scan_cells_new_vs_baseline():
     assert rows[("fp8-1024", "short_256-0", "char_run")].new_vs_baseline
     assert rows[("fp8-1024", "short_256-0", "char_run")].baseline_cell == "auto-1024"
     new_on_1 = {key[2] for key, row in rows.items() if key[:2] == ("fp8-1024", "short_256-1") and row.new_vs_baseline}
-    assert new_on_1 == set(DETECTORS) - {"alternating_duplication"}
+    assert new_on_1 == set(DETECTORS) - {"alternating_duplication", "unreadable_text"}
     row = rows[("fp8-1024", "short_256-1", "length_blowup")]
     assert (row.kv_cache_dtype, row.max_model_len, row.workload) == ("fp8", 1024, "short_256")
     # fp8-2048: no started auto at 2048, so auto-1024 excuses the same loop; over_1024-0 has no baseline output.

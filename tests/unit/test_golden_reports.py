@@ -57,7 +57,7 @@ def _without_added_lines(review: str) -> str:
     cells' logs, and the new limits on the thresholds line."""
     added = "".join(f" {key}={value:g}" for key, value in ADDED_THRESHOLDS.items())
     kept = [line.replace(added, "") for line in review.split("\n") if not line.startswith(LOG_LINE_START)]
-    return "\n".join(kept).replace("\n\n\n", "\n\n")
+    return "\n".join(kept).replace("\n\n\n", "\n\n").replace("char_run, unreadable_text, ", "char_run, ")
 
 
 def _without_baseline_column(review: str) -> str:
@@ -101,6 +101,9 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
     assert (now["verdict"].pop("defects"), now["verdict"].pop("attributed")) == ([], {})
     for entry in now["evidence"]["degeneration"]["cells"].values():  # issue 22: the paired test's other side
         assert entry.pop("baseline_only_degenerate") in (None, 0)
+    assert now["evidence"]["degeneration"]["detectors"].pop(5) == "unreadable_text"   # issue 23: a new detector
+    for entry in now["evidence"]["degeneration"]["cells"].values():
+        assert entry["detectors"].pop("unreadable_text") == 0
     for row in now["evidence"]["degeneration"]["findings"]:  # issue 22: the baseline's output beside a finding
         row.pop("baseline_excerpt")
         assert row.pop("late") is False                        # and whether it came after a capped answer
