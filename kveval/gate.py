@@ -35,7 +35,7 @@ from scipy.stats import binomtest
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
-from kveval.analysis.paired_difference import excess_lower_bound
+from kveval.analysis.paired_difference import excess_lower_bound, excess_upper_bound
 from kveval.analysis.sequential import final_look_alpha, look_alpha, samples_to_show_drop
 
 EXIT_PASS = 0
@@ -134,6 +134,13 @@ class Thresholds:
     """New degenerate outputs always tolerated: greedy outputs of a healthy FP8 cache drift after some
     tokens and small models loop readily in both cells; reported FP8 failures hit many outputs."""
 
+    degeneration_noninferiority_margin: float = 0.10
+    """Degeneration PASSes (beyond the allowance) when the one-sided (1 − alpha) upper bound of the
+    excess (cell-only minus baseline-only degenerate outputs, as a share) is under this. A FAIL needs
+    the lower bound above max_new_degenerate_share; with ~100 probes (half-width ~5 points at a
+    healthy 11 % discordance) an observed excess under ~5 points passes, over ~10 fails, and the zone
+    between asks for more prompts."""
+
     task_noninferiority_margin: float = 0.90
     """PASS needs the one-sided lower confidence bound (1 − alpha) of the paired task recovery at or
     above this. At 270 paired samples healthy H200 runs reach 0.91-0.93; 12 samples cannot."""
@@ -165,7 +172,8 @@ class Thresholds:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Thresholds)}
-_SHARES = {"top1_agreement_min", "top1_agreement_fail", "max_new_degenerate_share", "task_recovery_min",
+_SHARES = {"top1_agreement_min", "top1_agreement_fail", "max_new_degenerate_share",
+           "degeneration_noninferiority_margin", "task_recovery_min",
            "task_noninferiority_margin", "alpha", "attribution_min_reduction"}
 
 
@@ -378,13 +386,16 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
 
 def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds) -> None:
     """Degeneration as paired evidence (issue 22): per prompt, does the cell's output degenerate, and the
-    baseline's? FAIL needs more new degenerate outputs than `new_degenerate_allowance` and an excess
-    (cell-only minus baseline-only, as a share of the judged outputs) shown to be above
-    `max_new_degenerate_share`: McNemar's exact test (McNemar 1947; one-sided binomial on the discordant
-    prompts) at p < alpha, and the one-sided (1 − alpha) lower bound of Tango's score interval for the
-    difference of paired proportions (analysis/paired_difference.py) above the margin. A handful of
-    loops (2 of 9 against 0), or an excess that could still be under the margin (12 of 109 against 4:
-    bound 1.4 %), is reported and left undecided, never a FAIL."""
+    baseline's? The excess is (cell-only − baseline-only) / judged outputs, bounded both ways by Tango's
+    score interval for the difference of paired proportions (analysis/paired_difference.py).
+
+    - PASS: at most `new_degenerate_allowance` (or `max_new_degenerate_share` of the outputs) new, or the
+      one-sided (1 − alpha) upper bound of the excess under `degeneration_noninferiority_margin`
+      (7 vs 5 of 109: bound 7.1 % < 10 %).
+    - FAIL: McNemar's exact test (McNemar 1947; one-sided binomial on the discordant prompts) at p < alpha
+      and the lower bound above `max_new_degenerate_share`.
+    - Otherwise undecided, with the counts: a handful of loops (2 of 9 against 0), or an excess that is
+      neither shown small nor shown large (12 vs 4 of 109: 7.3 %, bounds 1.4 % and 13.3 %)."""
     if not entry or not entry.get("outputs"):
         return
     judged, new = entry.get("judged_outputs"), entry.get("new_degenerate") or 0
@@ -402,22 +413,28 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
         out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, True,
                   f"{detail}; allowed {allowed:g}")
         return
-    bound = excess_lower_bound(judged, new, base_only, t.alpha)
-    detail += f", {_pct(1 - t.alpha)} lower bound {_pct(bound)} (Tango score)"
+    lower = excess_lower_bound(judged, new, base_only, t.alpha)
+    upper = excess_upper_bound(judged, new, base_only, t.alpha)
+    detail += f", {_pct(1 - 2 * t.alpha)} interval {_pct(lower)} to {_pct(upper)} (Tango score)"
     # Both: the exact test keeps a few outputs (3 of 3: p 0.125) from deciding, where the asymptotic
     # bound alone would; the bound keeps a significant but small excess (12 vs 4 of 109) from it.
-    if p < t.alpha and bound > t.max_new_degenerate_share:
+    if p < t.alpha and lower > t.max_new_degenerate_share:
         out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, False, detail)
         out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
-                               f"same prompt does not, {base_only} the other way ({detail} > "
+                               f"same prompt does not, {base_only} the other way ({detail}: lower bound > "
                                f"{_pct(t.max_new_degenerate_share)})")
         return
-    out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, None, detail)
+    if upper < t.degeneration_noninferiority_margin:
+        out.check("degeneration_noninferiority", cell, upper, t.degeneration_noninferiority_margin, True,
+                  f"{detail}; the excess is shown under {_pct(t.degeneration_noninferiority_margin)}")
+        return
+    out.check("degeneration_noninferiority", cell, upper, t.degeneration_noninferiority_margin, None, detail)
     why = ("not significant" if p >= t.alpha else
            f"the excess is not shown to be above {_pct(t.max_new_degenerate_share)}")
     out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
-                                   f"does not, {base_only} the other way: {why} ({detail})",
-               "more generation prompts (--prompts FILE) show whether the excess is real")
+                                   f"does not, {base_only} the other way: {why}, nor shown under "
+                                   f"{_pct(t.degeneration_noninferiority_margin)} ({detail})",
+               "more generation prompts (--prompts FILE, or a larger `probe` count) show whether the excess is real")
 
 
 def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool, unmatched: str | None,

@@ -52,3 +52,9 @@ def excess_lower_bound(n: int, new: int, baseline_only: int, alpha: float = 0.05
     if score_statistic(low, new, baseline_only, n) <= z:
         return -1.0
     return float(brentq(lambda d: score_statistic(d, new, baseline_only, n) - z, low, high, xtol=1e-10))
+
+
+def excess_upper_bound(n: int, new: int, baseline_only: int, alpha: float = 0.05) -> float:
+    """One-sided (1 − alpha) upper bound of (new − baseline_only) / n: the lower bound with the two
+    discordant cells swapped, negated (Tango's statistic is symmetric in them)."""
+    return -excess_lower_bound(n, baseline_only, new, alpha)

@@ -109,7 +109,7 @@ def test_evidence_has_the_gate_shape_and_is_json():
     # KL p99 1.52 stays under the CPU harm limit 3.0: the mean, the late mean and top-1 decide it.
     assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_late_mean", "top1_agreement"}
     # 3 of 3 outputs loop only in FP8: McNemar exact p 0.125, too few outputs to decide (issue 22).
-    assert [c.passed for c in verdict.checks if c.name == "new_degenerate_share"] == [None]
+    assert [c.passed for c in verdict.checks if c.name == "degeneration_noninferiority"] == [None]
     assert evidence["platform"]["profile"] == "cpu" and evidence["tasks_planned"] is False
 
 

@@ -182,7 +182,7 @@ def test_an_excess_of_new_degeneration_shown_above_the_margin_fails():
     assert verdict.status == FAIL
     message = decided(verdict, FAIL)[0].message
     assert "12 of 60 outputs degenerate" in message and "McNemar exact p 0.00024" in message
-    assert "95.0 % lower bound 12.9 % (Tango score)" in message
+    assert "90.0 % interval 12.9 % to" in message and "(Tango score): lower bound > 5.0 %" in message
 
 
 @pytest.mark.parametrize("new,base_only,judged", [(2, 0, 9), (3, 0, 9), (6, 3, 60), (12, 4, 109)],
@@ -193,9 +193,21 @@ def test_a_handful_of_loops_is_never_a_fail(new, base_only, judged):
                                  "baseline_only_degenerate": base_only}}
     verdict = evaluate(evidence(degeneration=degeneration))
     assert verdict.status == INCONCLUSIVE
-    assert check(verdict, "new_degenerate_share").passed is None
+    assert check(verdict, "degeneration_noninferiority").passed is None
     why = "not shown to be above 5.0 %" if (new, base_only) == (12, 4) else "not significant"  # p 0.038 there
-    assert any(why in r.message for r in decided(verdict, INCONCLUSIVE))
+    assert any(why in r.message and "nor shown under 10.0 %" in r.message for r in decided(verdict, INCONCLUSIVE))
+
+
+def test_an_excess_shown_under_the_margin_passes():
+    # Healthy SmolLM2 at 8192 on the H200 with default settings: 7 of 109 outputs loop only with FP8, 5 only
+    # with auto; more than the allowance (5.45), but the excess 1.8 % has the upper bound 7.6 % < 10 %.
+    degeneration = {"fp8-8192": {"outputs": 109, "new_degenerate": 7, "judged_outputs": 109,
+                                 "baseline_only_degenerate": 5}}
+    verdict = evaluate(evidence(degeneration=degeneration))
+    assert verdict.status == PASS
+    passed = check(verdict, "degeneration_noninferiority")
+    assert passed.passed is True and passed.value == pytest.approx(0.0757, abs=5e-4)
+    assert "90.0 % interval -3.7 % to 7.6 %" in passed.detail
 
 
 def test_missing_result_file_is_named_and_never_pass():

@@ -35,3 +35,12 @@ def test_coverage_at_a_true_excess_of_five_points():
     draws = rng.multinomial(105, [0.10, 0.05, 0.85], size=2000)
     fired = np.mean([excess_lower_bound(105, int(b), int(c)) > 0.05 for b, c, _ in draws])
     assert fired <= 0.06
+
+
+def test_the_upper_bound_mirrors_the_lower_one():
+    from kveval.analysis.paired_difference import excess_upper_bound
+    # 7 only in the cell, 5 only in the baseline, of 109: the excess 1.8 % lies inside (-3.7 %, 7.6 %).
+    low, high = excess_lower_bound(109, 7, 5), excess_upper_bound(109, 7, 5)
+    assert low < 2 / 109 < high
+    assert (round(low, 3), round(high, 3)) == (-0.037, 0.076)
+    assert excess_upper_bound(109, 5, 7) == pytest.approx(-low)
