@@ -70,6 +70,8 @@ def _check_phrase(check) -> str:
         return f"top-1 agreement {fmt_share(check.value)} ≥ {fmt_share(check.limit)}"
     if check.name == "new_degenerate_share":
         return check.detail
+    if check.name == "degeneration_noninferiority":
+        return f"degeneration excess upper bound {fmt_share(check.value)} < {fmt_share(check.limit)} ({check.detail})"
     if check.name == "kl_late_mean":
         return f"KL mean (late) {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
     if check.name == "task_noninferiority":
