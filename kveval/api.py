@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 from kveval import defaults
 from kveval.errors import KvevalError, RunInterrupted
-from kveval.files.rundir import RunDir, StoreError, cell_id, ensure_writable_dir, write_json_atomic
+from kveval.files.rundir import DiskFull, RunDir, StoreError, cell_id, ensure_writable_dir, write_json_atomic
+from kveval.files.run_lock import live_writer
 from kveval.gate import GateConfigError, Thresholds, Verdict, load_thresholds
 from kveval.inputs.model_config import load_tokenizer
 from kveval.inputs.models import ModelError, resolve_model
@@ -22,7 +23,7 @@ from kveval.inputs.task_selection import task_shape
 from kveval.run.options import CompareOptions, normalized, validate_options
 
 __all__ = ["CompareOptions", "KvevalError", "RunInterrupted", "RunResult", "compare", "compare_options", "gate", "generate_task_data",
-           "load_run", "report", "resolve_thresholds"]
+           "load_run", "report", "resolve_thresholds", "run_in_progress"]
 
 
 @dataclass
@@ -75,11 +76,32 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     # Before any engine starts: a bad thresholds file must not cost a run.
     thresholds = resolve_thresholds(None, options.gate_config, options.gate_overrides)
     show = progress if progress is not None else ConsoleProgress()
-    setup = set_up_run(options, show)
-    # Stored before any cell runs: a later `kveval report` / `gate` re-judges with the run's own limits.
-    write_json_atomic(setup.run.thresholds_path, thresholds.to_dict())
-    run_matrix(setup, thresholds, show)
-    return report(setup.run.path, progress=show, thresholds=thresholds)
+    try:
+        setup = set_up_run(options, show)   # holds the run directory's lock from here on
+    except DiskFull as error:
+        raise KvevalError(_disk_full_message(error, options.out)) from None
+    try:
+        # Stored before any cell runs: a later `kveval report` / `gate` re-judges with the run's own limits.
+        write_json_atomic(setup.run.thresholds_path, thresholds.to_dict())
+        run_matrix(setup, thresholds, show)
+        return report(setup.run.path, progress=show, thresholds=thresholds)
+    except DiskFull as error:
+        raise KvevalError(_disk_full_message(error, setup.run.path)) from None
+    finally:
+        if setup.lock is not None:
+            setup.lock.release()
+
+
+def _disk_full_message(error: DiskFull, run_dir: str | Path | None) -> str:
+    """One line: where the disk filled, what is safe, and how to go on."""
+    finished = RunDir(run_dir).finished_cell_count() if run_dir else 0
+    return (f"{error}; {finished} finished cell{'s' if finished != 1 else ''} "
+            f"{'are' if finished != 1 else 'is'} safe; free space and run the same command to resume")
+
+
+def run_in_progress(run_dir: str | Path) -> str | None:
+    """"pid N: COMMAND" of another live `compare` still writing run_dir, else None (files/run_lock.py)."""
+    return live_writer(Path(run_dir))
 
 
 def load_run(run_dir: str | Path) -> RunResult:

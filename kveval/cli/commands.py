@@ -201,9 +201,13 @@ def compare(**given) -> None:
 
 
 def _recompute(run_dir, gate_config, thresholds):
-    from kveval.api import KvevalError, report as run_report
+    from kveval.api import KvevalError, report as run_report, run_in_progress
 
     overrides = parse_thresholds(thresholds)
+    writer = run_in_progress(run_dir)
+    if writer:
+        click.echo(f"Note: a run is still writing {run_dir} ({writer}); this verdict covers the cells finished "
+                   "so far.", err=True)
     try:
         return run_report(run_dir, gate_config=gate_config, gate_overrides=overrides)
     except KvevalError as error:

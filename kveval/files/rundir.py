@@ -1,7 +1,8 @@
 """The run directory: a manifest, the workloads, and one result file per cell.
 
-Every file is written atomically (temp file + rename) the moment it is known, so a crash or a
-Ctrl-C never leaves a half-written result and never loses a finished cell. The layout is an API:
+Every file is written atomically (temp file, fsync, rename) the moment it is known, so a crash, a
+Ctrl-C or a full disk never leaves a half-written result and never loses a finished cell; a write
+that finds the disk full leaves the previous version and raises DiskFull. The layout is an API:
 `kveval report DIR` rebuilds everything from these files alone.
 
     DIR/manifest.json           command, model, versions, hardware, options, planned cells
@@ -10,6 +11,7 @@ Ctrl-C never leaves a half-written result and never loses a finished cell. The l
     DIR/cells/<cell>.json       one cell's facts (start-up, capacity, phases)
     DIR/cells/<cell>.log        that cell's process output (vLLM's own words)
     DIR/cells/<cell>.tasks-r<k>.json   a later round of that cell's task samples (read with the cell)
+    DIR/.kveval.lock            held by the live run (files/run_lock.py)
     DIR/kv_ranges.json          per-layer K/V ranges (the diagnosis pass), when the run made one
     DIR/results.json            evidence + verdict (`kveval report` writes it; .json.gz in published reports)
     DIR/tables/*.csv, *.png     the evidence as tables and figures
@@ -20,6 +22,7 @@ manifest, cell, results and kv_ranges files are validated against kveval.files.s
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -35,6 +38,27 @@ SCHEMA_VERSION = schema.MANIFEST_VERSION
 
 class StoreError(Exception):
     """A run directory is missing, unreadable, or not a kveval run."""
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_WORDS = ("No space left on device", "Disk quota exceeded")   # the same, as a child's log says it
+DISK_FULL_EXIT = 28   # a cell process that stopped on DiskFull exits with this (ENOSPC's number)
+
+
+def mount_point(path: Path) -> Path:
+    """The mount that holds path (which need not exist yet)."""
+    current = Path(os.path.abspath(path))
+    while not os.path.ismount(current) and current != current.parent:
+        current = current.parent
+    return current
+
+
+class DiskFull(StoreError):
+    """A write found no space left (or the quota spent); the file keeps its previous version."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        super().__init__(f"no space left on {mount_point(self.path)} while writing {self.path}")
 
 
 def ensure_writable_dir(path: Path, label: str) -> None:
@@ -64,11 +88,15 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())   # on disk before the rename makes it the file
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; run directories are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(error, OSError) and error.errno in _FULL_ERRNOS:
+            raise DiskFull(path) from None
         raise
 
 
@@ -226,6 +254,18 @@ class RunDir:
     def load_kv_ranges(self) -> dict | None:
         """The per-layer K/V range measurement, or None when this run made none."""
         return _validated("kv_ranges", self.kv_ranges_path) if self.kv_ranges_path.is_file() else None
+
+    def finished_cell_count(self) -> int:
+        """Cell files that hold a complete record (what a resume keeps), read leniently."""
+        count = 0
+        for path in self.cells_dir.glob("*.json") if self.cells_dir.is_dir() else ():
+            if path.name.endswith(".spec.json"):
+                continue
+            try:
+                count += bool(json.loads(path.read_text(encoding="utf-8")).get("complete"))
+            except (OSError, ValueError, AttributeError):
+                continue
+        return count
 
     def load_cell(self, cell: str, *, validate: bool = True) -> dict | None:
         """One cell's result, or None before it has one. `validate=False` for kveval's own processes

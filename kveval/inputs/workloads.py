@@ -495,30 +495,46 @@ def build_workloads(tokenizer, max_model_lens: Sequence[int], *, seed: int = 0,
 
 # --------------------------------------------------------------------------- user prompt files
 
+# Every prompt goes to every cell and every output is kept (workloads.json, each cell's file): past this a
+# run is hours per cell and its files hundreds of MB, so a bigger file is refused before it is even read.
+MAX_USER_PROMPTS = 10_000
+
+
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; PromptFileError on unreadable input."""
+    """(line number, object) for each non-blank line; PromptFileError on unreadable input. Streamed, and
+    stopped at MAX_USER_PROMPTS + 1 objects, so a huge file costs seconds and bounded memory."""
     try:
-        raw = Path(path).read_text(encoding="utf-8")
+        handle = Path(path).open(encoding="utf-8")
     except FileNotFoundError:
         raise PromptFileError(path, None, "file not found") from None
-    except UnicodeDecodeError as e:
-        raise PromptFileError(path, None, f"not UTF-8 text ({e.reason})") from None
     except OSError as e:
         raise PromptFileError(path, None, f"cannot read file: {e.strerror or e}") from None
     rows = []
-    for lineno, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
-            continue   # blank lines are harmless, e.g. a trailing newline
+    with handle:
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptFileError(path, lineno, f"invalid JSON: {e.msg} (column {e.colno})") \
-                from None
-        if not isinstance(obj, dict):
-            raise PromptFileError(path, lineno,
-                                  f"expected a JSON object, got {type(obj).__name__}")
-        rows.append((lineno, obj))
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue   # blank lines are harmless, e.g. a trailing newline
+                if len(rows) == MAX_USER_PROMPTS:
+                    raise PromptFileError(path, lineno, f"more than {MAX_USER_PROMPTS:,} prompts: every prompt goes "
+                                                        "to every cell and every output is kept; split the file "
+                                                        "or keep the prompts that matter")
+                rows.append(_parse_line(path, lineno, line))
+        except UnicodeDecodeError as e:
+            raise PromptFileError(path, None, f"not UTF-8 text ({e.reason})") from None
+        except OSError as e:
+            raise PromptFileError(path, None, f"cannot read file: {e.strerror or e}") from None
     return rows
+
+
+def _parse_line(path: Path, lineno: int, line: str) -> tuple[int, dict]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise PromptFileError(path, lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise PromptFileError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+    return lineno, obj
 
 
 def _check_messages(messages: Any) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from kveval import defaults
 from kveval.run.death import explain_death, log_tail
 from kveval.worker.failures import StartupFailure, classify_startup_failure, not_started_record
-from kveval.files.rundir import RunDir, write_json_atomic
+from kveval.files.rundir import DISK_FULL_EXIT, NO_SPACE_WORDS, DiskFull, RunDir, write_json_atomic
 
 
 @dataclass
@@ -195,6 +195,10 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
         log = run_dir.cell_log_path(plan.id).read_text(encoding="utf-8", errors="replace")
     except OSError:
         log = ""
+    if not interrupted and (exit_code == DISK_FULL_EXIT or any(words in log_tail(log, 40) for words in NO_SPACE_WORDS)):
+        # The cell died writing to a full disk: stop the run (nothing is recorded for this cell, so the
+        # resume after space is freed measures it again) rather than fill the review with failures.
+        raise DiskFull(run_dir.cell_path(plan.id))
     death = explain_death(exit_code, timed_out=timed_out, timeout_s=timeout_s, stopped_by_user=interrupted,
                           kv_cache_memory_bytes=plan.engine.get("kv_cache_memory_bytes"), log_tail=log_tail(log, 40),
                           stalled=stalled)

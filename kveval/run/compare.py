@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kveval.errors import KvevalError, RunInterrupted
+from kveval.files.run_lock import RunDirBusy, RunLock, acquire as acquire_run_lock
 from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writable_dir, write_json_atomic
 from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
@@ -77,6 +78,7 @@ class RunSetup:
     reuse: bool          # finished cells of an identical earlier run in this directory are kept
     devices: list[str] | None = None   # --gpus: cells run at once, one per device
     ray: RayCells | None = None        # --executor ray: cells run as tasks on this cluster
+    lock: RunLock | None = None        # held until compare returns: one live run per run directory
 
 
 def _local_gpus(options: CompareOptions) -> bool:
@@ -106,9 +108,17 @@ def _suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, Compare
     return suite, shape, dataclasses.replace(options, phases=phases)
 
 
-def _prompts(options: CompareOptions, suite: Suite, tokenizer, model_limit: int | None) -> list[PromptSpec]:
+def _user_prompts(options: CompareOptions) -> list[dict]:
+    """The --prompts file, read and checked first: a bad or huge file costs no model load."""
     try:
-        user_prompts = load_user_prompts(options.prompts) if options.prompts else []
+        return load_user_prompts(options.prompts) if options.prompts else []
+    except PromptFileError as error:
+        raise KvevalError(str(error)) from None
+
+
+def _prompts(options: CompareOptions, suite: Suite, tokenizer, model_limit: int | None,
+             user_prompts: list[dict]) -> list[PromptSpec]:
+    try:
         prompts = build_workloads(tokenizer, options.max_model_len, seed=options.seed,
                                   counts=options.counts if options.counts is not None
                                   else suite_counts(suite, options.max_model_len, model_limit),
@@ -117,6 +127,14 @@ def _prompts(options: CompareOptions, suite: Suite, tokenizer, model_limit: int 
         raise KvevalError(str(error)) from None
     except ValueError as error:
         raise KvevalError(f"cannot build the workloads: {error}") from None
+    longest = max(options.max_model_len)
+    too_long = [p for p in prompts if p.kind == "user" and len(p.token_ids) > longest]
+    if too_long:   # no cell could take it: said now, not after every engine has refused it
+        first = too_long[0]
+        more = f" (and {len(too_long) - 1:,} more)" if len(too_long) > 1 else ""
+        raise KvevalError(f"--prompts {options.prompts}: prompt {first.id!r} is {len(first.token_ids):,} tokens{more}, "
+                          f"more than the longest --max-model-len ({longest:,}): no cell could take it; shorten it "
+                          "or add a longer --max-model-len")
     return scale_max_tokens(prompts, suite.max_tokens_scale)
 
 
@@ -167,11 +185,33 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
 def set_up_run(options: CompareOptions, show) -> RunSetup:
     """Resolve the model and every input, plan the cells, and write the run's input files."""
     suite, shape, options = _suite_and_tasks(options)
+    user_prompts = _user_prompts(options)
+    lock = None
     if options.out is not None:
         try:
             ensure_writable_dir(Path(options.out), "--out")
         except StoreError as error:
             raise KvevalError(str(error)) from None
+        lock = _lock(Path(options.out))   # first: a second run into this --out stops here, in seconds
+    try:
+        return _set_up_locked_run(options, suite, shape, user_prompts, show, lock)
+    except BaseException:
+        if lock is not None:
+            lock.discard()
+        raise
+
+
+def _lock(path: Path) -> RunLock:
+    try:
+        return acquire_run_lock(path)
+    except RunDirBusy as error:
+        raise KvevalError(str(error)) from None
+    except OSError as error:
+        raise KvevalError(f"--out {path}: cannot write there ({error.strerror or error})") from None
+
+
+def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, user_prompts: list[dict], show,
+                       lock: RunLock | None) -> RunSetup:
     if _needs_vocabulary(options):
         check_against_vllm([parse_kv(kv).dtype for kv in options.kv], options.engine_args, vllm_vocabulary())
     try:
@@ -187,7 +227,7 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     if length_note:
         show.note(length_note)
     check_keep_layers(options.kv, model_layer_count(model.path), model.name)
-    prompts = _prompts(options, suite, tokenizer, model_limit)
+    prompts = _prompts(options, suite, tokenizer, model_limit, user_prompts)
     documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_doc_fraction, model_limit,
                                   options.seed)
     task_names = list(shape.names) if "tasks" in options.phases else []
@@ -205,6 +245,8 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
         ray = RayCells(options.ray_address or os.environ.get("RAY_ADDRESS"), run, devices_per_cell(options.engine_args),
                        options.cell_timeout, show.note)
     try:
+        if lock is None:   # no --out: the default directory is known only now
+            lock = _lock(run.path)
         gpus_for_cells = ray.gpus_in_cluster if ray else len(hardware["hardware"]["gpus"] or [])
         budget_note = None
         if options.kv_cache_memory is None and options.gpu_memory_utilization is None and not gpus_for_cells:
@@ -229,6 +271,9 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
         manifest["options"]["executor"] = options.executor
         manifest["options"]["kv_budget_note"] = budget_note
         reuse = prepare_run_dir(run, manifest, options.fresh)
+        if not lock.path.is_file():   # --fresh moved the old run (and its lock file) aside
+            lock.release()
+            lock = _lock(run.path)
         try:
             # Task data is part of what every cell reads: written before the first cell, into the run.
             manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
@@ -242,10 +287,12 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
         show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
         if options.diagnose and any(parse_kv(kv).dtype.startswith("fp8") for kv in options.kv):
             run_diagnosis(run, model.path, manifest.get("kv_scales"), show)
-        return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray)
+        return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock)
     except BaseException:
         if ray is not None:  # the Python API may call compare again in this process
             ray.close()
+        if lock is not None:
+            lock.discard()
         raise
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 
 from kveval.errors import KvevalError
+from kveval.files.run_lock import LOCK_NAME
 from kveval.files.rundir import RunDir, StoreError
 from kveval.worker.failures import TRANSIENT_REASONS
 
@@ -74,7 +75,8 @@ def prepare_run_dir(run_dir: RunDir, manifest: dict, fresh: bool = False) -> boo
     if run_dir.path.exists() and not run_dir.path.is_dir():
         raise KvevalError(f"--out {run_dir.path} exists and is not a directory")
     if not run_dir.exists():
-        if run_dir.path.is_dir() and any(run_dir.path.iterdir()):
+        # The run's own lock file (files/run_lock.py) is there already; anything else is not ours.
+        if run_dir.path.is_dir() and any(p.name != LOCK_NAME for p in run_dir.path.iterdir()):
             raise KvevalError(f"--out {run_dir.path} is not empty and is not a kveval run; choose another directory")
         return False
     try:

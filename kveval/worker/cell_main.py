@@ -19,7 +19,7 @@ from pathlib import Path
 from kveval.worker.failures import classify_startup_failure, detect_backend, not_started_record
 from kveval.worker.logfacts import kv_pool_from_log
 from kveval.worker.phases.context import CellContext
-from kveval.files.rundir import RunDir, read_json, write_json_atomic
+from kveval.files.rundir import DISK_FULL_EXIT, DiskFull, RunDir, read_json, write_json_atomic
 from kveval.inputs.workloads import PromptSpec
 
 
@@ -113,6 +113,8 @@ def run_cell(spec: dict) -> dict:
             outcome = PHASES[name](engine, context)
             outcome["seconds"] = time.perf_counter() - began
         except Exception as error:  # noqa: BLE001 - one broken phase must not lose the others
+            if isinstance(error, DiskFull):   # not the phase's fault: the run stops (main)
+                raise
             traceback.print_exc()
             # Keep what a phase that saves as it goes had stored before it broke.
             outcome = {**(facts["phases"].get(name) or {}), "error": f"{type(error).__name__}: {error}",
@@ -132,7 +134,12 @@ def main(argv: list[str]) -> int:
     # A parent that finds this cell stalled sends SIGUSR1 first: every thread's Python stack goes to the
     # cell's log, which then shows where the engine hung.
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    run_cell(read_json(Path(argv[0])))
+    try:
+        run_cell(read_json(Path(argv[0])))
+    except DiskFull as error:
+        # The exit code tells the parent even when the full disk swallows this line in the log.
+        print(f"kveval cell: {error}", file=sys.stderr, flush=True)
+        return DISK_FULL_EXIT
     return 0
 
 

@@ -66,6 +66,25 @@ def test_compare_bad_prompt_file_and_model(tmp_path, default_model_dir):
     _clean_error(result, "config.json")
 
 
+def test_a_huge_prompt_file_or_a_prompt_no_cell_can_take_is_refused_before_any_engine(tmp_path, default_model_dir):
+    from kveval.inputs.workloads import MAX_USER_PROMPTS
+
+    huge = tmp_path / "huge.jsonl"
+    with huge.open("w") as handle:
+        for i in range(100_000):
+            handle.write(json.dumps({"prompt": f"What is {i} plus {i}?"}) + "\n")
+    result = CliRunner().invoke(cli, ["compare", "--prompts", str(huge), "--out", str(tmp_path / "o")])
+    _clean_error(result, f"huge.jsonl:{MAX_USER_PROMPTS + 1}: more than {MAX_USER_PROMPTS:,} prompts")
+    assert not (tmp_path / "o").exists()   # refused before the run directory was made
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"id": "essay", "prompt": "word " * 3000}) + "\n")
+    result = CliRunner().invoke(cli, ["compare", "--prompts", str(long), "--max-model-len", "1024", "2048",
+                                      "--out", str(tmp_path / "o")])
+    _clean_error(result, "prompt 'essay' is 3,0")
+    assert "more than the longest --max-model-len (2,048): no cell could take it" in result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_compare_refuses_to_overwrite_a_different_run(tmp_path, default_model_dir):
     out = tmp_path / "o"
     out.mkdir()
