@@ -434,7 +434,8 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
     out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
                                    f"does not, {base_only} the other way: {why}, nor shown under "
                                    f"{_pct(t.degeneration_noninferiority_margin)} ({detail})",
-               "more generation prompts (--prompts FILE, or a larger `probe` count) show whether the excess is real")
+               "more generation prompts show whether the excess is real: a --prompts FILE of short questions "
+               "(every prompt is generated in every cell and scanned with the probes)")
 
 
 def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool, unmatched: str | None,
