@@ -1,7 +1,9 @@
 """Which cells get another round of task samples, and how many (pure: verdict + evidence in, a plan out).
 
 A tested cell gets another round while it is INCONCLUSIVE *only* because its task accuracy is not yet
-shown non-inferior (or, where its recovery is low, a drop not yet significant). The round is sized for
+shown non-inferior (or, where its recovery is low, a drop not yet significant); and, when another count
+keeps it undecided too (degeneration, divergence), while its recovery is under `task_recovery_min`: more
+samples cannot make it PASS then, but they can show the drop, a FAIL. The round is sized for
 what would decide it at the alpha the next look may spend (analysis/sequential.next_look_size): at least
 double the paired samples so far, never past the budget's samples per cell, and cut to the round time
 left. The cells of one length share a round: the same new samples for them and their baseline.
@@ -67,6 +69,15 @@ def undecided_by_tasks(verdict: Verdict, cell: str) -> bool:
     return open_task and len(reasons) == 1
 
 
+def task_open_among_others(verdict: Verdict, cell: str) -> bool:
+    """INCONCLUSIVE with the task comparison open and at least one other open reason."""
+    if verdict.cells.get(cell) != INCONCLUSIVE:
+        return False
+    reasons = [r for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE]
+    open_task = any(c.cell == cell and c.name == "task_noninferiority" and c.passed is None for c in verdict.checks)
+    return open_task and len(reasons) > 1
+
+
 def task_decided(verdict: Verdict, cell: str) -> bool:
     """The cell's task comparison settled either way (shown non-inferior, or a significant drop)."""
     return any(c.cell == cell and c.name in ("task_noninferiority", "task_recovery") and c.passed is not None
@@ -97,7 +108,14 @@ def plan_round(verdict: Verdict, evidence: dict, budget: Budget, thresholds: Thr
     by_length: dict[int, list[tuple[str, dict, int, int]]] = {}
     for cell, entry in comparisons.items():
         if not undecided_by_tasks(verdict, cell):
-            continue
+            if not task_open_among_others(verdict, cell):
+                continue
+            recovery = entry.get("recovery")
+            if recovery is None or recovery >= thresholds.task_recovery_min:
+                plan.notes.append(f"{cell}: no task round: another count keeps it undecided, which task samples "
+                                  f"cannot settle, and its recovery is not under {100 * thresholds.task_recovery_min:.1f} %")
+                continue
+            # Not PASS whatever the tasks show, but a significant drop would be a FAIL: sample for that.
         n, length = int(entry.get("n") or 0), int(entry["max_model_len"])
         if length not in shapes:
             plan.notes.append(f"{cell}: no new task samples can be made at {length} (only kveval's own tasks "

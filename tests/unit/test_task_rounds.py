@@ -121,6 +121,24 @@ def test_round_sizes_stop_at_the_budget():
     assert not none.rounds and "only kveval's own tasks" in none.notes[0]
 
 
+def test_a_cell_undecided_on_another_count_gets_rounds_only_where_a_drop_could_be_shown():
+    # Healthy SmolLM2 at 2048 on the AVX-512 CPU, every setting default: degeneration undecided (12 vs 7 of
+    # 109) and tasks 3 vs 0 of 54 (recovery 88 %). No PASS can come of more tasks, but a FAIL can.
+    degeneration = Reason(INCONCLUSIVE, "fp8-2048", "fp8-2048: 12 of 109 outputs degenerate where the auto output "
+                                                    "does not")
+    reason, check = _task_open("fp8-2048")
+    verdict = _verdict({"fp8-2048": INCONCLUSIVE}, [degeneration, reason], [check])
+    shapes = {2048: LengthShape(6, 54)}
+    dropping = plan_round(verdict, _evidence({"fp8-2048": _entry(54, 3, 0, acc=0.463, length=2048)}),
+                          parse_budget("600"), T, shapes, None, 0)
+    assert [r.cells for r in dropping.rounds] == [["fp8-2048"]] and dropping.rounds[0].target >= 108
+    steady = plan_round(verdict, _evidence({"fp8-2048": _entry(54, 1, 1, acc=0.463, length=2048)}),
+                        parse_budget("600"), T, shapes, None, 0)
+    assert not steady.rounds
+    assert steady.notes == ["fp8-2048: no task round: another count keeps it undecided, which task samples cannot "
+                            "settle, and its recovery is not under 95.0 %"]
+
+
 # --- round samples join the cell --------------------------------------------------------------------
 
 def _samples(round_number, count, wrong=frozenset(), length=1024):
