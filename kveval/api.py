@@ -76,19 +76,17 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     # Before any engine starts: a bad thresholds file must not cost a run.
     thresholds = resolve_thresholds(None, options.gate_config, options.gate_overrides)
     show = progress if progress is not None else ConsoleProgress()
+    setup = None
     try:
         setup = set_up_run(options, show)   # holds the run directory's lock from here on
-    except DiskFull as error:
-        raise KvevalError(_disk_full_message(error, options.out)) from None
-    try:
         # Stored before any cell runs: a later `kveval report` / `gate` re-judges with the run's own limits.
         write_json_atomic(setup.run.thresholds_path, thresholds.to_dict())
         run_matrix(setup, thresholds, show)
         return report(setup.run.path, progress=show, thresholds=thresholds)
     except DiskFull as error:
-        raise KvevalError(_disk_full_message(error, setup.run.path)) from None
+        raise KvevalError(_disk_full_message(error, setup.run.path if setup else options.out)) from None
     finally:
-        if setup.lock is not None:
+        if setup is not None and setup.lock is not None:
             setup.lock.release()
 
 

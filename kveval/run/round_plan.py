@@ -60,22 +60,23 @@ class RoundPlan:
     notes: list[str] = field(default_factory=list)   # why a cell gets no round (budget, no baseline, ...)
 
 
+def _open_task_reasons(verdict: Verdict, cell: str) -> int:
+    """How many INCONCLUSIVE reasons the cell has when its task comparison is open; 0 otherwise."""
+    if verdict.cells.get(cell) != INCONCLUSIVE:
+        return 0
+    if not any(c.cell == cell and c.name == "task_noninferiority" and c.passed is None for c in verdict.checks):
+        return 0
+    return sum(1 for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE)
+
+
 def undecided_by_tasks(verdict: Verdict, cell: str) -> bool:
     """INCONCLUSIVE with one reason only, and that reason the task comparison still open."""
-    if verdict.cells.get(cell) != INCONCLUSIVE:
-        return False
-    reasons = [r for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE]
-    open_task = any(c.cell == cell and c.name == "task_noninferiority" and c.passed is None for c in verdict.checks)
-    return open_task and len(reasons) == 1
+    return _open_task_reasons(verdict, cell) == 1
 
 
 def task_open_among_others(verdict: Verdict, cell: str) -> bool:
     """INCONCLUSIVE with the task comparison open and at least one other open reason."""
-    if verdict.cells.get(cell) != INCONCLUSIVE:
-        return False
-    reasons = [r for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE]
-    open_task = any(c.cell == cell and c.name == "task_noninferiority" and c.passed is None for c in verdict.checks)
-    return open_task and len(reasons) > 1
+    return _open_task_reasons(verdict, cell) > 1
 
 
 def task_decided(verdict: Verdict, cell: str) -> bool:
