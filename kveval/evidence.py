@@ -87,6 +87,15 @@ def _diff_evidence(workloads: list[dict], cells: dict[str, dict]) -> dict:
             "examples": records(first_diverging_examples(pairs))}
 
 
+def _degeneration_design(facts: dict | None, looks: list[int] | None) -> dict:
+    """looks / n_max / final of a cell's degeneration comparison when a design applies to it (rounds
+    were planned); {} otherwise, so evidence of a run without rounds keeps its shape."""
+    design = (((facts or {}).get("phases") or {}).get("generation") or {}).get("design") or {}
+    if not design.get("n_max") or not looks:
+        return {}
+    return {"looks": [int(n) for n in looks], "n_max": int(design["n_max"]), "final": bool(design.get("final"))}
+
+
 def _degeneration_evidence(workloads: list[dict], cells: dict[str, dict]) -> dict:
     """Per cell the figures the gate reads (outputs, new_degenerate), plus every finding."""
     findings = scan_cells(workloads, cells)
@@ -105,6 +114,8 @@ def _degeneration_evidence(workloads: list[dict], cells: dict[str, dict]) -> dic
             "baseline_only_degenerate": None if row["baseline_only_degenerate"] is None
             else int(row["baseline_only_degenerate"]),
             "outputs_with_findings": row["outputs_with_findings"],
+            # The sequential design where rounds added probes (files/task_rounds.py): looks, n_max, final.
+            **_degeneration_design(cells.get(row["cell"]), row.get("looks")),
             "detectors": {d: row[d] for d in DETECTORS},
             "token_limit_rate": row["token_limit_rate"],
         }

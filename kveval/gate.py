@@ -413,12 +413,19 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
         out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, True,
                   f"{detail}; allowed {allowed:g}")
         return
-    lower = excess_lower_bound(judged, new, base_only, t.alpha)
-    upper = excess_upper_bound(judged, new, base_only, t.alpha)
-    detail += f", {_pct(1 - 2 * t.alpha)} interval {_pct(lower)} to {_pct(upper)} (Tango score)"
+    # Rounds of new probes are judged at every round, like task samples: each look tests at the alpha
+    # it may spend (analysis/sequential.py); without rounds, the fixed-sample test at t.alpha.
+    look = look_alpha(entry.get("looks") or [judged], entry.get("n_max"), t.alpha, bool(entry.get("final", True)))
+    level = look.alpha
+    lower = excess_lower_bound(judged, new, base_only, level) if level > 0 else -1.0
+    upper = excess_upper_bound(judged, new, base_only, level) if level > 0 else 1.0
+    detail += f", {_pct(1 - 2 * level)} interval {_pct(lower)} to {_pct(upper)} (Tango score)"
+    if look.sequential:
+        detail += (f"; look {look.number} of a sequential design over at most {entry.get('n_max')} outputs, "
+                   f"alpha {_g(level)} of {t.alpha:g} spent here{' (the final look)' if look.final else ''}")
     # Both: the exact test keeps a few outputs (3 of 3: p 0.125) from deciding, where the asymptotic
     # bound alone would; the bound keeps a significant but small excess (12 vs 4 of 109) from it.
-    if p < t.alpha and lower > t.max_new_degenerate_share:
+    if p < level and lower > t.max_new_degenerate_share:
         out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, False, detail)
         out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
                                f"same prompt does not, {base_only} the other way ({detail}: lower bound > "
@@ -429,13 +436,25 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
                   f"{detail}; the excess is shown under {_pct(t.degeneration_noninferiority_margin)}")
         return
     out.check("degeneration_noninferiority", cell, upper, t.degeneration_noninferiority_margin, None, detail)
-    why = ("not significant" if p >= t.alpha else
+    why = ("not significant" if p >= level else
            f"the excess is not shown to be above {_pct(t.max_new_degenerate_share)}")
     out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
                                    f"does not, {base_only} the other way: {why}, nor shown under "
                                    f"{_pct(t.degeneration_noninferiority_margin)} ({detail})",
-               "more generation prompts show whether the excess is real: a --prompts FILE of short questions "
-               "(every prompt is generated in every cell and scanned with the probes)")
+               _more_probes_hint(entry, look))
+
+
+def _more_probes_hint(entry: dict, look) -> str:
+    """What would decide an open degeneration comparison, in the run's own terms."""
+    n_max = entry.get("n_max")
+    if n_max and not look.final:
+        return (f"more probe outputs: rounds of new probes continue up to {n_max} per cell within --budget "
+                "(a larger --budget allows more)")
+    if n_max:
+        return ("more probe outputs than were judged here: a --prompts FILE of short questions (each is generated in "
+                "every cell and scanned with the probes), or a larger --budget while kveval's own probes last")
+    return ("more generation prompts show whether the excess is real: rounds of new probes (--budget), or a "
+            "--prompts FILE of short questions (every prompt is generated in every cell and scanned with the probes)")
 
 
 def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool, unmatched: str | None,

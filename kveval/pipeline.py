@@ -29,7 +29,7 @@ class Review:
 
 def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, dict], thresholds: Thresholds) -> Review:
     """Evidence from the stored files, the verdict on it, and every output written into the run."""
-    evidence = build_evidence(manifest, run.load_workloads(), cells, kv_ranges=run.load_kv_ranges())
+    evidence = build_evidence(manifest, run.load_workloads(manifest), cells, kv_ranges=run.load_kv_ranges())
     return write_review(run, manifest, evidence, evaluate(evidence, thresholds))
 
 

@@ -8,6 +8,8 @@
 # now-fa-old:     today's kveval, the same settings, kept layers forced onto FLASH_ATTN (FA3)
 # now-fa-default: today's kveval, FLASH_ATTN forced, every other setting default (CUDA graphs, memory)
 # now-triton-old: today's kveval with its own choice for kept layers (TRITON_ATTN), that run's settings
+# now-fa-graphs-half: FLASH_ATTN, CUDA graphs, --gpu-memory-utilization 0.5, fp8:keep=0 and auto, scoring
+#                 only: is the smaller memory share alone the trigger, or only with --enforce-eager?
 # Every job: fp8:keep=0 fp8:keep=0,1 auto at 8192, generation and scoring only (the divergence that
 # showed KL 13.8), no remedy, no diagnosis; --cell-timeout bounds a hung cell.
 set -uo pipefail
@@ -39,6 +41,11 @@ for job in $what; do
     now-fa-default)
       python3 -m kveval compare --model "\$gguf" \$common --engine-arg attention_backend=FLASH_ATTN \
         --stall-timeout 90 --out /tmp/runs/now-fa-default > /tmp/runs/now-fa-default.log 2>&1 ;;
+    now-fa-graphs-half)
+      python3 -m kveval compare --model "\$gguf" --kv fp8:keep=0 auto --max-model-len 8192 --suite quick --phases scoring \
+        --tasks none --remedy off --no-diagnose --cell-timeout 420 --gpu-memory-utilization 0.5 \
+        --engine-arg attention_backend=FLASH_ATTN --stall-timeout 90 --out /tmp/runs/now-fa-graphs-half \
+        > /tmp/runs/now-fa-graphs-half.log 2>&1 ;;
     now-triton-old)
       python3 -m kveval compare --model "\$gguf" \$common \$old_settings \
         --stall-timeout 90 --out /tmp/runs/now-triton-old > /tmp/runs/now-triton-old.log 2>&1 ;;

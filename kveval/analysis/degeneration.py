@@ -484,6 +484,15 @@ def _baseline_only(findings: pd.DataFrame, cells: dict[str, dict], name: str, wo
     return count
 
 
+def _cumulative(rounds: list[int]) -> list[int]:
+    """Counts after each round present in `rounds` (round numbers, one per output), cumulative."""
+    looks, total = [], 0
+    for number in sorted(set(rounds)):
+        total += rounds.count(number)
+        looks.append(total)
+    return looks
+
+
 def degeneration_summary(findings: pd.DataFrame, cells: dict[str, dict], workloads: list[dict]) -> pd.DataFrame:
     """Per started cell: outputs scanned, outputs with (new) findings, count per detector, token-limit rate.
 
@@ -501,9 +510,10 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, dict], workloa
         new = failures[failures["new_vs_baseline"].fillna(False).astype(bool)]
         is_base = facts.get("kv_cache_dtype") == BASELINE_KV
         # Outputs with a baseline output for the same prompt: only these can show "new" degeneration.
-        judged = None if is_base else sum(
-            1 for _, prompt, _ in _scanned(workloads, {name: facts}, {name: records[name]})
-            if _baseline_source(cells, name, prompt["id"], BASELINE_KV, records) is not None)
+        judged_rounds = [] if is_base else [
+            int(record.get("round") or 0) for _, prompt, record in _scanned(workloads, {name: facts}, {name: records[name]})
+            if _baseline_source(cells, name, prompt["id"], BASELINE_KV, records) is not None]
+        judged = None if is_base else len(judged_rounds)
         # The other discordant cell of the paired 2×2 (gate: McNemar's test): prompts whose baseline
         # output degenerates while this cell's does not.
         baseline_only = None if is_base else _baseline_only(findings, cells, name, workloads, records,
@@ -513,11 +523,15 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, dict], workloa
                "outputs": len(outputs),
                "outputs_with_findings": int(failures["prompt"].nunique()),
                "outputs_with_new_findings": int(new["prompt"].nunique()), "judged_outputs": judged,
-               "baseline_only_degenerate": baseline_only}
+               "baseline_only_degenerate": baseline_only,
+               # Judged outputs after each round that added some (rounds of new probes, run/rounds.py):
+               # the looks of the sequential design. One look when there were no rounds.
+               "looks": None if is_base else _cumulative(judged_rounds)}
         for detector in DETECTORS:
             row[detector] = int((mine["detector"] == detector).sum())
         row["token_limit_rate"] = limited / len(outputs) if outputs else None
         rows.append(row)
     columns = ["cell", "kv_cache_dtype", "max_model_len", "outputs", "outputs_with_findings",
-               "outputs_with_new_findings", "judged_outputs", "baseline_only_degenerate", *DETECTORS, "token_limit_rate"]
+               "outputs_with_new_findings", "judged_outputs", "baseline_only_degenerate", "looks", *DETECTORS,
+               "token_limit_rate"]
     return pd.DataFrame(rows, columns=columns)

@@ -10,7 +10,9 @@ that finds the disk full leaves the previous version and raises DiskFull. The la
     DIR/scoring.json            documents every cell scores teacher-forced (token ids)
     DIR/cells/<cell>.json       one cell's facts (start-up, capacity, phases)
     DIR/cells/<cell>.log        that cell's process output (vLLM's own words)
-    DIR/cells/<cell>.tasks-r<k>.json   a later round of that cell's task samples (read with the cell)
+    DIR/cells/<cell>.tasks-r<k>.json   a later round of that cell's evidence (task samples, probe outputs;
+                                read with the cell)
+    DIR/rounds/probes-r<k>.json the new degeneration probes of round k (read with the workloads)
     DIR/.kveval.lock            held by the live run (files/run_lock.py)
     DIR/kv_ranges.json          per-layer K/V ranges (the diagnosis pass), when the run made one
     DIR/results.json            evidence + verdict (`kveval report` writes it; .json.gz in published reports)
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kveval.files import schema
-from kveval.files.task_rounds import design_of, merge_rounds, round_cell_id, rounds_of
+from kveval.files.task_rounds import design_of, merge_rounds, round_cell_id, rounds_of, streams_of
 
 SCHEMA_VERSION = schema.MANIFEST_VERSION
 
@@ -248,8 +250,22 @@ class RunDir:
         """results.json (or .json.gz): the stored evidence and verdict, validated."""
         return _validated("results", self.results_path)
 
-    def load_workloads(self) -> list[dict]:
-        return read_json(self.workloads_path) if self.workloads_path.is_file() else []
+    ROUNDS_DIR = "rounds"
+
+    def round_probes_path(self, round_number: int) -> Path:
+        """The prompts of round k's degeneration probes (run/rounds.py), PromptSpec dicts like workloads.json."""
+        return self.path / self.ROUNDS_DIR / f"probes-r{round_number}.json"
+
+    def load_workloads(self, manifest: dict | None = None) -> list[dict]:
+        """workloads.json, then every later round's probes the manifest records (each round once)."""
+        prompts = read_json(self.workloads_path) if self.workloads_path.is_file() else []
+        seen: set[str] = set()
+        for entry in ((manifest or {}).get("task_rounds") or {}).get("rounds") or []:
+            relative = (entry.get("probes") or {}).get("file")
+            if relative and relative not in seen and (self.path / relative).is_file():
+                seen.add(relative)
+                prompts = prompts + read_json(self.path / relative)
+        return prompts
 
     def load_kv_ranges(self) -> dict | None:
         """The per-layer K/V range measurement, or None when this run made none."""
@@ -277,12 +293,14 @@ class RunDir:
 
     def load_cells(self, manifest: dict | None = None) -> dict[str, dict]:
         """Cells in the manifest's planned order; a planned cell with no file yet is left out. A cell
-        with later task rounds (manifest `task_rounds`) carries their samples too (files/task_rounds.py)."""
+        with later rounds (manifest `task_rounds`) carries their task samples and probe outputs too
+        (files/task_rounds.py)."""
         manifest = manifest or self.load_manifest()
         cells = {}
         for planned in manifest.get("cells", []):
             data = self.load_cell(planned["id"])
             if data is not None:
                 rounds = [(k, self.load_cell(round_cell_id(planned["id"], k))) for k in rounds_of(manifest, planned["id"])]
-                cells[planned["id"]] = merge_rounds(data, rounds, design_of(manifest, planned["id"]))
+                cells[planned["id"]] = merge_rounds(data, rounds, design_of(manifest, planned["id"]),
+                                                    streams_of(manifest, planned["id"]))
         return cells

@@ -199,16 +199,22 @@ class Remedy(FileModel):
 
 
 class TaskRound(FileModel):
-    """One more round of task samples at one length (run/rounds.py): its cells (the baseline first)
-    each ran the tasks phase alone on new samples in data_dir, stored as cells/<cell>.tasks-r<round>.json."""
+    """One more round of evidence at one length (run/rounds.py): its cells (the baseline first) each ran,
+    in a process of its own stored as cells/<cell>.tasks-r<round>.json, the tasks phase on new samples in
+    data_dir (task_cells) and/or the generation phase on the round's new degeneration probes (probe_cells,
+    the prompts in `probes`). Rounds from before degeneration rounds have neither list: all ran tasks."""
 
     round: int
     max_model_len: int
     cells: list[str]
-    data_dir: str
+    data_dir: Optional[str]
     samples_per_point: int
     limit: Optional[int]
-    target: int                   # paired samples per cell this round aims to reach
+    target: int                   # paired task samples per cell this round aims to reach
+    task_cells: Optional[list[str]] = None
+    probe_cells: Optional[list[str]] = None
+    probes: Optional[dict[str, Any]] = None   # {"file": relative path, "start": n, "count": n}
+    probe_target: Optional[int] = None        # judged outputs per cell this round aims to reach
 
 
 class TaskRounds(FileModel):
@@ -221,6 +227,7 @@ class TaskRounds(FileModel):
     final: list[str]
     stopped: Optional[str]
     notes: list[str]
+    final_degeneration: list[str] = []   # cells whose degeneration comparison is still open at the end
 
 
 class Manifest(FileModel):
@@ -572,6 +579,10 @@ class DegenerationCell(FileModel):
     outputs_with_findings: int
     detectors: dict[str, int]
     token_limit_rate: Optional[Number]
+    baseline_only_degenerate: Optional[int] = None   # the other discordant count (None: baseline cells)
+    looks: Optional[list[int]] = None     # judged outputs after each round (only where rounds were planned)
+    n_max: Optional[int] = None           # the design's most outputs per cell
+    final: Optional[bool] = None          # the last look spends the alpha left
 
 
 class Degeneration(FileModel):

@@ -220,9 +220,32 @@ def _run_section(manifest: dict, evidence: dict) -> str:
         + (f"; GPUs: {escape_cell('; '.join(hardware.get('gpus')), None)}" if hardware.get("gpus") else "; no GPU")
         + (f"; CPU flags: {' '.join(hardware.get('cpu_flags', []))}" if not hardware.get("gpus") else ""),
         _remote_code_line(options),
+        _rounds_line(manifest.get("task_rounds")),
         f"- **Created:** {manifest.get('created')}",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def _rounds_line(record: dict | None) -> str | None:
+    """What the rounds of more evidence did (run/rounds.py) and why they stopped; None without rounds."""
+    if not record:
+        return None
+    rounds = record.get("rounds") or []
+    done = []
+    for entry in rounds:
+        parts = []
+        task_cells = [c for c in (entry.get("task_cells") if entry.get("task_cells") is not None
+                                  else entry.get("cells") or [])[1:]]
+        if task_cells:
+            parts.append(f"task samples for {', '.join(task_cells)} (aiming at {entry.get('target')} paired)")
+        probe_cells = (entry.get("probe_cells") or [])[1:]
+        if probe_cells:
+            parts.append(f"{(entry.get('probes') or {}).get('count')} new probes for {', '.join(probe_cells)}")
+        done.append(f"round {entry['round']} at {entry['max_model_len']}: {'; '.join(parts)}")
+    budget = (record.get("budget") or {}).get("text")
+    head = f"- **Rounds of more evidence** (`--budget {budget}`): " if budget else "- **Rounds of more evidence:** "
+    body = ("; ".join(done) + ". ") if done else "none. "
+    return head + body + f"Stopped: {record.get('stopped') or 'still running'}."
 
 
 def _remote_code_line(options: dict) -> str | None:

@@ -33,6 +33,7 @@ class CellPlan:
     engine: dict[str, Any]            # EngineSettings fields
     phases: list[str]
     phase_options: dict[str, Any] = field(default_factory=dict)
+    workloads: str | None = None      # the prompts file, relative to the run (None: workloads.json)
 
     def to_dict(self) -> dict:
         return {"id": self.id, "kv_cache_dtype": self.kv_cache_dtype, "max_model_len": self.max_model_len}
@@ -102,7 +103,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
         "kv_spec": plan.kv_cache_dtype,
         "phases": plan.phases,
         "phase_options": plan.phase_options,
-        "workloads_path": str(run_dir.workloads_path.resolve()),
+        "workloads_path": str((run_dir.path / plan.workloads if plan.workloads else run_dir.workloads_path).resolve()),
         "result_path": str(run_dir.cell_path(plan.id).resolve()),
         "events_path": str(run_dir.cell_events_path(plan.id).resolve()),
         "log_path": str(run_dir.cell_log_path(plan.id).resolve()),

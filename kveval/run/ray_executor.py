@@ -92,11 +92,12 @@ def _restore_signal_handlers(handlers: dict) -> None:
 
 
 def run_input_files(run_dir: RunDir) -> dict[str, bytes]:
-    """What a cell reads from its run directory, by relative path: the manifest, prompts, scoring
-    documents, task data and the results of cells already finished (the scoring reference's outputs)."""
+    """What a cell reads from its run directory, by relative path: the manifest, prompts (later rounds'
+    probes too), scoring documents, task data and the results of cells already finished (the scoring reference's outputs)."""
     root = run_dir.path
     paths = [run_dir.manifest_path, run_dir.workloads_path, run_dir.scoring_path]
     paths += sorted((root / RunDir.TASK_DATA_DIR).rglob("*")) if (root / RunDir.TASK_DATA_DIR).is_dir() else []
+    paths += sorted((root / RunDir.ROUNDS_DIR).glob("*.json")) if (root / RunDir.ROUNDS_DIR).is_dir() else []
     paths += [p for p in sorted(run_dir.cells_dir.glob("*.json")) if not p.name.endswith(".spec.json")] \
         if run_dir.cells_dir.is_dir() else []
     return {str(p.relative_to(root)): p.read_bytes() for p in paths if p.is_file()}

@@ -1,12 +1,14 @@
-"""Which cells get another round of task samples, and how many (pure: verdict + evidence in, a plan out).
+"""Which cells get another round of evidence, and how much (pure: verdict + evidence in, a plan out).
 
-A tested cell gets another round while it is INCONCLUSIVE *only* because its task accuracy is not yet
-shown non-inferior (or, where its recovery is low, a drop not yet significant); and, when another count
-keeps it undecided too (degeneration, divergence), while its recovery is under `task_recovery_min`: more
-samples cannot make it PASS then, but they can show the drop, a FAIL. The round is sized for
-what would decide it at the alpha the next look may spend (analysis/sequential.next_look_size): at least
-double the paired samples so far, never past the budget's samples per cell, and cut to the round time
-left. The cells of one length share a round: the same new samples for them and their baseline.
+Two streams of paired evidence can be sampled again: task samples (new task data) and degeneration
+probes (new short questions, generated in the cell and its baseline). A tested cell gets more of a stream
+while that stream's comparison is open and more of it can decide the cell: PASS is within reach when
+every open reason of the cell is a stream being sampled; otherwise only a FAIL is, so a stream is sampled
+only where it leans towards harm (task recovery under `task_recovery_min`; more outputs degenerating only
+in the cell than only in the baseline). A task round is sized for what would decide it at the alpha the
+next look may spend (analysis/sequential.next_look_size); a probe round doubles the judged outputs. Both
+are capped by the budget's samples per cell and cut to the round time left. The cells of one length
+share a round: the same new samples and probes for them and their baseline.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from kveval.analysis.sequential import increasing_looks, next_look_size
+from kveval.analysis.cell_records import BASELINE_KV
 from kveval.gate import INCONCLUSIVE, Thresholds, Verdict
 from kveval.inputs.budget import Budget
 
@@ -31,23 +34,34 @@ class LengthShape:
 
 @dataclass(frozen=True)
 class Costs:
-    """The run's pace, to fit a round into the time left: engine start-up and task time per doc."""
+    """The run's pace, to fit a round into the time left: engine start-up, task time per doc and
+    generation time per probe (None: not known, taken as a task doc's)."""
 
     startup_seconds: float
     seconds_per_doc: float
+    seconds_per_probe: float | None = None
 
 
 @dataclass
 class LengthRound:
-    """One round at one length: the baseline and the undecided cells, on `docs` new docs each."""
+    """One round at one length: the baseline and the undecided cells; `task_cells` get `docs` new task
+    docs each, `probe_cells` the round's `probes` new degeneration probes (the baseline gets both)."""
 
     max_model_len: int
     reference: str
     cells: list[str]
-    target: int                  # paired samples per cell aimed for after the round
-    docs: int                    # new docs per cell
+    target: int                  # paired task samples per cell aimed for after the round (0: no task round)
+    docs: int                    # new task docs per cell
     samples_per_point: int
     limit: int | None            # per task, when fewer docs than whole steps are wanted
+    task_cells: list[str] | None = None    # None: every cell (a round with tasks only)
+    probe_cells: list[str] = field(default_factory=list)
+    probes: int = 0              # new probes per cell of probe_cells
+    probe_target: int = 0        # judged outputs per cell aimed for after the round
+
+    def __post_init__(self) -> None:
+        if self.task_cells is None:
+            self.task_cells = [] if self.docs == 0 else list(self.cells)
 
     @property
     def all_cells(self) -> list[str]:
@@ -101,55 +115,143 @@ def _docs_to_steps(docs: int, shape: LengthShape) -> tuple[int, int | None]:
     return steps, (per_task if per_task < whole else None)
 
 
+def _open(verdict: Verdict, cell: str, check: str) -> bool:
+    return any(c.cell == cell and c.name == check and c.passed is None for c in verdict.checks)
+
+
+def _reference_at(evidence: dict, length: int) -> str | None:
+    """The started baseline cell at this length (a quality reference included)."""
+    for name, cell in (evidence.get("cells") or {}).items():
+        if cell.get("kv_cache_dtype") == BASELINE_KV and cell.get("max_model_len") == length and cell.get("started"):
+            return name
+    return None
+
+
+@dataclass
+class _Want:
+    """What one cell would sample next: new task docs (target, docs) and/or new probes (target, count)."""
+
+    length: int
+    reference: str
+    task_target: int = 0
+    docs: int = 0
+    probe_target: int = 0
+    probes: int = 0
+
+
+def _task_want(cell: str, entry: dict, evidence: dict, budget: Budget, thresholds: Thresholds,
+               shapes: dict[int, LengthShape], notes: list[str]) -> tuple[int, int] | None:
+    """(target, docs) of a task round for the cell, or None with a note saying why not."""
+    n, length = int(entry.get("n") or 0), int(entry["max_model_len"])
+    if length not in shapes:
+        notes.append(f"{cell}: no new task samples can be made at {length} (only kveval's own tasks "
+                     "have generated data)")
+        return None
+    if n >= budget.samples:
+        notes.append(f"{cell}: the budget of {budget.samples} paired samples per cell is spent")
+        return None
+    target = next_look_size(n, int(entry.get("b") or 0), int(entry.get("c") or 0),
+                            float(entry.get("baseline_accuracy") or 0), thresholds.task_noninferiority_margin,
+                            thresholds.alpha, increasing_looks(entry.get("looks") or [n]), budget.samples)
+    if target - n < max(1, n // 4):
+        # What the budget leaves would hardly move the bound: not worth another engine start.
+        notes.append(f"{cell}: the budget of {budget.samples} paired samples per cell is spent "
+                     f"(only {budget.samples - n} left)")
+        return None
+    return target, math.ceil((target - n) / _yield(evidence, cell, n))
+
+
+def _probe_want(cell: str, entry: dict, budget: Budget, probes_left: int, notes: list[str]) -> tuple[int, int] | None:
+    """(target, probes) of a probe round for the cell: double the judged outputs, within the budget's
+    samples per cell and the probes left to draw; None with a note when neither allows a useful round."""
+    judged = int(entry.get("judged_outputs") or 0)
+    if not judged:
+        return None
+    target = min(budget.samples, 2 * judged, judged + probes_left)
+    if target - judged < max(1, judged // 4):
+        why = (f"the budget of {budget.samples} outputs per cell is spent"
+               if budget.samples - judged < max(1, judged // 4) else "kveval's pool of new probes is spent")
+        notes.append(f"{cell}: no probe round: {why}")
+        return None
+    return target, target - judged
+
+
 def plan_round(verdict: Verdict, evidence: dict, budget: Budget, thresholds: Thresholds,
-               shapes: dict[int, LengthShape], costs: Costs | None, seconds_used: float) -> RoundPlan:
-    """The next round per length (shortest first), or none, with a note for every cell left out."""
+               shapes: dict[int, LengthShape], costs: Costs | None, seconds_used: float,
+               probes_left: int | None = None) -> RoundPlan:
+    """The next round per length (shortest first), or none, with a note for every cell left out.
+    `probes_left`: new degeneration probes still to draw (None: no probe rounds in this run)."""
     plan = RoundPlan()
     comparisons = (evidence.get("tasks") or {}).get("cells") or {}
-    by_length: dict[int, list[tuple[str, dict, int, int]]] = {}
-    for cell, entry in comparisons.items():
-        if not undecided_by_tasks(verdict, cell):
-            if not task_open_among_others(verdict, cell):
-                continue
-            recovery = entry.get("recovery")
+    degeneration = (evidence.get("degeneration") or {}).get("cells") or {}
+    wants: dict[str, _Want] = {}
+    for cell, status in verdict.cells.items():
+        if status != INCONCLUSIVE:
+            continue
+        task_open = cell in comparisons and _open(verdict, cell, "task_noninferiority")
+        probe_open = cell in degeneration and _open(verdict, cell, "degeneration_noninferiority")
+        if not (task_open or probe_open):
+            continue
+        open_reasons = sum(1 for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE)
+        task = _task_want(cell, comparisons[cell], evidence, budget, thresholds, shapes, plan.notes) if task_open else None
+        probe = (_probe_want(cell, degeneration[cell], budget, probes_left, plan.notes)
+                 if probe_open and probes_left is not None else None)
+        # PASS is within reach only if every open reason is a stream sampled now; else only a FAIL is.
+        can_pass = open_reasons == (task is not None) + (probe is not None)
+        if task is not None and not can_pass:
+            recovery = comparisons[cell].get("recovery")
             if recovery is None or recovery >= thresholds.task_recovery_min:
                 plan.notes.append(f"{cell}: no task round: another count keeps it undecided, which task samples "
                                   f"cannot settle, and its recovery is not under {100 * thresholds.task_recovery_min:.1f} %")
-                continue
-            # Not PASS whatever the tasks show, but a significant drop would be a FAIL: sample for that.
-        n, length = int(entry.get("n") or 0), int(entry["max_model_len"])
-        if length not in shapes:
-            plan.notes.append(f"{cell}: no new task samples can be made at {length} (only kveval's own tasks "
-                              "have generated data)")
+                task = None
+        if probe is not None and not can_pass:
+            entry = degeneration[cell]
+            if int(entry.get("new_degenerate") or 0) <= int(entry.get("baseline_only_degenerate") or 0):
+                plan.notes.append(f"{cell}: no probe round: another count keeps it undecided, which probes cannot "
+                                  "settle, and its outputs do not degenerate more often than the baseline's")
+                probe = None
+        if task is None and probe is None:
             continue
-        if n >= budget.samples:
-            plan.notes.append(f"{cell}: the budget of {budget.samples} paired samples per cell is spent")
+        length = int((comparisons.get(cell) or degeneration[cell])["max_model_len"])
+        reference = (comparisons.get(cell) or {}).get("reference") or _reference_at(evidence, length)
+        if reference is None:
+            plan.notes.append(f"{cell}: no round: no started {BASELINE_KV} cell at {length} to pair with")
             continue
-        target = next_look_size(n, int(entry.get("b") or 0), int(entry.get("c") or 0),
-                                float(entry.get("baseline_accuracy") or 0), thresholds.task_noninferiority_margin,
-                                thresholds.alpha, increasing_looks(entry.get("looks") or [n]), budget.samples)
-        if target - n < max(1, n // 4):
-            # What the budget leaves would hardly move the bound: not worth another engine start.
-            plan.notes.append(f"{cell}: the budget of {budget.samples} paired samples per cell is spent "
-                              f"(only {budget.samples - n} left)")
-            continue
-        docs = math.ceil((target - n) / _yield(evidence, cell, n))
-        by_length.setdefault(length, []).append((cell, entry, target, docs))
+        want = _Want(length, reference)
+        if task is not None:
+            want.task_target, want.docs = task
+        if probe is not None:
+            want.probe_target, want.probes = probe
+        wants[cell] = want
     left = None if budget.seconds is None else budget.seconds - seconds_used
-    for length in sorted(by_length):
-        group = by_length[length]
-        reference = group[0][1]["reference"]
-        docs = max(d for *_, d in group)
+    for length in sorted({w.length for w in wants.values()}):
+        group = {cell: w for cell, w in wants.items() if w.length == length}
+        reference = next(iter(group.values())).reference
+        docs = max(w.docs for w in group.values())
+        probes = max(w.probes for w in group.values())
         if left is not None and costs is not None:
+            per_probe = costs.seconds_per_probe if costs.seconds_per_probe is not None else costs.seconds_per_doc
             per_cell = left / (len(group) + 1) - costs.startup_seconds
-            fit = int(per_cell / costs.seconds_per_doc) if costs.seconds_per_doc > 0 else docs
-            if fit < min(docs, shapes[length].tasks):
-                plan.notes.append(f"{', '.join(c for c, *_ in group)}: the budget's round time is spent "
-                                  f"({seconds_used / 60:.0f} of {budget.seconds / 60:.0f} min)")
-                continue
-            docs = min(docs, fit)
-            left -= (len(group) + 1) * (costs.startup_seconds + docs * costs.seconds_per_doc)
-        steps, limit = _docs_to_steps(docs, shapes[length])
-        plan.rounds.append(LengthRound(length, reference, [c for c, *_ in group], max(t for _, _, t, _ in group),
-                                       docs, steps, limit))
+            work = docs * costs.seconds_per_doc + probes * per_probe
+            if work > 0 and per_cell < work:
+                share = max(0.0, per_cell) / work   # cut both streams alike to the time left
+                docs, probes = int(docs * share), int(probes * share)
+                if docs < min(max(w.docs for w in group.values()), shapes.get(length, LengthShape(1, 1)).tasks):
+                    docs = 0
+                if probes < 10:   # a handful of probes would hardly move the bound
+                    probes = 0
+                if not docs and not probes:
+                    plan.notes.append(f"{', '.join(group)}: the budget's round time is spent "
+                                      f"({seconds_used / 60:.0f} of {budget.seconds / 60:.0f} min)")
+                    continue
+            left -= (len(group) + 1) * (costs.startup_seconds + docs * costs.seconds_per_doc + probes * per_probe)
+        task_cells = [c for c, w in group.items() if w.docs and docs]
+        probe_cells = [c for c, w in group.items() if w.probes and probes]
+        steps, limit = _docs_to_steps(docs, shapes[length]) if docs else (1, None)
+        plan.rounds.append(LengthRound(length, reference, [c for c in group if c in task_cells or c in probe_cells],
+                                       max((w.task_target for c, w in group.items() if c in task_cells), default=0),
+                                       docs, steps, limit, task_cells=task_cells, probe_cells=probe_cells,
+                                       probes=probes,
+                                       probe_target=max((w.probe_target for c, w in group.items() if c in probe_cells),
+                                                        default=0)))
     return plan

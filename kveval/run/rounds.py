@@ -1,11 +1,13 @@
-"""Task evidence until decided: after the planned (and remedy) cells, rounds of the tasks phase on new
-samples for the cells still undecided by task accuracy, until each is decided or the budget is spent.
+"""Evidence until decided: after the planned (and remedy) cells, rounds of new task samples and of new
+degeneration probes for the cells still undecided by them, until each is decided or the budget is spent.
 
-Per round and length: new task data (another seed, ids ending in -r<k>) in taskdata/L<len>/r<k>/; the
-`auto` baseline and each undecided cell run the tasks phase alone, each in its own cell process, stored
-as cells/<cell>.tasks-r<k>.json; RunDir.load_cells pools the rounds' samples into the cell
-(files/task_rounds.py) and the gate judges every look at the alpha it may spend (analysis/sequential.py).
-The manifest's `task_rounds` records the budget, the rounds and the cells whose last look is final.
+Per round and length: new task data (another seed, ids ending in -r<k>) in taskdata/L<len>/r<k>/ and/or
+new probes (questions from data/probes_rounds.jsonl no earlier round used) in rounds/probes-r<k>.json;
+the `auto` baseline and each undecided cell run the tasks phase and/or the generation phase on those
+probes, each in its own cell process, stored as cells/<cell>.tasks-r<k>.json; RunDir.load_cells pools
+the rounds' samples and outputs into the cell (files/task_rounds.py) and the gate judges every look at
+the alpha it may spend (analysis/sequential.py). The manifest's `task_rounds` records the budget, the
+rounds and the cells whose last look is final.
 
 Resuming: the plan is a function of the stored files (round time is the stored processes' seconds, not
 the clock), so the same command plans the same rounds and finished round cells are reused.
@@ -15,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from kveval.files.rundir import RunDir, StoreError, read_json
+from kveval.files.rundir import RunDir, StoreError, read_json, write_json_atomic
 from kveval.files.task_rounds import round_cell_id
 from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.model_config import load_tokenizer
 from kveval.inputs.task_data import TASKS, write_task_data
+from kveval.inputs.workloads import round_probe_pool_size, round_probe_prompts
 from kveval.pipeline import judge_stored_run
 from kveval.run.cell_process import CellPlan
 from kveval.run.plan import cell_plan
@@ -43,13 +46,27 @@ def round_shapes(manifest: dict) -> dict[int, LengthShape]:
     return shapes
 
 
+def _seconds_per_output(cells: dict[str, dict]) -> float | None:
+    """Generation seconds per output over the cells run (long context prompts included: an upper figure
+    for a short probe)."""
+    seconds = outputs = 0.0
+    for facts in cells.values():
+        phase = (facts.get("phases") or {}).get("generation") or {}
+        if phase.get("seconds") and phase.get("records"):
+            seconds += float(phase["seconds"])
+            outputs += len(phase["records"])
+    return seconds / outputs if outputs else None
+
+
 def round_costs(cells: dict[str, dict], evidence: dict) -> Costs | None:
-    """Start-up and task seconds per doc from the cells already run (None before any task ran)."""
+    """Start-up, task seconds per doc and generation seconds per output from the cells already run
+    (None before any of them ran)."""
     per_doc = ((evidence.get("tasks") or {}).get("pace") or {}).get("seconds_per_sample")
+    per_probe = _seconds_per_output(cells)
     starts = [f["startup_seconds"] for f in cells.values() if f.get("started") and f.get("startup_seconds")]
-    if not per_doc:
+    if not per_doc and not per_probe:
         return None
-    return Costs(sum(starts) / len(starts) if starts else 0.0, float(per_doc))
+    return Costs(sum(starts) / len(starts) if starts else 0.0, float(per_doc or per_probe), per_probe)
 
 
 def seconds_used(run: RunDir, rounds: list[dict]) -> float:
@@ -65,8 +82,10 @@ def seconds_used(run: RunDir, rounds: list[dict]) -> float:
     return total
 
 
-def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str, kv_of: dict[str, str]) -> list[CellPlan]:
-    """One tasks-only cell plan per cell of the round, engine settings as the cell's own."""
+def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | None, probes_file: str | None,
+                 kv_of: dict[str, str]) -> list[CellPlan]:
+    """One cell plan per cell of the round, engine settings as the cell's own: the tasks phase for its
+    task cells, the generation phase on the round's probes for its probe cells (the baseline both)."""
     plans = []
     for cell in length_round.all_cells:
         base = cell_plan(setup.options, setup.model.path, setup.phase_options, kv_of[cell], length_round.max_model_len,
@@ -75,11 +94,20 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str, k
         if reference:  # a quality reference keeps the KV budget it was started with (run/reference.py)
             base = dataclasses.replace(base, engine={**base.engine,
                                                      "kv_cache_memory_bytes": reference["kv_cache_memory_bytes"]})
-        # Only kveval's own tasks get new samples; an lm-eval task would repeat its first round's.
-        tasks = {**setup.phase_options["tasks"], "tasks": [t for t in setup.phase_options["tasks"]["tasks"] if t in TASKS],
-                 "limit": length_round.limit, "data_dir": data_dir}
-        plans.append(dataclasses.replace(base, id=round_cell_id(cell, number), phases=["tasks"],
-                                         phase_options={**setup.phase_options, "tasks": tasks}))
+        is_reference = cell == length_round.reference
+        phases = []
+        if probes_file and (cell in length_round.probe_cells or (is_reference and length_round.probe_cells)):
+            phases.append("generation")
+        phase_options = dict(setup.phase_options)
+        if data_dir and (cell in length_round.task_cells or (is_reference and length_round.task_cells)):
+            phases.append("tasks")
+            # Only kveval's own tasks get new samples; an lm-eval task would repeat its first round's.
+            phase_options["tasks"] = {**setup.phase_options["tasks"],
+                                      "tasks": [t for t in setup.phase_options["tasks"]["tasks"] if t in TASKS],
+                                      "limit": length_round.limit, "data_dir": data_dir}
+        plans.append(dataclasses.replace(base, id=round_cell_id(cell, number), phases=phases,
+                                         phase_options=phase_options,
+                                         workloads=probes_file if "generation" in phases else None))
     return plans
 
 
@@ -89,21 +117,34 @@ def _forget_if_changed(run: RunDir, plan: CellPlan) -> None:
         spec = read_json(run.cell_spec_path(plan.id)) if run.cell_spec_path(plan.id).is_file() else None
     except StoreError:
         spec = None
-    if spec is not None and (spec.get("phase_options") or {}).get("tasks") != plan.phase_options["tasks"]:
+    if spec is not None and ((spec.get("phase_options") or {}).get("tasks") != plan.phase_options.get("tasks")
+                             or list(spec.get("phases") or []) != list(plan.phases)):
         run.cell_path(plan.id).unlink(missing_ok=True)
 
 
 class _Data:
-    """Writes a round's task data; the tokenizer is loaded on the first round only."""
+    """Writes a round's task data and probes; the tokenizer is loaded on the first round only."""
 
     def __init__(self, setup):
         self.setup, self.tokenizer = setup, None
 
+    def _tokenizer(self):
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.setup.model.path,
+                                            trust_remote_code=self.setup.options.engine_args.get("trust_remote_code") is True)
+        return self.tokenizer
+
+    def write_probes(self, number: int, start: int, count: int) -> dict:
+        """Round `number`'s probes (questions start .. start+count of the round pool) in rounds/probes-r<k>.json."""
+        prompts = round_probe_prompts(self._tokenizer(), number, start, count, seed=self.setup.manifest["options"]["seed"])
+        path = self.setup.run.round_probes_path(number)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, [p.to_dict() for p in prompts], compact=True)
+        return {"file": str(path.relative_to(self.setup.run.path)), "start": start, "count": len(prompts)}
+
     def write(self, number: int, length_round: LengthRound) -> str:
         setup = self.setup
-        if self.tokenizer is None:
-            self.tokenizer = load_tokenizer(setup.model.path,
-                                            trust_remote_code=setup.options.engine_args.get("trust_remote_code") is True)
+        self._tokenizer()
         options = setup.manifest["options"]
         relative = f"{RunDir.TASK_DATA_DIR}/L{length_round.max_model_len}/r{number}"
         write_task_data(self.tokenizer, setup.run.task_data_path(relative), length_round.max_model_len,
@@ -114,18 +155,40 @@ class _Data:
 
 
 def _paired(evidence: dict) -> dict[str, int]:
-    return {cell: int(entry.get("n") or 0) for cell, entry in ((evidence.get("tasks") or {}).get("cells") or {}).items()}
+    """Per cell, paired task samples plus judged probe outputs: what a round must add to."""
+    out: dict[str, int] = {}
+    for cell, entry in ((evidence.get("tasks") or {}).get("cells") or {}).items():
+        out[cell] = int(entry.get("n") or 0)
+    for cell, entry in ((evidence.get("degeneration") or {}).get("cells") or {}).items():
+        if entry.get("judged_outputs"):
+            out[cell] = out.get(cell, 0) + int(entry["judged_outputs"])
+    return out
+
+
+def _probes_used(record: dict) -> int:
+    """Round-pool probes drawn so far (each round's file once)."""
+    seen = {}
+    for entry in record["rounds"]:
+        probes = entry.get("probes") or {}
+        if probes.get("file"):
+            seen[probes["file"]] = int(probes.get("start", 0)) + int(probes.get("count", 0))
+    return max(seen.values(), default=0)
 
 
 def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) -> None:
-    """Rounds until every tested cell is decided by task accuracy or the budget is spent; then the cells
-    whose task comparison is still open are marked final (their last look spends the alpha left)."""
+    """Rounds until every tested cell is decided by its task samples and probe outputs or the budget is
+    spent; then the cells whose task or degeneration comparison is still open are marked final (their
+    last look spends the alpha left)."""
     budget = parse_budget(setup.options.budget)
-    if not budget.samples or "tasks" not in setup.options.phases or not round_shapes(setup.manifest):
+    task_rounds = "tasks" in setup.options.phases and bool(round_shapes(setup.manifest))
+    probe_pool = round_probe_pool_size() if "generation" in setup.options.phases else 0
+    if not budget.samples or not (task_rounds or probe_pool):
         return
     run, manifest = setup.run, setup.manifest
+    # Planned afresh on a resume too: the plan is a function of the stored files, so finished round cells
+    # are reused (module docstring).
     record = {"budget": budget.to_dict(), "n_max": budget.samples, "rounds": [], "final": [], "stopped": None,
-              "notes": []}
+              "notes": [], "final_degeneration": []}
     manifest["task_rounds"] = record
     run.write_manifest(manifest)
     data = _Data(setup)
@@ -140,25 +203,33 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
             break
         if number > MAX_ROUNDS:
             break
-        plan = plan_round(review.verdict, review.evidence, budget, thresholds, round_shapes(manifest),
-                          round_costs(cells, review.evidence), seconds_used(run, record["rounds"]))
+        plan = plan_round(review.verdict, review.evidence, budget, thresholds,
+                          round_shapes(manifest) if task_rounds else {},
+                          round_costs(cells, review.evidence), seconds_used(run, record["rounds"]),
+                          probes_left=max(0, probe_pool - _probes_used(record)) if probe_pool else None)
         record["notes"] = plan.notes
         if not plan.rounds:
             stopped = _why_stopped(plan)
             break
         waiting = {c: paired.get(c, 0) for r in plan.rounds for c in r.cells}
         kv_of = {name: facts["kv_cache_dtype"] for name, facts in cells.items()}
+        probe_count = max(r.probes for r in plan.rounds)
+        probes = data.write_probes(number, _probes_used(record), probe_count) if probe_count else None
         plans = []
         for length_round in plan.rounds:
-            relative = data.write(number, length_round)
+            relative = data.write(number, length_round) if length_round.task_cells else None
             record["rounds"].append({"round": number, "max_model_len": length_round.max_model_len,
                                      "cells": length_round.all_cells, "data_dir": relative,
                                      "samples_per_point": length_round.samples_per_point,
-                                     "limit": length_round.limit, "target": length_round.target})
-            plans += _round_plans(setup, number, length_round, relative, kv_of)
-            show.note(f"Task round {number} at {length_round.max_model_len}: {', '.join(length_round.cells)} "
-                      f"undecided by task accuracy; about {length_round.docs} new samples each (aiming at "
-                      f"{length_round.target} paired), with {length_round.reference}")
+                                     "limit": length_round.limit, "target": length_round.target,
+                                     # The baseline (first) takes part in every stream of the round.
+                                     "task_cells": _with_reference(length_round, length_round.task_cells),
+                                     "probe_cells": _with_reference(length_round, length_round.probe_cells),
+                                     "probes": probes if length_round.probe_cells else None,
+                                     "probe_target": length_round.probe_target or None})
+            plans += _round_plans(setup, number, length_round, relative,
+                                  probes["file"] if probes and length_round.probe_cells else None, kv_of)
+            show.note(_round_note(number, length_round))
         run.write_manifest(manifest)
         for cell_round in plans:
             _forget_if_changed(run, cell_round)
@@ -166,18 +237,35 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     _finish(run, manifest, record, review, stopped, show)
 
 
+def _with_reference(length_round: LengthRound, cells: list[str]) -> list[str]:
+    return [length_round.reference, *cells] if cells else []
+
+
+def _round_note(number: int, length_round: LengthRound) -> str:
+    parts = []
+    if length_round.task_cells:
+        parts.append(f"{', '.join(length_round.task_cells)} undecided by task accuracy: about {length_round.docs} new "
+                     f"task samples each (aiming at {length_round.target} paired)")
+    if length_round.probe_cells:
+        parts.append(f"{', '.join(length_round.probe_cells)} undecided by degeneration: {length_round.probes} new probes "
+                     f"each (aiming at {length_round.probe_target} judged outputs)")
+    return f"Round {number} at {length_round.max_model_len}: {'; '.join(parts)}; with {length_round.reference}"
+
+
 def _why_stopped(plan: RoundPlan) -> str:
     if plan.notes:
         return "; ".join(plan.notes)
-    return "every tested cell is decided, or undecided for a reason more task samples cannot settle"
+    return "every tested cell is decided, or undecided for a reason more task samples and probes cannot settle"
 
 
 def _finish(run: RunDir, manifest: dict, record: dict, review, stopped: str, show) -> None:
-    """Mark as final every tested cell whose task comparison is still open at the last judgment (`review`,
-    of every round's samples): no look follows, so the last one spends the alpha left."""
+    """Mark as final every tested cell whose task or degeneration comparison is still open at the last
+    judgment (`review`, of every round's samples): no look follows, so the last one spends the alpha left."""
     tested = [name for name in ((review.evidence.get("tasks") or {}).get("cells") or {})]
     record["final"] = [name for name in tested if not task_decided(review.verdict, name)]
+    record["final_degeneration"] = [c.cell for c in review.verdict.checks
+                                    if c.name == "degeneration_noninferiority" and c.passed is None]
     record["stopped"] = stopped
     run.write_manifest(manifest)
     if record["rounds"]:
-        show.note(f"Task rounds stopped: {stopped}")
+        show.note(f"Rounds stopped: {stopped}")

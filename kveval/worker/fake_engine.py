@@ -14,6 +14,8 @@ It is a deterministic toy, not a model. What it keeps true to vLLM is what kveva
 Damage, from KVEVAL_FAKE_DAMAGE (JSON; default `{}`): `{"fp8_noise": 0.15, "layers": {"3": 0.6}}`. An
 FP8 cell's logit noise is `fp8_noise` plus the entries of `layers` that the cell does not keep, so
 keeping the damaged layers heals it, as a working `kv_cache_dtype_skip_layers` does.
+`"loops": {"auto": 0.08, "fp8": 0.2}`: the share of prompts whose greedy answer falls into a loop, per
+KV dtype (auto's rate for a cell not named); each prompt draws once per dtype, so some loop in both.
 """
 from __future__ import annotations
 
@@ -76,6 +78,10 @@ class Engine:
         per_layer = 2 * heads * head_dim
         self.bytes_per_token = per_layer * ((layers - kept_layers) * (1 if fp8 else 2) + kept_layers * 2) if fp8 \
             else per_layer * layers * 2
+        loops = damage.get("loops") or {}
+        kind = "fp8" if fp8 else "auto"
+        self.loop_rate = float(loops.get(kind, loops.get("auto", 0.0)))
+        self._loop_kind = kind
         budget = settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES
         self.pool_tokens = budget // self.bytes_per_token // _BLOCK * _BLOCK
 
@@ -87,7 +93,8 @@ class Engine:
         if settings.max_model_len > limit:
             raise ValueError(f"User-specified max_model_len ({settings.max_model_len}) is greater than the derived "
                              f"max_model_len (max_position_embeddings={limit} in model's config.json).")
-        engine = cls(settings, config, json.loads(os.environ.get("KVEVAL_FAKE_DAMAGE") or "{}"))
+        damage = json.loads(os.environ.get("KVEVAL_FAKE_DAMAGE") or "{}")
+        engine = cls(settings, config, damage)
         if engine.pool_tokens < settings.max_model_len:
             need = settings.max_model_len * engine.bytes_per_token / 2 ** 30
             have = (settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES) / 2 ** 30
@@ -129,6 +136,11 @@ class Engine:
         for step in range(max_tokens):
             salt = "auto" if step < follow else self.settings.kv_cache_dtype
             out.append(_FIRST_TOKEN + int(_unit(key, step, salt) * _SPAN))
+        if self.loop_rate and _unit(key, "loop", self._loop_kind) < self.loop_rate and max_tokens >= 16:
+            # A loop that replaces the answer early: a three-token cycle from a quarter of the way in.
+            start = max_tokens // 4
+            cycle = out[start:start + 3]
+            out = out[:start] + [cycle[i % 3] for i in range(max_tokens - start)]
         return out
 
     def generate(self, token_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,

@@ -306,6 +306,6 @@ def test_a_quality_reference_keeps_its_own_kv_budget_in_rounds(tmp_path):
     setup.manifest["quality_references"] = {"auto-2048.reference": {"for": "auto-2048",
                                                                     "kv_cache_memory_bytes": 80 * 2 ** 20}}
     plans = rounds_module._round_plans(setup, 1, LengthRound(2048, "auto-2048.reference", ["fp8-2048"], 24, 12, 1, None),
-                                       "taskdata/L2048/r1", {"auto-2048.reference": "auto", "fp8-2048": "fp8"})
+                                       "taskdata/L2048/r1", None, {"auto-2048.reference": "auto", "fp8-2048": "fp8"})
     budgets = {plan.id: plan.engine["kv_cache_memory_bytes"] for plan in plans}
     assert budgets == {"auto-2048.reference.tasks-r1": 80 * 2 ** 20, "fp8-2048.tasks-r1": 40 * 2 ** 20}
