@@ -6,7 +6,9 @@ MAX_MODEL_LEN: tuple[int, ...] = (2048, 8192, 32768)  # one cell per KV configur
 BASELINE_KV = "auto"                                  # the KV dtype every other configuration is judged against
 SEED = 0
 SUITE = "standard"                                    # kveval.inputs.suites.SUITES
-PHASES: tuple[str, ...] = ("generation", "scoring", "tasks", "speed", "throughput")  # in this order, every cell
+# Every phase a cell can run (worker/phases.PHASES, which the architecture test keeps equal), in this
+# order, and the default for every cell.
+PHASES: tuple[str, ...] = ("generation", "scoring", "tasks", "speed", "throughput")
 CELL_TIMEOUT_S = 3600.0                               # a cell is stopped after this long
 # A started cell whose engine reports no progress (no finished step) for this long is stopped as stalled:
 # on the H200 a kept-layer remedy cell once hung in scoring for over 5 minutes where plain FP8 took 4 s.

@@ -255,7 +255,7 @@ class Manifest(FileModel):
 # Two shapes:
 # - started: cell, kv_cache_dtype, max_model_len, engine_settings, complete, phases, started=True,
 #   startup_seconds, capacity, info, logged_capacity [+ process, + crash].
-# - did not start (worker/failures.not_started_record, whether the child or the parent writes it):
+# - did not start (files/startup_failure.not_started_record, whether the child or the parent writes it):
 #   cell, kv_cache_dtype, max_model_len, engine_settings, complete, phases={}, started=False,
 #   startup_seconds, failure, logged_capacity, info [+ process {exit_code, seconds, timed_out}].
 #   Files written before that record was shared lack engine_settings and startup_seconds when

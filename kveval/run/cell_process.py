@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from kveval import defaults
 from kveval.run.death import explain_death, log_tail
-from kveval.worker.failures import StartupFailure, classify_startup_failure, not_started_record
+from kveval.files.startup_failure import StartupFailure, classify_startup_failure, not_started_record
 from kveval.files.rundir import DISK_FULL_EXIT, NO_SPACE_WORDS, DiskFull, RunDir, write_json_atomic
 
 

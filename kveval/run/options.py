@@ -11,7 +11,6 @@ from kveval.errors import KvevalError
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpecError, parse_kv
 from kveval.run.remedy import REMEDY_MODES
-from kveval.worker.phases import PHASES
 
 
 @dataclass
@@ -105,9 +104,9 @@ def validate_options(options: CompareOptions) -> None:
     for length in options.max_model_len:
         if int(length) < 64:
             raise KvevalError(f"--max-model-len {length} is too small (at least 64)")
-    unknown = [p for p in options.phases if p not in PHASES]
+    unknown = [p for p in options.phases if p not in defaults.PHASES]
     if unknown:
-        raise KvevalError(f"unknown phase(s) {', '.join(unknown)}; known: {', '.join(PHASES)}")
+        raise KvevalError(f"unknown phase(s) {', '.join(unknown)}; known: {', '.join(defaults.PHASES)}")
     if options.gpu_memory_utilization is not None and not 0 < options.gpu_memory_utilization <= 1:
         raise KvevalError("--gpu-memory-utilization must be in (0, 1]")
     for name in ("speed_runs", "speed_max_tokens"):

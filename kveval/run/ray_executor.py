@@ -31,7 +31,7 @@ from typing import Callable
 from kveval.errors import KvevalError
 from kveval.files.rundir import RunDir, write_bytes_atomic, write_json_atomic
 from kveval.run.cell_process import CellPlan, run_cell_process
-from kveval.worker.failures import StartupFailure, not_started_record
+from kveval.files.startup_failure import StartupFailure, not_started_record
 
 # Environment the cells' engines read: sent to every node so a cell behaves as it would locally.
 _FORWARDED_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_")

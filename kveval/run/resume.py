@@ -7,7 +7,7 @@ import datetime as _dt
 from kveval.errors import KvevalError
 from kveval.files.run_lock import LOCK_NAME
 from kveval.files.rundir import RunDir, StoreError
-from kveval.worker.failures import TRANSIENT_REASONS
+from kveval.files.startup_failure import TRANSIENT_REASONS
 
 
 def redo_reason(previous: dict, *, retry_failed: bool, budget_given: bool) -> str | None:

@@ -16,8 +16,8 @@ import time
 import traceback
 from pathlib import Path
 
-from kveval.worker.failures import classify_startup_failure, detect_backend, not_started_record
-from kveval.worker.logfacts import kv_pool_from_log
+from kveval.files.startup_failure import classify_startup_failure, detect_backend, not_started_record
+from kveval.files.logfacts import kv_pool_from_log
 from kveval.worker.phases.context import CellContext
 from kveval.files.rundir import DISK_FULL_EXIT, DiskFull, RunDir, read_json, write_json_atomic
 from kveval.inputs.workloads import PromptSpec

@@ -92,3 +92,12 @@ def test_render_builds_no_evidence():
     graph = _graph()
     for module in (m for m in MODULES if _part(m) == "render"):
         assert not graph[module] & walkers, f"{module} imports {sorted(graph[module] & walkers)}"
+
+
+def test_run_imports_nothing_from_worker_and_knows_every_phase_by_name():
+    # The parent starts cells as processes; what both sides need lives in files/ or defaults.
+    assert not [m for m in MODULES if _part(m) == "run" and any(_part(t) == "worker" for t in _graph()[m])]
+    from kveval import defaults
+    from kveval.worker.phases import PHASES
+
+    assert set(defaults.PHASES) == set(PHASES)

@@ -1,4 +1,4 @@
-"""Tests for kveval.worker.failures: start-up failure classification from vLLM logs.
+"""Tests for kveval.files.startup_failure: start-up failure classification from vLLM logs.
 
 Error texts are the ones recorded in shared/reference/FACTS.md (seen on these
 machines) or copied from vLLM's source (vllm 0.32.0 in the venv:
@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from kveval.worker.failures import (
+from kveval.files.startup_failure import (
     MAX_MESSAGE_CHARS,
     REASONS,
     StartupFailure,

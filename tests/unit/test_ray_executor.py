@@ -15,7 +15,7 @@ from kveval.files.rundir import RunDir, write_json_atomic
 from kveval.run.cell_process import CellPlan
 from kveval.run.parallel import run_in_parallel
 from kveval.run.ray_executor import cell_files, lost_task_record, run_input_files, unpack_files
-from kveval.worker.failures import TRANSIENT_REASONS
+from kveval.files.startup_failure import TRANSIENT_REASONS
 
 
 def _run_dir(tmp_path) -> RunDir:

@@ -1,4 +1,7 @@
-"""Classify why a vLLM engine failed to start, from its log text.
+"""Why a vLLM engine failed to start, from its log text, and the "did not start" record of a cell.
+
+Both the cell process and the parent write that record (the parent when the child died before it
+could), so it lives with the run files rather than in worker/ or run/.
 
 Pure text processing (no vLLM import): a cell process captures vLLM's
 stdout+stderr, including the engine-core child's log and tracebacks, and the
@@ -427,7 +430,7 @@ def not_started_record(cell: str, kv_cache_dtype: str, max_model_len: int, failu
                        info: dict | None = None) -> dict:
     """The result file of a cell whose engine did not start. One shape whoever writes it: the child
     (the engine raised) or the parent (the child died or timed out before the engine was up)."""
-    from kveval.worker.logfacts import kv_pool_from_log
+    from kveval.files.logfacts import kv_pool_from_log
 
     return {
         "cell": cell, "kv_cache_dtype": kv_cache_dtype, "max_model_len": max_model_len,
