@@ -134,3 +134,9 @@ def validate_options(options: CompareOptions) -> None:
         parse_budget(options.budget)
     except ValueError as error:
         raise KvevalError(str(error)) from None
+    specs = [parse_kv(kv) for kv in options.kv]
+    if not any(spec.dtype == "auto" for spec in specs):
+        # Every verdict is against `auto` at the same length: without it every phase would run and then
+        # nothing could be judged.
+        raise KvevalError(f"--kv {' '.join(options.kv)}: no `auto` baseline to judge against; add it "
+                          f"(--kv {' '.join(options.kv)} auto)")

@@ -51,6 +51,8 @@ def test_report_on_missing_or_foreign_directory(tmp_path):
     (["--engine-arg", "novalue"], "novalue"),
     (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
     (["--suite", "huge"], "huge"),
+    (["--kv", "fp8", "fp8:keep=0"], "--kv fp8 fp8:keep=0: no `auto` baseline to judge against; add it "
+                                    "(--kv fp8 fp8:keep=0 auto)"),
 ])
 def test_compare_rejects_bad_options_cleanly(args, fragment, tmp_path):
     result = CliRunner().invoke(cli, ["compare", "--out", str(tmp_path / "o"), *args])

@@ -309,3 +309,4 @@ def test_a_quality_reference_keeps_its_own_kv_budget_in_rounds(tmp_path):
                                        "taskdata/L2048/r1", None, {"auto-2048.reference": "auto", "fp8-2048": "fp8"})
     budgets = {plan.id: plan.engine["kv_cache_memory_bytes"] for plan in plans}
     assert budgets == {"auto-2048.reference.tasks-r1": 80 * 2 ** 20, "fp8-2048.tasks-r1": 40 * 2 ** 20}
+
