@@ -618,6 +618,7 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
         defects.append({"cell": second, "message": f"{first} and {second} have identical per-position figures on "
                                                    f"{same['n_positions']} positions: the kept-layer setting did not "
                                                    "reach the engine (vLLM ignored it, or kveval did not pass it)"})
+    defects += _kept_layers_on_fa3(out, evidence, {d["cell"] for d in defects})
     # A stalled cell's missing phases are explained by the stall: their "not measured" reasons would
     # only send the reader after a baseline that is there.
     out.reasons = [r for r in out.reasons if not (r.cell in stalled and r.level == INCONCLUSIVE)]
@@ -629,6 +630,31 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
         out.reason(INCONCLUSIVE, defect["cell"], defect["message"],
                    "a defect of the engine path (or of kveval), not of the model's FP8 quality: try another vLLM "
                    "version or attention backend, and report it with the cell's log")
+    return defects
+
+
+# The engine path behind the KL 13.8 run (reports/h200-qwen2.5-coder-1.5b-keep-layers-bisect): vLLM 0.26's
+# FlashAttention builds FA3's ahead-of-time schedule with the global fp8 dtype for layers kept in bf16.
+KEPT_LAYERS_DEFECTIVE_BACKEND = "FLASH_ATTN"
+
+
+def _kept_layers_on_fa3(out: _Collector, evidence: dict, known: set[str]) -> list[dict]:
+    """A cell that keeps layers, ran them on FlashAttention and FAILs: that path is known to turn the
+    kept layers to garbage (it did so on the H200 with --gpu-memory-utilization 0.5 --enforce-eager, KL
+    13.8, and served them well with defaults), so its failure is not evidence about FP8."""
+    defects = []
+    for row in evidence.get("startup") or []:
+        cell = row.get("cell")
+        if (cell in known or row.get("attention_backend") != KEPT_LAYERS_DEFECTIVE_BACKEND
+                or ":keep=" not in str(row.get("kv_cache_dtype") or "") or FAIL not in out.levels(cell)):
+            continue
+        defects.append({"cell": cell, "message": f"{cell}: its kept layers ran on FlashAttention (FA3), whose "
+                                                 "ahead-of-time schedule vLLM 0.26 builds with the global fp8 dtype "
+                                                 "for layers kept in the model dtype; that path has turned them to "
+                                                 "garbage (KL 13.8 on the H200, where the same cells pass on default "
+                                                 "settings), so this FAIL says nothing of FP8 quality. Run "
+                                                 "kept layers on TRITON_ATTN (kveval's choice unless "
+                                                 "--engine-arg attention_backend=... says otherwise)"})
     return defects
 
 
