@@ -21,6 +21,7 @@ from kveval.gate import INCONCLUSIVE, Thresholds, Verdict
 from kveval.inputs.budget import Budget
 
 MAX_ROUNDS = 8   # doubling from 12 paired samples reaches the default 600 in six
+MIN_PROBE_ROUND = 50   # new probes per round at least
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ def _probe_want(cell: str, entry: dict, budget: Budget, probes_left: int, notes:
     judged = int(entry.get("judged_outputs") or 0)
     if not judged:
         return None
-    target = min(budget.samples, 2 * judged, judged + probes_left)
+    # Double, but never a round of a handful (a run with few prompts): each round costs engine starts.
+    target = min(budget.samples, max(2 * judged, judged + MIN_PROBE_ROUND), judged + probes_left)
     if target - judged < max(1, judged // 4):
         why = (f"the budget of {budget.samples} outputs per cell is spent"
                if budget.samples - judged < max(1, judged // 4) else "kveval's pool of new probes is spent")

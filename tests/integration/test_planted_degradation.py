@@ -22,6 +22,7 @@ SETTINGS = dict(
     kv=["fp8", "auto"], max_model_len=[1024], kv_cache_memory="40MiB", enforce_eager=True, suite="quick",
     counts={"short_256": 2, "short_512": 0, "probe": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0},
     phases=("generation", "scoring"), diagnose=False, remedy="off",  # test_remedy_engine.py covers those
+    budget="0",  # one look: rounds of probes are tested on the fake engine (test_degeneration_rounds.py)
 )
 
 

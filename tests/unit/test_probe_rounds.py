@@ -67,6 +67,9 @@ def test_probe_rounds_stop_at_the_budget_and_the_pool():
     assert not dry.rounds and "pool of new probes is spent" in dry.notes[0]
     off = plan_round(_open_degeneration(), _evidence(), parse_budget("600"), T, {}, None, 0, probes_left=None)
     assert not off.rounds and not off.notes          # no generation phase in the run: no probe stream at all
+    few = plan_round(_open_degeneration(), _evidence(judged=3, new=3, base_only=0), parse_budget("600"), T, {}, None,
+                     0, probes_left=500)
+    assert few.rounds[0].probes == 50                # never a round of a handful
 
 
 def test_with_another_count_open_probes_go_only_where_loops_lean_to_harm():
