@@ -10,6 +10,9 @@
 # now-triton-old: today's kveval with its own choice for kept layers (TRITON_ATTN), that run's settings
 # now-fa-graphs-half: FLASH_ATTN, CUDA graphs, --gpu-memory-utilization 0.5, fp8:keep=0 and auto, scoring
 #                 only: is the smaller memory share alone the trigger, or only with --enforce-eager?
+# qwen-layer0:    issue 23 part 4 on the engine: fp8, fp8 with every layer but 0 kept in bf16 (only layer 0's
+#                 cache in FP8) and auto, all on TRITON_ATTN (no Q quantization, unlike FA3), defaults
+#                 otherwise, with the K/V/Q range pass: does layer 0's cache alone collapse the model?
 # Every job: fp8:keep=0 fp8:keep=0,1 auto at 8192, generation and scoring only (the divergence that
 # showed KL 13.8), no remedy, no diagnosis; --cell-timeout bounds a hung cell.
 set -uo pipefail
@@ -46,6 +49,11 @@ for job in $what; do
         --tasks none --remedy off --no-diagnose --cell-timeout 420 --gpu-memory-utilization 0.5 \
         --engine-arg attention_backend=FLASH_ATTN --stall-timeout 90 --out /tmp/runs/now-fa-graphs-half \
         > /tmp/runs/now-fa-graphs-half.log 2>&1 ;;
+    qwen-layer0)
+      keep=\$(seq -s, 1 27)
+      python3 -m kveval compare --model "\$gguf" --kv fp8 fp8:keep=\$keep auto --max-model-len 8192 --suite quick \
+        --phases generation scoring --tasks none --remedy off --engine-arg attention_backend=TRITON_ATTN \
+        --stall-timeout 90 --cell-timeout 420 --out /tmp/runs/qwen-layer0 > /tmp/runs/qwen-layer0.log 2>&1 ;;
     now-triton-old)
       python3 -m kveval compare --model "\$gguf" \$common \$old_settings \
         --stall-timeout 90 --out /tmp/runs/now-triton-old > /tmp/runs/now-triton-old.log 2>&1 ;;
