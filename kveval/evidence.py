@@ -11,7 +11,7 @@ from kveval.analysis.acceptance import acceptance_matrix, rejections
 from kveval.analysis.attribution import identical_specs, remedy_attribution
 from kveval.analysis.capacity import pool_by_length, startup_table
 from kveval.analysis.capacity_model import capacity_rows
-from kveval.analysis.cell_records import BASELINE_KV, generation_records
+from kveval.analysis.cell_records import BASELINE_KV, generation_records, stored_spec
 from kveval.analysis.degeneration import DETECTORS, INFORMATIONAL_DETECTORS, degeneration_summary, scan_cells
 from kveval.analysis.diff import diff_pairs, diff_summary, first_diverging_examples
 from kveval.analysis.divergence import cell_divergence
@@ -21,7 +21,6 @@ from kveval.analysis.speed import speed_table
 from kveval.analysis.throughput import throughput_table
 from kveval.analysis.task_accuracy import task_evidence
 from kveval.files import schema
-from kveval.inputs.kvspec import parse_kv
 
 RESULTS_SCHEMA_VERSION = schema.RESULTS_VERSION
 
@@ -171,8 +170,8 @@ def scoring_top_k(manifest: dict, cells: dict[str, dict]) -> list[int]:
 
 def diagnosis_evidence(manifest: dict, kv_ranges: dict | None) -> dict:
     """Per tested FP8 dtype: the per-layer K/V ranges against its range at the scale vLLM uses."""
-    dtypes = sorted({parse_kv(kv).dtype for kv in (manifest.get("options") or {}).get("kv", [])
-                     if parse_kv(kv).dtype.startswith("fp8")})
+    specs = [stored_spec(kv) for kv in (manifest.get("options") or {}).get("kv", [])]
+    dtypes = sorted({spec.dtype for spec in specs if spec and spec.dtype.startswith("fp8")})
     if not dtypes or kv_ranges is None:
         return {}
     if kv_ranges.get("error"):

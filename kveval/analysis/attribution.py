@@ -25,9 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import wilcoxon
 
-from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV, stored_spec
 from kveval.analysis.divergence import compare_sequences, default_edges, scored_sequences
-from kveval.inputs.kvspec import KVSpecError, parse_kv
 
 BLOCK_POSITIONS = 64
 """Positions per block: long enough that neighbouring blocks are close to independent, short enough
@@ -100,10 +99,7 @@ def pair_figures(plain: pd.DataFrame, remedy: pd.DataFrame) -> dict:
 
 
 def _spec(facts: dict):
-    try:
-        return parse_kv(facts.get("kv_cache_dtype") or "auto")
-    except KVSpecError:
-        return None
+    return stored_spec(facts.get("kv_cache_dtype") or "auto")
 
 
 def remedy_pairs(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> list[tuple[str, str, str]]:

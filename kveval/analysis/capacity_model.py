@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-from kveval.inputs.kvspec import parse_kv
+from kveval.analysis.cell_records import stored_spec
+from kveval.inputs.kvspec import KVSpec
 
 # Bytes per element of each KV-cache dtype; `auto` (and a ModelOpt baseline) is the model dtype.
 DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "bfloat16": 2, "float16": 2, "half": 2,
@@ -28,14 +29,13 @@ MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEVIATION_LIMIT = 0.03   # a measured pool further than 3 % from the prediction is flagged
 
 
-def bytes_per_token(layout: dict, kv_spec: str, model_dtype: str = "bfloat16",
+def bytes_per_token(layout: dict, spec: KVSpec, model_dtype: str = "bfloat16",
                     every_layer_full: bool = False) -> int | None:
     """K and V bytes one token costs across all layers, for a KV spec such as `fp8` or `fp8:keep=0,1`;
     None when the layout cannot be predicted this way (sliding-window layers, unless the engine cached
     them as full attention; an unknown dtype)."""
     if not layout or (layout.get("sliding_window_layers") and not every_layer_full):
         return None
-    spec = parse_kv(kv_spec)
     full = MODEL_DTYPE_BYTES.get(model_dtype, 2)
     cache = full if spec.dtype == "auto" else DTYPE_BYTES.get(spec.dtype)
     if cache is None:
@@ -51,9 +51,8 @@ def predicted_pool(budget_bytes: float, per_token: int, block_size: int) -> dict
     return {"blocks": blocks, "tokens": blocks * block_size}
 
 
-def element_bytes(kv_spec: str, model_dtype: str = "bfloat16") -> int | None:
+def element_bytes(spec: KVSpec, model_dtype: str = "bfloat16") -> int | None:
     """Bytes per cached element of a KV spec with no layers kept; None for mixed or unknown ones."""
-    spec = parse_kv(kv_spec)
     if spec.keep:
         return None
     return MODEL_DTYPE_BYTES.get(model_dtype, 2) if spec.dtype == "auto" else DTYPE_BYTES.get(spec.dtype)
@@ -83,12 +82,12 @@ def hybrid_blocks_per_request(layout: dict, max_model_len: int, block_size: int,
             + sliding_groups * (math.ceil(held / block_size) + 1))
 
 
-def hybrid_pool(layout: dict, kv_spec: str, model_dtype: str, budget_bytes: float, block_size: int,
+def hybrid_pool(layout: dict, spec: KVSpec, model_dtype: str, budget_bytes: float, block_size: int,
                 max_model_len: int, max_num_batched_tokens: int | None) -> dict | None:
     """Blocks, pool tokens (as vLLM reports them) and the longest max_model_len that starts, for a
     model with sliding-window layers under the hybrid allocator; None for layers kept in another dtype
     (mixed page sizes, which this model does not follow)."""
-    per_element = element_bytes(kv_spec, model_dtype)
+    per_element = element_bytes(spec, model_dtype)
     if per_element is None:
         return None
     size, _, _ = hybrid_groups(layout["layers"], layout["sliding_window_layers"])
@@ -129,7 +128,7 @@ def _model_for(layout: dict | None, capacity: dict) -> str | None:
     return "hybrid"
 
 
-def predict_cell(layout: dict | None, kv: str, model_dtype: str, budget: float | None, block: int | None,
+def predict_cell(layout: dict | None, spec: KVSpec, model_dtype: str, budget: float | None, block: int | None,
                  length: int, capacity: dict) -> dict:
     """The prediction for one cell: per_token (plain layouts), tokens, blocks, largest_max_model_len;
     or `why` it is not predicted."""
@@ -139,13 +138,13 @@ def predict_cell(layout: dict | None, kv: str, model_dtype: str, budget: float |
     if kind == "hybrid":
         if not (block and budget):
             return {"why": None}
-        pool = hybrid_pool(layout, kv, model_dtype, budget, block, length, capacity.get("max_num_batched_tokens"))
+        pool = hybrid_pool(layout, spec, model_dtype, budget, block, length, capacity.get("max_num_batched_tokens"))
         if pool is None:
             return {"why": "not predicted: layers kept in the model dtype next to sliding-window groups "
                            "(mixed page sizes)"}
         return {"per_token": None, "tokens": pool["tokens"], "blocks": pool["blocks"],
                 "largest_max_model_len": pool["largest_max_model_len"], "block_bytes": pool["block_bytes"]}
-    per_token = bytes_per_token(layout, kv, model_dtype, every_layer_full=True)
+    per_token = bytes_per_token(layout, spec, model_dtype, every_layer_full=True)
     if per_token is None:
         return {"why": None}
     if not (block and budget):
@@ -175,8 +174,9 @@ def capacity_rows(cells: dict[str, dict], layout: dict | None, model_dtype: str,
         budget, source = budget_bytes, "--kv-cache-memory"
         if budget is None:
             budget, source = implied.get(length, (None, None))
-        prediction = (predict_cell(layout, kv, model_dtype, budget, block, length, capacity or run_capacity)
-                      if kv else {"why": None})
+        spec = stored_spec(kv)
+        prediction = (predict_cell(layout, spec, model_dtype, budget, block, length, capacity or run_capacity)
+                      if spec else {"why": None})
         hybrid = _model_for(layout, capacity or run_capacity) == "hybrid"
         measured = None
         if facts.get("started"):
@@ -225,7 +225,7 @@ def _implied_budgets(cells: dict[str, dict], layout: dict | None, model_dtype: s
         if not (capacity.get("num_blocks") and capacity.get("block_size")):
             continue
         # Any budget works to learn one block's bytes; the blocks are what the engine had.
-        probe = predict_cell(layout, baseline_kv, model_dtype, 1 << 40, capacity["block_size"],
+        probe = predict_cell(layout, KVSpec(baseline_kv), model_dtype, 1 << 40, capacity["block_size"],
                              facts["max_model_len"], capacity)
         if prediction_bytes := probe.get("block_bytes"):
             # The budget lies between these blocks' bytes and one block more; the lower end is what

@@ -1,7 +1,23 @@
 """Small shared readers over stored cell dicts."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from kveval.defaults import BASELINE_KV  # noqa: F401 - the analyses import it from here
+from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
+
+
+@lru_cache(maxsize=None)
+def stored_spec(text: str | None) -> KVSpec | None:
+    """The KV configuration behind a spec text a run stored (a cell's `kv_cache_dtype`, the manifest's
+    --kv values): the one place stored spec texts are read; None for a text this kveval cannot read.
+    The user's --kv is parsed once, in run/options."""
+    if not text:
+        return None
+    try:
+        return parse_kv(text)
+    except KVSpecError:
+        return None
 
 
 def generation_records(facts: dict | None) -> dict[str, dict]:

@@ -3,9 +3,8 @@ a passing one buys against `auto` — e.g. "FP8 fails at 8192 and 32768; FP8 wit
 bfloat16 passes at 8192 and 32768 and holds 1.9× the `auto` pool". Pure: verdict + evidence in."""
 from __future__ import annotations
 
-from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV, stored_spec
 from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS
-from kveval.inputs.kvspec import parse_kv
 
 _WORDS = {PASS: "passes", FAIL: "fails", INCONCLUSIVE: "is inconclusive", NOT_STARTED: "did not start",
           "MISSING": "has no result"}
@@ -35,7 +34,7 @@ def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: dict) -> str
     if not passing:
         return None
     ratio = lambda kv: _pool_ratio(evidence.get("pools") or [], kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
-    return max(passing, key=lambda kv: (ratio(kv), -len(parse_kv(kv).keep)))
+    return max(passing, key=lambda kv: (ratio(kv), -len(stored_spec(kv).keep)))
 
 
 def _specs_by_status(verdict, evidence: dict) -> dict[str, dict[str, list[int]]]:
@@ -55,7 +54,7 @@ def deploy_line(verdict, evidence: dict) -> str | None:
     if spec is None:
         return None
     lengths = _lengths(_specs_by_status(verdict, evidence)[spec][PASS])
-    return f"Deploy (passes at {lengths}): `vllm serve MODEL {parse_kv(spec).vllm_flags()}{_backend_flag(spec, evidence)}`"
+    return f"Deploy (passes at {lengths}): `vllm serve MODEL {stored_spec(spec).vllm_flags()}{_backend_flag(spec, evidence)}`"
 
 
 def _backend_flag(spec: str, evidence: dict) -> str:
@@ -79,7 +78,7 @@ def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> s
         return f"Nothing was judged: no tested cell besides `{BASELINE_KV}`."
     sentences = []
     for kv, statuses in by_spec.items():
-        spec = parse_kv(kv)
+        spec = stored_spec(kv)
         parts = [f"{_WORDS[s]} at {_lengths(statuses[s])}" for s in (FAIL, PASS, INCONCLUSIVE, NOT_STARTED, "MISSING")
                  if statuses.get(s)]
         sentence = f"{spec.label(model_dtype)} " + ", ".join(parts)

@@ -19,7 +19,6 @@ from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writa
 from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.checkpoint_scales import read_kv_scales
-from kveval.inputs.kvspec import parse_kv
 from kveval.inputs.model_config import (kv_layout, load_tokenizer, model_dtype, model_layer_count, model_length_limit,
                                         prompt_format, served_length_limit)
 from kveval.inputs.models import ModelError, ModelInfo, resolve_model
@@ -53,7 +52,7 @@ _KNOWN_KV_DTYPES = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"
 
 
 def _needs_vocabulary(options: CompareOptions) -> bool:
-    return bool(options.engine_args) or any(parse_kv(kv).dtype not in _KNOWN_KV_DTYPES for kv in options.kv)
+    return bool(options.engine_args) or any(spec.dtype not in _KNOWN_KV_DTYPES for spec in options.kv_specs)
 
 
 def _cpu_concurrency(options: CompareOptions, suite: Suite) -> int:
@@ -213,7 +212,7 @@ def _lock(path: Path) -> RunLock:
 def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, user_prompts: list[dict], show,
                        lock: RunLock | None) -> RunSetup:
     if _needs_vocabulary(options):
-        check_against_vllm([parse_kv(kv).dtype for kv in options.kv], options.engine_args, vllm_vocabulary())
+        check_against_vllm([spec.dtype for spec in options.kv_specs], options.engine_args, vllm_vocabulary())
     try:
         model = resolve_model(options.model, progress=show.note)
     except ModelError as error:
@@ -226,7 +225,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
     options = dataclasses.replace(options, max_model_len=lengths)
     if length_note:
         show.note(length_note)
-    check_keep_layers(options.kv, model_layer_count(model.path), model.name)
+    check_keep_layers(options.kv_specs, model_layer_count(model.path), model.name)
     prompts = _prompts(options, suite, tokenizer, model_limit, user_prompts)
     documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_doc_fraction, model_limit,
                                   options.seed)
@@ -285,7 +284,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         except OSError as error:
             raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
         show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
-        if options.diagnose and any(parse_kv(kv).dtype.startswith("fp8") for kv in options.kv):
+        if options.diagnose and any(spec.dtype.startswith("fp8") for spec in options.kv_specs):
             run_diagnosis(run, model.path, manifest.get("kv_scales"), show)
         return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock)
     except BaseException:
@@ -307,8 +306,8 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
         for attempt in range(2):
             review = judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
             remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
-            extra = [cell_plan(options, setup.model.path, setup.phase_options, kv, length, setup.baseline_dtype)
-                     for kv, length in remedy["cells"]]
+            extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype)
+                     for spec, length in remedy["cells"]]
             if attempt and not extra:
                 break
             if remedy["notes"]:

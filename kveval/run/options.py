@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -9,7 +10,7 @@ from typing import Any, Sequence
 from kveval import defaults
 from kveval.errors import KvevalError
 from kveval.inputs.budget import parse_budget
-from kveval.inputs.kvspec import KVSpecError, parse_kv
+from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
 from kveval.run.remedy import REMEDY_MODES
 
 
@@ -51,6 +52,17 @@ class CompareOptions:
     executor: str = "local"                     # local: cell processes on this machine; ray: Ray tasks
     ray_address: str | None = None              # --executor ray: the cluster (None: $RAY_ADDRESS, else local)
     budget: str | int | None = None             # task rounds until decided: samples per cell and/or time (inputs/budget.py)
+
+    @property
+    def kv_specs(self) -> tuple[KVSpec, ...]:
+        """The --kv values as configurations: the one place the user's KV specs are read (after
+        validate_options, which refuses any that do not parse)."""
+        return _specs(tuple(self.kv))
+
+
+@functools.lru_cache(maxsize=64)
+def _specs(texts: tuple[str, ...]) -> tuple[KVSpec, ...]:
+    return tuple(parse_kv(text) for text in texts)
 
 
 # Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
@@ -134,8 +146,7 @@ def validate_options(options: CompareOptions) -> None:
         parse_budget(options.budget)
     except ValueError as error:
         raise KvevalError(str(error)) from None
-    specs = [parse_kv(kv) for kv in options.kv]
-    if not any(spec.dtype == "auto" for spec in specs):
+    if not any(spec.dtype == "auto" for spec in options.kv_specs):
         # Every verdict is against `auto` at the same length: without it every phase would run and then
         # nothing could be judged.
         raise KvevalError(f"--kv {' '.join(options.kv)}: no `auto` baseline to judge against; add it "

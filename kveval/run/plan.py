@@ -9,7 +9,7 @@ from typing import Sequence
 from kveval import defaults
 from kveval.errors import KvevalError
 from kveval.files.rundir import cell_id
-from kveval.inputs.kvspec import KVSpec, parse_kv
+from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.units import parse_size
 from kveval.inputs.workloads import CTX_1K_TOKENS, document_tokens
 from kveval.run.cell_process import CellPlan
@@ -60,14 +60,14 @@ def lengths_for_model(lengths: Sequence[int], given: bool, limit: tuple[int, str
                   f"{ceiling:,} tokens ({derivation})")
 
 
-def check_keep_layers(kv: Sequence[str], layers: int | None, model_name: str) -> None:
+def check_keep_layers(specs: Sequence[KVSpec], layers: int | None, model_name: str) -> None:
     """fp8:keep=N with N past the model's last layer would silently keep nothing."""
     if layers is None:
         return
-    for text in kv:
-        beyond = [k for k in parse_kv(text).keep if k.isdigit() and int(k) >= layers]
+    for spec in specs:
+        beyond = [k for k in spec.keep if k.isdigit() and int(k) >= layers]
         if beyond:
-            raise KvevalError(f"--kv {text}: {model_name} has layers 0-{layers - 1}; no layer {', '.join(beyond)}")
+            raise KvevalError(f"--kv {spec.text}: {model_name} has layers 0-{layers - 1}; no layer {', '.join(beyond)}")
 
 
 def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_limit: int | None,
@@ -86,26 +86,25 @@ def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_
 def plan_cells(options: CompareOptions, model_path: str, phase_options: dict,
                baseline_dtype: str | None = None) -> list[CellPlan]:
     """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length."""
-    specs = [parse_kv(kv).text for kv in options.kv]
-    kv_order = sorted(dict.fromkeys(specs), key=lambda kv: (kv != "auto", specs.index(kv)))
+    specs = list(dict.fromkeys(options.kv_specs))
+    kv_order = sorted(specs, key=lambda spec: (spec.dtype != "auto", specs.index(spec)))
     plans = []
     for length in sorted(dict.fromkeys(int(x) for x in options.max_model_len)):
-        for kv in kv_order:
-            plans.append(cell_plan(options, model_path, phase_options, kv, length, baseline_dtype))
+        for spec in kv_order:
+            plans.append(cell_plan(options, model_path, phase_options, spec, length, baseline_dtype))
     return plans
 
 
-def cell_plan(options: CompareOptions, model_path: str, phase_options: dict, kv: str, length: int,
+def cell_plan(options: CompareOptions, model_path: str, phase_options: dict, spec: KVSpec, length: int,
               baseline_dtype: str | None = None) -> CellPlan:
     """One cell: a KV spec (e.g. fp8, fp8:keep=0) at one max_model_len. `baseline_dtype`: what the
     `auto` baseline really runs when vLLM would resolve `auto` to FP8 for this checkpoint."""
-    spec = parse_kv(kv)
-    if spec.dtype == "auto" and baseline_dtype:
-        spec = KVSpec(baseline_dtype)
+    engine_spec = KVSpec(baseline_dtype) if spec.dtype == "auto" and baseline_dtype else spec
     kv_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
     return CellPlan(
-        id=cell_id(kv, length), kv_cache_dtype=parse_kv(kv).text, max_model_len=length,
-        engine={"model": model_path, "kv_cache_dtype": spec.dtype, "kv_cache_dtype_skip_layers": list(spec.keep),
+        id=cell_id(spec.text, length), kv_cache_dtype=spec.text, max_model_len=length,
+        engine={"model": model_path, "kv_cache_dtype": engine_spec.dtype,
+                "kv_cache_dtype_skip_layers": list(engine_spec.keep),
                 "max_model_len": length, "seed": options.seed,
                 "kv_cache_memory_bytes": kv_bytes, "gpu_memory_utilization": options.gpu_memory_utilization,
                 "enforce_eager": options.enforce_eager, "extra": dict(options.engine_args)},

@@ -11,6 +11,7 @@ import dataclasses
 
 from kveval.analysis.capacity_model import bytes_per_token, needed_bytes
 from kveval.defaults import BASELINE_KV
+from kveval.inputs.kvspec import KVSpec
 from kveval.run.cell_process import CellPlan
 
 REFERENCE_SUFFIX = ".reference"
@@ -31,7 +32,7 @@ def reference_cells(manifest: dict | None) -> dict[str, dict]:
 
 def _budget(manifest: dict, length: int, failed_budget: int | None) -> int | None:
     model = manifest.get("model") or {}
-    per_token = bytes_per_token(model.get("kv_layout") or {}, BASELINE_KV, model.get("dtype") or "bfloat16",
+    per_token = bytes_per_token(model.get("kv_layout") or {}, KVSpec(BASELINE_KV), model.get("dtype") or "bfloat16",
                                 every_layer_full=True)
     need = int(needed_bytes(length, per_token, FALLBACK_BLOCK) * HEADROOM) if per_token else None
     grown = int(failed_budget * MIN_GROWTH) if failed_budget else None

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from kveval.analysis.kv_range import plan_keep_layers
 from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, Verdict
-from kveval.inputs.kvspec import keep_spec, parse_kv
+from kveval.analysis.cell_records import stored_spec
+from kveval.inputs.kvspec import KVSpec, keep_spec
 
 REMEDY_MODES = ("auto", "always", "off")
 
 
 def plan_remedy(verdict: Verdict, evidence: dict, mode: str = "auto") -> dict:
-    """{"cells": [(kv spec, max_model_len), ...], "notes": [sentences]} — cells not yet in the run."""
+    """{"cells": [(KVSpec, max_model_len), ...], "notes": [sentences]} — cells not yet in the run."""
     if mode == "off":
         return {"cells": [], "notes": []}
     cells = evidence.get("cells") or {}
@@ -33,7 +34,7 @@ def plan_remedy(verdict: Verdict, evidence: dict, mode: str = "auto") -> dict:
     undecided: set[str] = set()  # dtypes tried only because they are INCONCLUSIVE: no note without a cause
     for name, status in verdict.cells.items():
         facts = cells.get(name) or {}
-        spec = parse_kv(facts.get("kv_cache_dtype") or "auto")
+        spec = stored_spec(facts.get("kv_cache_dtype")) or KVSpec("auto")
         if spec.keep or not spec.dtype.startswith("fp8") or status in (NOT_STARTED, "MISSING"):
             continue
         if mode == "auto" and status not in (FAIL, INCONCLUSIVE):
@@ -60,11 +61,11 @@ def plan_remedy(verdict: Verdict, evidence: dict, mode: str = "auto") -> dict:
             notes.append(f"No remedy for {dtype}: no layer's K or V leaves or nears the FP8 range, so the damage is not "
                          "range-related and keeping layers in the model dtype is not expected to help")
             continue
-        spec = keep_spec(dtype, keep).text
+        spec = keep_spec(dtype, keep)
         for length, _ in sorted(lengths):
-            if f"{spec}-{length}" not in cells:
+            if f"{spec.text}-{length}" not in cells:
                 planned.append((spec, length))
         notes.append(f"Remedy for {dtype}: keep layer{'s' if len(keep) > 1 else ''} {', '.join(map(str, keep))} in the "
                      f"model dtype ({why}), tried at {', '.join(str(length) for length, _ in sorted(lengths))} "
-                     f"as `{spec}`")
+                     f"as `{spec.text}`")
     return {"cells": planned, "notes": notes}

@@ -17,10 +17,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from kveval.analysis.cell_records import stored_spec
 from kveval.files.rundir import RunDir, StoreError, read_json, write_json_atomic
 from kveval.files.task_rounds import round_cell_id
 from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
+from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.model_config import load_tokenizer
 from kveval.inputs.task_data import TASKS, write_task_data
 from kveval.inputs.workloads import round_probe_pool_size, round_probe_prompts
@@ -83,7 +85,7 @@ def seconds_used(run: RunDir, rounds: list[dict]) -> float:
 
 
 def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | None, probes_file: str | None,
-                 kv_of: dict[str, str]) -> list[CellPlan]:
+                 kv_of: dict[str, KVSpec]) -> list[CellPlan]:
     """One cell plan per cell of the round, engine settings as the cell's own: the tasks phase for its
     task cells, the generation phase on the round's probes for its probe cells (the baseline both)."""
     plans = []
@@ -212,7 +214,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
             stopped = _why_stopped(plan)
             break
         waiting = {c: paired.get(c, 0) for r in plan.rounds for c in r.cells}
-        kv_of = {name: facts["kv_cache_dtype"] for name, facts in cells.items()}
+        kv_of = {name: stored_spec(facts["kv_cache_dtype"]) for name, facts in cells.items()}
         probe_count = max(r.probes for r in plan.rounds)
         probes = data.write_probes(number, _probes_used(record), probe_count) if probe_count else None
         plans = []

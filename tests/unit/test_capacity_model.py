@@ -8,6 +8,7 @@ import pytest
 from kveval.analysis.capacity_model import (bytes_per_token, capacity_rows, hybrid_blocks_per_request,
                                             hybrid_groups, hybrid_pool, largest_max_model_len, needed_bytes,
                                             predicted_pool)
+from kveval.inputs.kvspec import parse_kv
 
 SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
            "sliding_window_layers": [], "sliding_window": None}
@@ -15,11 +16,11 @@ GiB, MiB = 1024 ** 3, 1024 ** 2
 
 
 def test_bytes_per_token_of_smollm2():
-    assert bytes_per_token(SMOLLM2, "auto") == 23_040          # FACTS.md: 30·3·64·2·2
-    assert bytes_per_token(SMOLLM2, "fp8") == 11_520
+    assert bytes_per_token(SMOLLM2, parse_kv("auto")) == 23_040          # FACTS.md: 30·3·64·2·2
+    assert bytes_per_token(SMOLLM2, parse_kv("fp8")) == 11_520
     # Two layers kept in bf16: 28 × 1 + 2 × 2 byte-units of 384 elements (reports/h200-planted-layers: 1.87×).
-    assert bytes_per_token(SMOLLM2, "fp8:keep=3,17") == 384 * (28 + 4)
-    assert bytes_per_token(SMOLLM2, "auto") / bytes_per_token(SMOLLM2, "fp8:keep=3,17") == pytest.approx(1.875)
+    assert bytes_per_token(SMOLLM2, parse_kv("fp8:keep=3,17")) == 384 * (28 + 4)
+    assert bytes_per_token(SMOLLM2, parse_kv("auto")) / bytes_per_token(SMOLLM2, parse_kv("fp8:keep=3,17")) == pytest.approx(1.875)
 
 
 @pytest.mark.parametrize("budget,kv,block,tokens", [
@@ -28,12 +29,12 @@ def test_bytes_per_token_of_smollm2():
     (150 * MiB, "fp8", 16, 13_648),                                    # FACTS.md, H200 FA3
 ])
 def test_predicted_pool_matches_vllm(budget, kv, block, tokens):
-    assert predicted_pool(budget, bytes_per_token(SMOLLM2, kv), block)["tokens"] == tokens
+    assert predicted_pool(budget, bytes_per_token(SMOLLM2, parse_kv(kv)), block)["tokens"] == tokens
 
 
 def test_largest_max_model_len_is_vllms_estimate():
     # H200, 150 MiB, auto: vLLM's own message says "the estimated maximum model length is 6816".
-    pool = predicted_pool(150 * MiB, bytes_per_token(SMOLLM2, "auto"), 16)["tokens"]
+    pool = predicted_pool(150 * MiB, bytes_per_token(SMOLLM2, parse_kv("auto")), 16)["tokens"]
     assert largest_max_model_len(pool, 16) == 6_816
 
 
@@ -83,24 +84,24 @@ def test_hybrid_pool_by_hand():
     # 40 MiB, block 16: a page is 16 × 512 × 2 B = 16 KiB, a block of 3 layers 48 KiB -> 853 blocks.
     # At 1024 with 2,048 batched tokens a sliding group holds the whole request: 64 + 5 × 65 = 389
     # blocks per request -> 853 / 389 × 1024 = 2,245 tokens; the longest request: 6 × 141 + 5 <= 853.
-    auto = hybrid_pool(GEMMA3, "auto", "bfloat16", 40 * MiB, 16, 1024, 2048)
+    auto = hybrid_pool(GEMMA3, parse_kv("auto"), "bfloat16", 40 * MiB, 16, 1024, 2048)
     assert auto == {"blocks": 853, "tokens": 2_245, "largest_max_model_len": 2_256, "block_bytes": 49_152}
-    assert hybrid_pool(GEMMA3, "fp8", "bfloat16", 40 * MiB, 16, 1024, 2048)["blocks"] == 1_706
+    assert hybrid_pool(GEMMA3, parse_kv("fp8"), "bfloat16", 40 * MiB, 16, 1024, 2048)["blocks"] == 1_706
     # At 32K a sliding group is capped at window − 1 + batched tokens: 2,048 + 5 × (160 + 1) blocks.
     assert hybrid_blocks_per_request(GEMMA3, 32_768, 16, 2048) == 2_048 + 5 * 161
     # Unknown batched tokens: a sliding group is assumed to hold all of it (an upper bound).
     assert hybrid_blocks_per_request(GEMMA3, 32_768, 16, None) == 6 * 2_048 + 5
-    assert hybrid_pool(GEMMA3, "fp8:keep=5", "bfloat16", 40 * MiB, 16, 1024, 2048) is None
+    assert hybrid_pool(GEMMA3, parse_kv("fp8:keep=5"), "bfloat16", 40 * MiB, 16, 1024, 2048) is None
 
 
 def test_hybrid_pools_match_what_vllm_reported_on_the_h200():
     # reports/h200-gemma3-270m-hybrid: 150 MiB, block 16, 16,384 batched tokens, vLLM 0.26.
     measured = {("auto", 1024): 8_423, ("fp8", 1024): 16_847, ("auto", 8192): 8_519, ("fp8", 8192): 17_038}
     for (kv, length), tokens in measured.items():
-        assert hybrid_pool(GEMMA3, kv, "bfloat16", 150 * MiB, 16, length, 16_384)["tokens"] == tokens
+        assert hybrid_pool(GEMMA3, parse_kv(kv), "bfloat16", 150 * MiB, 16, length, 16_384)["tokens"] == tokens
     # vLLM's "estimated maximum model length" when the 32,768 cells did not start: 8,512 and 17,040.
-    assert hybrid_pool(GEMMA3, "auto", "bfloat16", 150 * MiB, 16, 32_768, 16_384)["largest_max_model_len"] == 8_512
-    assert hybrid_pool(GEMMA3, "fp8", "bfloat16", 150 * MiB, 16, 32_768, 16_384)["largest_max_model_len"] == 17_040
+    assert hybrid_pool(GEMMA3, parse_kv("auto"), "bfloat16", 150 * MiB, 16, 32_768, 16_384)["largest_max_model_len"] == 8_512
+    assert hybrid_pool(GEMMA3, parse_kv("fp8"), "bfloat16", 150 * MiB, 16, 32_768, 16_384)["largest_max_model_len"] == 17_040
 
 
 def test_hybrid_cells_are_predicted_and_compared_with_what_vllm_reports():

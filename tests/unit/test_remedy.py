@@ -36,13 +36,13 @@ def evidence(statuses: dict[str, str], diagnosis: dict | None, pools=None) -> tu
 def test_failing_fp8_gets_the_offending_layers_kept_at_the_failing_lengths():
     verdict, ev = evidence({"fp8-2048": PASS, "fp8-8192": FAIL, "fp8-32768": FAIL}, diagnose(ranges({0: 50, 4: 3})))
     plan = plan_remedy(verdict, ev, "auto")
-    assert plan["cells"] == [("fp8:keep=0,4", 8192), ("fp8:keep=0,4", 32768)]
+    assert [(spec.text, length) for spec, length in plan["cells"]] == [("fp8:keep=0,4", 8192), ("fp8:keep=0,4", 32768)]
     assert "keep layers 0, 4" in plan["notes"][0]
 
 
 def test_always_tries_every_started_length_and_off_tries_none():
     verdict, ev = evidence({"fp8-2048": PASS, "fp8-8192": NOT_STARTED}, diagnose(ranges({2: 1})))
-    assert plan_remedy(verdict, ev, "always")["cells"] == [("fp8:keep=2", 2048)]
+    assert [(spec.text, length) for spec, length in plan_remedy(verdict, ev, "always")["cells"]] == [("fp8:keep=2", 2048)]
     assert plan_remedy(verdict, ev, "auto")["cells"] == []
     assert plan_remedy(verdict, ev, "off") == {"cells": [], "notes": []}
 
@@ -62,7 +62,7 @@ def test_outlier_layers_are_tried_when_nothing_clips():
     assert diagnosis["offending_layers"] == [] and diagnosis["outlier_layers"] == [0, 1]
     verdict, ev = evidence({"fp8-8192": FAIL}, diagnosis)
     plan = plan_remedy(verdict, ev)
-    assert plan["cells"] == [("fp8:keep=0,1", 8192)] and "within 4× of the FP8 limit" in plan["notes"][0]
+    assert [(spec.text, length) for spec, length in plan["cells"]] == [("fp8:keep=0,1", 8192)] and "within 4× of the FP8 limit" in plan["notes"][0]
 
 
 def test_headline_says_when_nothing_tried_passes():

@@ -15,6 +15,7 @@ from kveval.files.rundir import RunDir, write_json_atomic
 from kveval.files.task_rounds import merge_rounds, round_cell_id
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Check, Reason, Thresholds, Verdict
 from kveval.inputs.budget import parse_budget
+from kveval.inputs.kvspec import KVSpec
 from kveval.run import compare as compare_module
 from kveval.run import rounds as rounds_module
 from kveval.run.compare import RunSetup, _run_cells
@@ -306,7 +307,7 @@ def test_a_quality_reference_keeps_its_own_kv_budget_in_rounds(tmp_path):
     setup.manifest["quality_references"] = {"auto-2048.reference": {"for": "auto-2048",
                                                                     "kv_cache_memory_bytes": 80 * 2 ** 20}}
     plans = rounds_module._round_plans(setup, 1, LengthRound(2048, "auto-2048.reference", ["fp8-2048"], 24, 12, 1, None),
-                                       "taskdata/L2048/r1", None, {"auto-2048.reference": "auto", "fp8-2048": "fp8"})
+                                       "taskdata/L2048/r1", None, {"auto-2048.reference": KVSpec("auto"), "fp8-2048": KVSpec("fp8")})
     budgets = {plan.id: plan.engine["kv_cache_memory_bytes"] for plan in plans}
     assert budgets == {"auto-2048.reference.tasks-r1": 80 * 2 ** 20, "fp8-2048.tasks-r1": 40 * 2 ** 20}
 
