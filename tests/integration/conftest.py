@@ -7,7 +7,8 @@ import kveval
 from tests.support.quiet import Quiet
 
 # Two `auto` cells, generation only, on the budget kveval chooses for a CPU: the evidence test reads
-# its diff and scan, and the Ray test compares its own cells' tokens with these.
+# its diff and scan, and the planted-degradation test compares its planted model's auto tokens with
+# these. (The Ray test runs the same matrix on the fake engine, in a fixture of its own.)
 TWO_AUTO_CELLS = dict(kv=["auto"], max_model_len=[512, 1024], enforce_eager=True, suite="quick",
                       phases=("generation",),
                       counts={"short_256": 2, "short_512": 0, "probe": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0})

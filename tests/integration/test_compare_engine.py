@@ -116,7 +116,8 @@ def test_degeneration_probes_run_in_one_batch_on_the_real_engine(run):
 
 
 def test_scoring_is_stored_with_a_noise_floor_and_the_healthy_model_never_fails(run):
-    # (test_planted_degradation does this against a harmed model where FP8 runs; elsewhere, here.)
+    # The healthy side of test_planted_degradation (whose harmed model must FAIL where FP8 runs): the
+    # default model's fp8-1024 on 40 MiB is scored against auto-1024 and never FAILs, on every CPU kind.
     scoring = run.cell("auto", 1024)["phases"]["scoring"]
     assert scoring["top_k"] == 20 and scoring["reference_cell"] == "auto-1024"
     scored = [s for s in scoring["sequences"] if s["accepted"]]
