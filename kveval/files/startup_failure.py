@@ -425,7 +425,7 @@ def classify_startup_failure(
     return StartupFailure("other", f"{code} with no error message", estimate, backend)
 
 
-def not_started_record(cell: str, kv_cache_dtype: str, max_model_len: int, failure: StartupFailure, log: str, *,
+def not_started_record(cell: str, kv_spec: str, max_model_len: int, failure: StartupFailure, log: str, *,
                        engine_settings: dict | None = None, startup_seconds: float | None = None,
                        info: dict | None = None) -> dict:
     """The result file of a cell whose engine did not start. One shape whoever writes it: the child
@@ -433,7 +433,7 @@ def not_started_record(cell: str, kv_cache_dtype: str, max_model_len: int, failu
     from kveval.files.logfacts import kv_pool_from_log
 
     return {
-        "cell": cell, "kv_cache_dtype": kv_cache_dtype, "max_model_len": max_model_len,
+        "cell": cell, "kv_cache_dtype": kv_spec, "max_model_len": max_model_len,
         "engine_settings": engine_settings, "complete": True, "phases": {}, "started": False,
         "startup_seconds": startup_seconds, "failure": failure.to_dict(),
         # vLLM may have sized the pool before failing (e.g. an FP8 backend check comes later).

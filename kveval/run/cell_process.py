@@ -23,12 +23,13 @@ from kveval import defaults
 from kveval.run.death import explain_death, log_tail
 from kveval.files.startup_failure import StartupFailure, classify_startup_failure, not_started_record
 from kveval.files.rundir import DISK_FULL_EXIT, NO_SPACE_WORDS, DiskFull, RunDir, write_json_atomic
+from kveval.inputs.kvspec import KVSpec
 
 
 @dataclass
 class CellPlan:
     id: str
-    kv_cache_dtype: str
+    kv: KVSpec                        # the configuration the cell is named for (engine: what vLLM is given)
     max_model_len: int
     engine: dict[str, Any]            # EngineSettings fields
     phases: list[str]
@@ -36,7 +37,8 @@ class CellPlan:
     workloads: str | None = None      # the prompts file, relative to the run (None: workloads.json)
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "kv_cache_dtype": self.kv_cache_dtype, "max_model_len": self.max_model_len}
+        # Files name the spec text `kv_cache_dtype` (the manifest's and cells' key since the first run).
+        return {"id": self.id, "kv_cache_dtype": self.kv.text, "max_model_len": self.max_model_len}
 
 
 def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
@@ -100,7 +102,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
         "cell_id": plan.id,
         "run_dir": str(run_dir.path.resolve()),
         "engine": plan.engine,
-        "kv_spec": plan.kv_cache_dtype,
+        "kv_spec": plan.kv.text,
         "phases": plan.phases,
         "phase_options": plan.phase_options,
         "workloads_path": str((run_dir.path / plan.workloads if plan.workloads else run_dir.workloads_path).resolve()),
@@ -209,11 +211,11 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
             failure = StartupFailure("interrupted", death["message"], None, None)
         else:
             failure = classify_startup_failure(
-                log, exception_text="" if timed_out else death["message"], kv_cache_dtype=plan.kv_cache_dtype,
-                exit_code=exit_code)
+                log, exception_text="" if timed_out else death["message"],
+                kv_cache_dtype=plan.engine.get("kv_cache_dtype", plan.kv.dtype), exit_code=exit_code)
             if timed_out:  # say first that kveval stopped it; whatever vLLM logged follows
                 failure = dataclasses.replace(failure, message=f"{death['message']}. {failure.message}".strip())
-        facts = not_started_record(plan.id, plan.kv_cache_dtype, plan.max_model_len, failure, log)
+        facts = not_started_record(plan.id, plan.kv.text, plan.max_model_len, failure, log)
     else:
         # Started, then died in a phase: keep every finished phase, mark the rest as lost.
         facts["crash"] = {"message": death["message"], "cause": death["cause"], "advice": death["advice"],

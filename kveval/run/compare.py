@@ -385,7 +385,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
             raise KvevalError(f"vLLM rejected --engine-arg {rejected}: {(facts.get('failure') or {}).get('message')} "
                               f"(recorded in {run_dir.cell_path(plan.id)})")
 
-    reference = next((p for p in plans if p.kv_cache_dtype == BASELINE_KV), None) if "scoring" in options.phases else None
+    reference = next((p for p in plans if p.kv.text == BASELINE_KV), None) if "scoring" in options.phases else None
     first = reference.id if reference else None
     if ray is not None:
         # Ray queues cells until a node has room; CPU cells go one per node, in plan order.

@@ -102,7 +102,7 @@ def cell_plan(options: CompareOptions, model_path: str, phase_options: dict, spe
     engine_spec = KVSpec(baseline_dtype) if spec.dtype == "auto" and baseline_dtype else spec
     kv_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
     return CellPlan(
-        id=cell_id(spec.text, length), kv_cache_dtype=spec.text, max_model_len=length,
+        id=cell_id(spec.text, length), kv=spec, max_model_len=length,
         engine={"model": model_path, "kv_cache_dtype": engine_spec.dtype,
                 "kv_cache_dtype_skip_layers": list(engine_spec.keep),
                 "max_model_len": length, "seed": options.seed,

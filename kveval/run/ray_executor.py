@@ -272,7 +272,7 @@ def lost_task_record(stored: dict | None, plan: CellPlan, message: str, seconds:
         facts = {**stored, "crash": {"message": message, "cause": "executor_lost", "last_log_line": "",
                                      "advice": "re-run the same command into the same --out to redo this cell"}}
     else:
-        facts = not_started_record(plan.id, plan.kv_cache_dtype, plan.max_model_len,
+        facts = not_started_record(plan.id, plan.kv.text, plan.max_model_len,
                                    StartupFailure("executor_lost", message, None, None), "")
     facts["complete"] = True
     facts["process"] = {"exit_code": None, "seconds": seconds, "cause": "executor_lost"}

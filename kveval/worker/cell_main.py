@@ -101,7 +101,7 @@ def run_cell(spec: dict) -> dict:
 
     prompts = [PromptSpec.from_dict(item) for item in read_json(Path(spec["workloads_path"]))]
     context = CellContext(
-        cell_id=spec["cell_id"], kv_cache_dtype=spec.get("kv_spec") or settings.kv_cache_dtype, max_model_len=settings.max_model_len,
+        cell_id=spec["cell_id"], kv_spec=spec.get("kv_spec") or settings.kv_cache_dtype, max_model_len=settings.max_model_len,
         prompts=prompts, options=spec.get("phase_options", {}), emit=emit, facts=facts,
         run_dir=RunDir(spec["run_dir"]), model_path=settings.model,
         checkpoint=lambda: write_json_atomic(result_path, facts, compact=True),

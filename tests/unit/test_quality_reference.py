@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kveval.evidence import build_evidence
 from kveval.gate import PASS, evaluate
+from kveval.inputs.kvspec import parse_kv
 from kveval.run.cell_process import CellPlan
 from kveval.run.reference import plan_references, reference_id
 from tests.support.constructed import failed_cell, manifest_for, scoring_phase, started_cell
@@ -13,7 +14,7 @@ LAYOUT = {"layers": 30, "per_layer_elements": 384, "sliding_window_layers": []} 
 
 
 def _plan(kv: str, length: int, budget: int | None = 40 * 2 ** 20) -> CellPlan:
-    return CellPlan(id=f"{kv}-{length}", kv_cache_dtype=kv, max_model_len=length,
+    return CellPlan(id=f"{kv}-{length}", kv=parse_kv(kv), max_model_len=length,
                     engine={"model": "/m", "kv_cache_dtype": kv, "max_model_len": length, "kv_cache_memory_bytes": budget},
                     phases=["generation", "scoring", "speed", "tasks", "throughput"])
 
@@ -34,7 +35,7 @@ def test_a_capacity_failure_beside_a_started_fp8_cell_gets_a_reference_sized_to_
     plans = [_plan("auto", 2048), _plan("fp8", 2048)]
     [(plan, why)] = plan_references(cells, plans, _manifest(cells))
     assert plan.id == reference_id("auto-2048") == "auto-2048.reference"
-    assert plan.kv_cache_dtype == "auto" and plan.max_model_len == 2048
+    assert plan.kv.text == "auto" and plan.max_model_len == 2048
     assert plan.phases == ["generation", "scoring", "tasks"]            # no speed or throughput figures
     # max(2 x 40 MiB, 2,048 tokens x 23,040 B x 1.25) = 80 MiB
     assert plan.engine["kv_cache_memory_bytes"] == 80 * 2 ** 20

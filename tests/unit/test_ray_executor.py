@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from kveval.cli.commands import cli
 from kveval.files.rundir import RunDir, write_json_atomic
+from kveval.inputs.kvspec import KVSpec
 from kveval.run.cell_process import CellPlan
 from kveval.run.parallel import run_in_parallel
 from kveval.run.ray_executor import cell_files, lost_task_record, run_input_files, unpack_files
@@ -51,7 +52,7 @@ def test_a_cells_files_come_back_byte_for_byte_and_only_inside_the_run(tmp_path)
     assert not (tmp_path / "escaped.json").exists()
 
 
-PLAN = CellPlan("fp8-512", "fp8", 512, {"model": "/m"}, ["generation"])
+PLAN = CellPlan("fp8-512", KVSpec("fp8"), 512, {"model": "/m"}, ["generation"])
 
 
 def test_a_lost_task_is_a_failure_a_resume_redoes_and_keeps_what_was_measured():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from kveval.run.cell_process import CellPlan, _finish
 from kveval.files.rundir import RunDir, write_json_atomic
+from kveval.inputs.kvspec import KVSpec
 
 KV_ERROR = ("ValueError: To serve at least one request with the model's max seq len (2048), (0.04 GiB KV cache is "
             "needed, which is larger than the available KV cache memory (0.04 GiB). Based on the available memory, "
@@ -10,7 +11,7 @@ KV_ERROR = ("ValueError: To serve at least one request with the model's max seq 
 
 
 def _plan():
-    return CellPlan(id="auto-2048", kv_cache_dtype="auto", max_model_len=2048, engine={}, phases=["generation"])
+    return CellPlan(id="auto-2048", kv=KVSpec("auto"), max_model_len=2048, engine={}, phases=["generation"])
 
 
 def test_death_before_start_is_classified_from_the_log(tmp_path):

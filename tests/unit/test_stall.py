@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kveval.files.rundir import RunDir
 from kveval.gate import evaluate
+from kveval.inputs.kvspec import KVSpec
 from kveval.run.cell_process import CellPlan, run_cell_process
 from kveval.run.death import explain_death
 from tests.unit.test_gate import evidence
@@ -23,7 +24,7 @@ def test_a_cell_without_progress_is_stopped_as_stalled_and_keeps_its_phases(tmp_
     store = RunDir(tmp_path / "run")
     store.cell_log_path("fp8:keep=0,1-8192").parent.mkdir(parents=True)
     store.workloads_path.write_text("[]")
-    plan = CellPlan(id="fp8:keep=0,1-8192", kv_cache_dtype="fp8:keep=0,1", max_model_len=8192, engine={},
+    plan = CellPlan(id="fp8:keep=0,1-8192", kv=KVSpec("fp8", ("0", "1")), max_model_len=8192, engine={},
                     phases=["generation", "scoring"])
     began = time.monotonic()
     facts = run_cell_process(store, plan, timeout_s=120, on_event=lambda event: None, stall_s=2)

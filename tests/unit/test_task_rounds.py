@@ -226,8 +226,8 @@ class StandIn:
         options = plan.phase_options["tasks"]
         assert plan.phases == ["tasks"] and options["data_dir"] == f"taskdata/L1024/r{number}"
         count = self.written[number] if options["limit"] is None else options["limit"]
-        wrong = self.fp8_wrong if plan.kv_cache_dtype == "fp8" else frozenset()
-        facts = _round_record(plan.id.split(".tasks-")[0], plan.kv_cache_dtype, number,
+        wrong = self.fp8_wrong if plan.kv.text == "fp8" else frozenset()
+        facts = _round_record(plan.id.split(".tasks-")[0], plan.kv.text, number,
                               _samples(number, count, wrong=wrong), seconds=20.0)
         facts["cell"] = plan.id
         write_json_atomic(run_dir.cell_path(plan.id), facts)

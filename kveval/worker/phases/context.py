@@ -11,7 +11,7 @@ from kveval.inputs.workloads import PromptSpec
 @dataclass
 class CellContext:
     cell_id: str
-    kv_cache_dtype: str
+    kv_spec: str                                            # the spec text the cell is named for (fp8:keep=0)
     max_model_len: int
     prompts: list[PromptSpec]
     options: dict[str, Any] = field(default_factory=dict)  # phase settings, e.g. {"speed": {"runs": 3}}

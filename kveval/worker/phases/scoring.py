@@ -22,7 +22,7 @@ from kveval.files.rundir import read_json
 def _reference_outputs(cell) -> dict[str, list[int]]:
     """prompt_id -> greedy output token ids of the reference auto cell (maybe this very cell)."""
     candidates = []
-    if cell.kv_cache_dtype == BASELINE_KV:
+    if cell.kv_spec == BASELINE_KV:
         candidates.append(cell.facts)
     if cell.run_dir is not None:
         for planned in read_json(cell.run_dir.manifest_path).get("cells", []):
@@ -83,7 +83,7 @@ def run(engine, cell) -> dict:
         cell.emit(event="step", phase="scoring", done=index, total=len(sequences), item=sequence["id"])
         results.extend(engine.score([sequence["token_ids"]], top_k))
     phase = {"top_k": top_k, "reference_cell": reference_cell, "sequences": _attach(sequences, results)}
-    if cell.kv_cache_dtype == BASELINE_KV and options.get("noise", True) and sequences:
+    if cell.kv_spec == BASELINE_KV and options.get("noise", True) and sequences:
         cell.emit(event="step", phase="scoring", done=len(sequences), total=len(sequences), item="noise re-score")
         together = engine.score([s["token_ids"] for s in sequences], top_k, together=True)
         phase["noise"] = {"method": "same sequences re-scored in one batch (different batch composition)",
