@@ -3,6 +3,7 @@ vLLM is imported in one module only."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import graphlib
@@ -53,9 +54,15 @@ def _part(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else None
 
 
+@functools.cache
+def _parsed_graph() -> dict[str, frozenset[str]]:
+    # Every source file parsed once per session, not once per test (~100 parametrized tests read it).
+    return {name: frozenset(t for t in _imports(path) if t in MODULES and t != name) for name, path in MODULES.items()}
+
+
 def _graph() -> dict[str, set[str]]:
-    """module -> the kveval modules it imports."""
-    return {name: {t for t in _imports(path) if t in MODULES and t != name} for name, path in MODULES.items()}
+    """module -> the kveval modules it imports (a fresh copy: a test may edit it)."""
+    return {name: set(targets) for name, targets in _parsed_graph().items()}
 
 
 def test_every_part_has_a_layer():
