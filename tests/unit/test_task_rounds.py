@@ -247,9 +247,18 @@ def _loop(setup, stand_in, monkeypatch):
     return manifest, judge_stored_run(setup.run, manifest, setup.run.load_cells(manifest), T)
 
 
-def test_a_healthy_cell_gets_rounds_until_it_passes(tmp_path, monkeypatch):
-    setup, stand_in = _run_dir(tmp_path, "600"), StandIn()
-    manifest, review = _loop(setup, stand_in, monkeypatch)
+@pytest.fixture(scope="module")
+def healthy_loop(tmp_path_factory):
+    """The whole loop once for a healthy fp8 cell on budget 600: read by the test of its rounds and
+    resumed by the resume test (which only adds to the run directory, never changes what is read here)."""
+    setup, stand_in = _run_dir(tmp_path_factory.mktemp("healthy"), "600"), StandIn()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        manifest, review = _loop(setup, stand_in, monkeypatch)
+    return setup, stand_in, manifest, review
+
+
+def test_a_healthy_cell_gets_rounds_until_it_passes(healthy_loop):
+    _, stand_in, manifest, review = healthy_loop
     record = manifest["task_rounds"]
     assert review.verdict.cells["fp8-1024"] == PASS
     targets = [r["target"] for r in record["rounds"]]
@@ -262,9 +271,9 @@ def test_a_healthy_cell_gets_rounds_until_it_passes(tmp_path, monkeypatch):
     assert any("look" in c.detail and c.passed for c in review.verdict.checks if c.name == "task_noninferiority")
 
 
-def test_a_resumed_run_reuses_finished_rounds(tmp_path, monkeypatch):
-    setup, stand_in = _run_dir(tmp_path, "600"), StandIn()
-    first, _ = _loop(setup, stand_in, monkeypatch)
+def test_a_resumed_run_reuses_finished_rounds(healthy_loop, monkeypatch):
+    setup, stand_in, first, _ = healthy_loop
+    assert stand_in.ran                                 # the first run did run rounds
     setup.manifest.pop("task_rounds")                   # as set_up_run writes it again on a resume
     again = StandIn()
     second, review = _loop(setup, again, monkeypatch)
