@@ -1,5 +1,9 @@
-"""What a run needs to know from the model's own files: its tokenizer, context limit, layer count and dtype."""
+"""What a run needs to know from the model's own files: its tokenizer and its config's facts (ModelFacts)."""
 from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
 
 from kveval.errors import KvevalError
 
@@ -24,74 +28,71 @@ def prompt_format(tokenizer) -> dict:
             "adds_bos": bool(bos is not None and probe and probe[0] == bos)}
 
 
-def text_config_number(model_path: str, name: str) -> int | None:
-    """A positive whole number from the model's (text) config, or None when it does not say."""
+class ModelFacts(BaseModel):
+    """What a run needs from the model's config, read once per run (model_facts)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    architecture: Optional[str] = None
+    max_position_embeddings: Optional[int] = None   # the model's own maximum context
+    served_limit: Optional[int] = None               # the longest max_model_len vLLM surely refuses to exceed
+    served_limit_why: Optional[str] = None           # how served_limit was derived
+    layers: Optional[int] = None                     # num_hidden_layers
+    dtype: str = "bfloat16"                          # the checkpoint's dtype as a vLLM kv_cache_dtype name
+    kv_layout: Optional[dict] = None                 # what one token costs in the KV cache (_kv_layout)
+
+    @property
+    def served_length_limit(self) -> tuple[int, str] | None:
+        return (self.served_limit, self.served_limit_why) if self.served_limit else None
+
+
+def model_facts(model_path: str) -> ModelFacts:
+    """The model's config, read once. An unreadable config only means "unknown": every fact is None
+    and the dtype bfloat16."""
     try:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(model_path)
     except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
-        return None
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return ModelFacts()
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = _positive_number(text, "max_position_embeddings")
+    served = _served_limit(text, limit)
+    architectures = getattr(config, "architectures", None) or []
+    return ModelFacts(architecture=architectures[0] if architectures else None, max_position_embeddings=limit,
+                      served_limit=served[0] if served else None, served_limit_why=served[1] if served else None,
+                      layers=_positive_number(text, "num_hidden_layers"), dtype=_dtype(config),
+                      kv_layout=_kv_layout(text))
+
+
+def _positive_number(text_config, name: str) -> int | None:
+    """A positive whole number from the (text) config, or None when it does not say."""
     value = getattr(text_config, name, None)
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
-def model_length_limit(model_path: str) -> int | None:
-    """The model's own maximum context (max_position_embeddings), if its config says."""
-    return text_config_number(model_path, "max_position_embeddings")
-
-
-def served_length_limit(model_path: str) -> tuple[int, str] | None:
-    """The longest max_model_len vLLM surely refuses to exceed for this model, and how it was derived:
-    max_position_embeddings, times a RoPE scaling factor where the config has one (an upper bound of
-    vLLM's own derivation, so kveval never refuses what vLLM would start). None when the config does not say."""
-    limit = model_length_limit(model_path)
+def _served_limit(text_config, limit: int | None) -> tuple[int, str] | None:
+    """max_position_embeddings, times a RoPE scaling factor where the config has one (an upper bound of
+    vLLM's own derivation, so kveval never refuses what vLLM would start)."""
     if limit is None:
         return None
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model_path)
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        rope = getattr(text, "rope_scaling", None) or {}
-    except Exception:  # noqa: BLE001
-        rope = {}
+    rope = getattr(text_config, "rope_scaling", None) or {}
     factor = rope.get("factor") if isinstance(rope, dict) else None
     if isinstance(factor, (int, float)) and factor > 1:
         return int(limit * factor), f"max_position_embeddings {limit:,} × RoPE scaling factor {factor:g}"
     return limit, f"max_position_embeddings {limit:,}"
 
 
-def model_layer_count(model_path: str) -> int | None:
-    """num_hidden_layers of the model's (text) config, if its config says."""
-    return text_config_number(model_path, "num_hidden_layers")
-
-
-def model_dtype(model_path: str) -> str:
-    """The checkpoint's own dtype as a vLLM kv_cache_dtype name (bfloat16 when the config says none)."""
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model_path)
-    except Exception:  # noqa: BLE001 - unreadable config: the common case
-        return "bfloat16"
+def _dtype(config) -> str:
+    """bfloat16 when the config says none or something vLLM would not cache in."""
     dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
     dtype = dtype.replace("torch.", "")
     return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
 
 
-def kv_layout(model_path: str) -> dict | None:
-    """What one token costs in the KV cache, from the model's (text) config: layers, KV heads, head
-    dim, elements per layer (K and V; MLA's one latent), and which layers use a sliding window.
-    None when the config cannot be read or does not say."""
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model_path)
-    except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
-        return None
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+def _kv_layout(text) -> dict | None:
+    """What one token costs in the KV cache: layers, KV heads, head dim, elements per layer (K and V;
+    MLA's one latent), and which layers use a sliding window. None when the config does not say."""
     layers = getattr(text, "num_hidden_layers", None)
     heads = getattr(text, "num_attention_heads", None)
     if not layers or not heads:

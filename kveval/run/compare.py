@@ -19,8 +19,7 @@ from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writa
 from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.checkpoint_scales import read_kv_scales
-from kveval.inputs.model_config import (kv_layout, load_tokenizer, model_dtype, model_layer_count, model_length_limit,
-                                        prompt_format, served_length_limit)
+from kveval.inputs.model_config import ModelFacts, load_tokenizer, model_facts, prompt_format
 from kveval.inputs.models import ModelError, ModelInfo, resolve_model
 from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workloads
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
@@ -149,7 +148,7 @@ def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSp
 
 
 def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: ModelInfo, tokenizer,
-              model_limit: int | None, prompts: list[PromptSpec], documents: list[dict], phase_options: dict,
+              facts: ModelFacts, prompts: list[PromptSpec], documents: list[dict], phase_options: dict,
               kv_scales: dict, baseline_dtype: str | None, plans: list[CellPlan], environment_facts: dict) -> dict:
     task_names = list(phase_options["tasks"]["tasks"])
     return {
@@ -158,7 +157,7 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
         "command": options.command or f"kveval.compare(model={options.model!r}, kv={list(options.kv)!r}, "
                                       f"max_model_len={list(options.max_model_len)!r}, ...)",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": {**model.to_dict(), "max_position_embeddings": model_limit, "dtype": model_dtype(model.path)},
+        "model": {**model.to_dict(), "max_position_embeddings": facts.max_position_embeddings, "dtype": facts.dtype},
         "options": {
             "kv": list(options.kv), "max_model_len": list(options.max_model_len), "seed": options.seed,
             "kv_cache_memory_bytes": parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None,
@@ -218,21 +217,22 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
     except ModelError as error:
         raise KvevalError(str(error)) from None
     tokenizer = load_tokenizer(model.path, trust_remote_code=options.engine_args.get("trust_remote_code") is True)
-    model_limit = model_length_limit(model.path)
+    facts = model_facts(model.path)  # the config, read once for the whole set-up
+    model_limit = facts.max_position_embeddings
     lengths, length_note = lengths_for_model(options.max_model_len, options.lengths_given,
-                                             served_length_limit(model.path), model.name,
+                                             facts.served_length_limit, model.name,
                                              os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1")
     options = dataclasses.replace(options, max_model_len=lengths)
     if length_note:
         show.note(length_note)
-    check_keep_layers(options.kv_specs, model_layer_count(model.path), model.name)
+    check_keep_layers(options.kv_specs, facts.layers, model.name)
     prompts = _prompts(options, suite, tokenizer, model_limit, user_prompts)
     documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_doc_fraction, model_limit,
                                   options.seed)
     task_names = list(shape.names) if "tasks" in options.phases else []
     phase_options = _phase_options(options, suite, prompts, task_names)
     run = RunDir(options.out or default_out(model.name))
-    layout, dtype = kv_layout(model.path), model_dtype(model.path)
+    layout, dtype = facts.kv_layout, facts.dtype
     hardware = environment.describe()
     devices = resolve_gpus(options.gpus, len(hardware["hardware"]["gpus"] or []))
     if devices and devices_per_cell(options.engine_args) > len(devices):
@@ -261,9 +261,9 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         kv_scales = read_kv_scales(model.path)
         # For ModelOpt FP8-KV checkpoints vLLM resolves `auto` to FP8 (vllm#34752): `auto` would be no
         # baseline, so the baseline cells run the model dtype instead, and the review says so.
-        baseline_dtype = model_dtype(model.path) if kv_scales.get("auto_is_fp8") else None
+        baseline_dtype = facts.dtype if kv_scales.get("auto_is_fp8") else None
         plans = plan_cells(options, model.path, phase_options, baseline_dtype)
-        manifest = _manifest(options, suite, shape, model, tokenizer, model_limit, prompts, documents, phase_options,
+        manifest = _manifest(options, suite, shape, model, tokenizer, facts, prompts, documents, phase_options,
                              kv_scales, baseline_dtype, plans, hardware)
         manifest["model"]["kv_layout"] = layout
         manifest["options"]["gpus"] = devices
