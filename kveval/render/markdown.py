@@ -75,3 +75,12 @@ def table(frame: pd.DataFrame, untrusted: tuple[str, ...] = (), names: tuple[str
         )
     safe.columns = [_plain(c) for c in safe.columns]
     return safe.to_markdown(index=False, disable_numparse=True)
+
+
+def bullet(text: str) -> str:
+    """A verdict reason: kveval's own sentence (cell names are validated dtype names), one line."""
+    return "- " + " ".join(str(text).split())
+
+
+def shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -13,13 +13,20 @@ import pandas as pd
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.degeneration import DETECTORS, FINDING_COLUMNS, INFORMATIONAL_DETECTORS
 from kveval.analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
-from kveval.gate import NOTE, PASS, Verdict
+from kveval.gate import Verdict
+from kveval.render.capacity_section import capacity_section
 from kveval.render.diagnosis_section import render_diagnosis_section
 from kveval.render.divergence_plot import NOISE_KINDS
-from kveval.render.headline import deploy_line, headline
-from kveval.render.markdown import escape_cell, escape_name, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, table
+from kveval.render.markdown import escape_cell, escape_name, fmt_float, fmt_int, fmt_pct, fmt_share, fmt_sig, shorten, table
 from kveval.files.rundir import RunDir
+from kveval.render.recommendation_section import recommendation_section
+from kveval.render.remedy_section import remedy_section
+from kveval.render.run_section import run_section
+from kveval.render.startup_section import LOG_LINE_START, startup_section
 from kveval.render.tasks_section import tasks_section
+from kveval.render.verdict_section import verdict_section
+
+__all__ = ["LOG_LINE_START", "MAX_EXAMPLES", "MAX_FINDING_ROWS", "render_review"]
 
 MAX_FINDING_ROWS = 30
 MAX_EXAMPLES = 24
@@ -30,12 +37,12 @@ def render_review(manifest: dict, evidence: dict, verdict: Verdict) -> str:
     every figure comes from `evidence` (evidence.build_evidence) and every judgement from `verdict`."""
     sections = [
         _title(manifest),
-        _verdict_section(verdict, evidence, manifest),
-        _remedy_section(evidence),
-        _recommendation_section(evidence, verdict, manifest),
-        _run_section(manifest, evidence),
-        _startup_section(evidence),
-        _capacity_model_section(evidence),
+        verdict_section(verdict, evidence, manifest),
+        remedy_section(evidence),
+        recommendation_section(evidence, verdict, manifest),
+        run_section(manifest, evidence),
+        startup_section(evidence),
+        capacity_section(evidence),
         _acceptance_section(evidence),
         _speed_section(evidence),
         _throughput_section(evidence),
@@ -53,379 +60,6 @@ def render_review(manifest: dict, evidence: dict, verdict: Verdict) -> str:
 
 def _title(manifest: dict) -> str:
     return f"# kveval review — {escape_cell(manifest.get('model', {}).get('name'), None)}"
-
-
-# --- verdict ---------------------------------------------------------------------------------------
-
-def _bullet(text: str) -> str:
-    """A verdict reason: kveval's own sentence (cell names are validated dtype names), one line."""
-    return "- " + " ".join(str(text).split())
-
-
-def _check_phrase(check) -> str:
-    """A passed check in a few words, e.g. "KL mean 0.0034 ≤ 0.02"."""
-    if check.name in ("kl_mean", "kl_p99"):
-        return f"{'KL mean' if check.name == 'kl_mean' else 'KL p99'} {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
-    if check.name == "top1_agreement":
-        return f"top-1 agreement {fmt_share(check.value)} ≥ {fmt_share(check.limit)}"
-    if check.name == "new_degenerate_share":
-        return check.detail
-    if check.name == "degeneration_noninferiority":
-        return f"degeneration excess upper bound {fmt_share(check.value)} < {fmt_share(check.limit)} ({check.detail})"
-    if check.name == "kl_late_mean":
-        return f"KL mean (late) {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
-    if check.name == "task_noninferiority":
-        return f"task recovery lower bound {fmt_share(check.value)} ≥ {fmt_share(check.limit)} ({check.detail})"
-    if check.name == "task_recovery":
-        return f"task recovery {fmt_share(check.value)} ({check.detail})"
-    return f"{check.name} {fmt_sig(check.value)} (limit {fmt_sig(check.limit)})"
-
-
-def _passed_lines(verdict: Verdict) -> list[str]:
-    by_cell: dict[str, list[str]] = {}
-    for check in verdict.checks:
-        if check.passed:
-            by_cell.setdefault(check.cell or "run", []).append(_check_phrase(check))
-    return [_bullet(f"{cell}: {'; '.join(phrases)}") for cell, phrases in by_cell.items()]
-
-
-def _thresholds_line(thresholds: dict) -> str:
-    pairs = " ".join(f"{key}={value:g}" if isinstance(value, (int, float)) else f"{key}={value}"
-                     for key, value in thresholds.items() if value is not None)
-    return (f"Thresholds: `{pairs}` (change with `--threshold KEY=VALUE` or `--gate-config FILE.yaml`; "
-            "see the README).")
-
-
-def _noise_floor_line(floor: dict | None) -> str:
-    if not floor:
-        return (f"Noise floor: not measured (no `{BASELINE_KV}` cell scored twice or at two max_model_len values), "
-                "so the thresholds apply unwidened.")
-    sources = ", ".join(
-        f"{s['cell']} re-scored in another batch (n {s['n']:,})" if s["kind"] == "noise_batch"
-        else f"{s['cell']} vs {s['reference']} (n {s['n']:,})" for s in floor.get("source", []))
-    return (f"Noise floor ({BASELINE_KV} vs itself, worst of: {sources}): KL mean {fmt_sig(floor.get('kl_mean'))}, "
-            f"KL p99 {fmt_sig(floor.get('kl_p99'))}, top-1 disagreement {fmt_share(floor.get('top1_disagreement'))}. "
-            "Budgets are max(threshold, noise_multiplier × floor).")
-
-
-def _reason_line(reason) -> str:
-    text = reason.message + (f" — **to decide:** {reason.decide}" if reason.decide else "")
-    return _bullet(text)
-
-
-def _cell_status_table(verdict: Verdict) -> str:
-    rows = [{"cell": cell, "verdict": status} for cell, status in verdict.cells.items()]
-    return table(pd.DataFrame(rows)) if rows else ""
-
-
-def _profile_line(verdict: Verdict) -> str:
-    profile = verdict.profile or {}
-    budget = profile.get("budget") or {}
-    if not budget:
-        return ""
-    return (f"Divergence budgets: **{profile.get('name')} profile** ({profile.get('why')}; {profile.get('calibration')}): "
-            f"healthy KL mean ≤ {fmt_sig(budget.get('kl_mean_max'))}, late-position KL mean ≤ "
-            f"{fmt_sig(budget.get('kl_late_max'))}, KL p99 ≤ {fmt_sig(budget.get('kl_p99_max'))}, top-1 ≥ "
-            f"{fmt_share(budget.get('top1_agreement_min'))}; harm (FAIL) beyond KL mean {fmt_sig(budget.get('kl_mean_fail'))}, "
-            f"late {fmt_sig(budget.get('kl_late_fail'))}, p99 {fmt_sig(budget.get('kl_p99_fail'))}, top-1 "
-            f"{fmt_share(budget.get('top1_agreement_fail'))}.")
-
-
-def _verdict_section(verdict: Verdict, evidence: dict, manifest: dict) -> str:
-    model_dtype = (manifest.get("model") or {}).get("dtype") or "bf16"
-    out = [f"## Verdict: **{verdict.status}**", "", f"**{headline(verdict, evidence, model_dtype)}**", ""]
-    deploy = deploy_line(verdict, evidence)
-    if deploy:
-        out += [deploy, ""]
-    deciding = [r for r in verdict.reasons if r.level == verdict.status]
-    if verdict.status == PASS:
-        out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]
-    else:
-        out += ["Why:", "", *(_reason_line(r) for r in deciding)]
-    others = [r for r in verdict.reasons if r.level != verdict.status]
-    if others:
-        out += ["", "Also noted:", ""]
-        out += [_reason_line(r) if r.level == NOTE else _bullet(f"({r.level.lower()}) {r.message}"
-                                                               + (f" — to decide: {r.decide}" if r.decide else ""))
-                for r in others]
-    status_table = _cell_status_table(verdict)
-    if status_table:
-        out += ["", "Per tested cell:", "", status_table]
-    out += ["", _profile_line(verdict), "", _thresholds_line(verdict.thresholds), "", _noise_floor_line(verdict.noise_floor)]
-    return "\n".join(line for line in out if line is not None)
-
-
-def _recommendation_section(evidence: dict, verdict: Verdict, manifest: dict) -> str:
-    """The planning answer: per KV configuration, the longest context this budget starts, the
-    concurrency it holds at the lengths run, and the quality verdict beside it. Needs the capacity
-    model (runs from issue 10 on); older runs show no such table."""
-    capacity = evidence.get("capacity_model")
-    if not capacity:
-        return ""
-    limit = (manifest.get("model") or {}).get("max_position_embeddings")
-    startup = {row["cell"]: row for row in evidence.get("startup") or []}
-    rows = []
-    for kv in dict.fromkeys(r["kv_cache_dtype"] for r in capacity):
-        mine = sorted((r for r in capacity if r["kv_cache_dtype"] == kv), key=lambda r: r["max_model_len"])
-        predicted = max((r["predicted_max_model_len"] or 0 for r in mine), default=0)
-        started = [r["max_model_len"] for r in mine if r["started"]]
-        if predicted and not started:
-            longest = f"{fmt_int(predicted)} predicted, but it started at none of the lengths run"
-        elif predicted:
-            longest = fmt_int(min(predicted, limit) if limit else predicted) + (
-                f" (the model's limit; the pool holds {fmt_int(predicted)})" if limit and predicted > limit else "")
-        else:
-            longest = f"≥ {fmt_int(max(started))} (largest that started; not predicted)" if started else "none of the lengths run"
-        held = ", ".join(f"{fmt_int(r['max_model_len'])}: {fmt_float(startup.get(r['cell'], {}).get('max_concurrency'), 1)}×"
-                         for r in mine if r["started"] and startup.get(r["cell"], {}).get("max_concurrency")) or "—"
-        judged = ", ".join(f"{verdict.cells[r['cell']]} at {fmt_int(r['max_model_len'])}" for r in mine
-                           if r["cell"] in verdict.cells)
-        rows.append({"KV configuration": kv, "longest max_model_len on this budget": longest,
-                     "requests of max_model_len it holds": held,
-                     "quality verdict": "baseline" if kv == BASELINE_KV else (judged or "not judged")})
-    return "\n".join(["## Recommendation", "",
-                      "What each configuration buys on this run's KV budget, with the quality verdict beside it.", "",
-                      table(pd.DataFrame(rows))])
-
-
-def _run_section(manifest: dict, evidence: dict) -> str:
-    versions = manifest.get("versions", {})
-    hardware = manifest.get("hardware", {})
-    options = manifest.get("options", {})
-    stored = [cell for cell in (evidence.get("cells") or {}).values() if not cell.get("missing")]
-    started = sum(1 for cell in stored if cell.get("started"))
-    planned = len(manifest.get("cells", []))
-    missing = planned - len(stored)
-    lines = [
-        "## Run",
-        "",
-        f"- **Command:** `{manifest.get('command', '').replace('`', '')}`",
-        f"- **Model:** {escape_cell(manifest.get('model', {}).get('path'), None)} "
-        f"({escape_cell(manifest.get('model', {}).get('source'), None)})",
-        _prompt_format_line(manifest.get("prompt_format")),
-        _kv_scales_line(manifest),
-        f"- **Cells:** {planned} planned (KV dtype {', '.join(options.get('kv', []))} × max_model_len "
-        f"{', '.join(str(x) for x in options.get('max_model_len', []))}); {started} started"
-        + (f"; **{missing} have no result yet** (run interrupted?)" if missing > 0 else ""),
-        f"- **Engine options:** KV budget "
-        f"{fmt_int(options.get('kv_cache_memory_bytes')) + ' bytes' if options.get('kv_cache_memory_bytes') else 'vLLM default'}"
-        f", gpu_memory_utilization {options.get('gpu_memory_utilization') or 'vLLM default'}"
-        f", enforce_eager {options.get('enforce_eager')}, seed {options.get('seed')}, suite `{options.get('suite')}`"
-        + (f", extra {escape_cell(options.get('engine_args'), None)}" if options.get("engine_args") else "")
-        + (f" ({options['kv_budget_note']})" if options.get("kv_budget_note") else ""),
-        f"- **Versions:** kveval {versions.get('kveval')}, vLLM {versions.get('vllm')} "
-        f"({versions.get('vllm_distribution')}), torch {versions.get('torch')}, transformers {versions.get('transformers')}",
-        f"- **Hardware:** {escape_cell(hardware.get('cpu'), None)}, {hardware.get('cores')} cores, "
-        f"{hardware.get('memory_gib')} GiB"
-        + (f"; GPUs: {escape_cell('; '.join(hardware.get('gpus')), None)}" if hardware.get("gpus") else "; no GPU")
-        + (f"; CPU flags: {' '.join(hardware.get('cpu_flags', []))}" if not hardware.get("gpus") else ""),
-        _remote_code_line(options),
-        _rounds_line(manifest.get("task_rounds")),
-        f"- **Created:** {manifest.get('created')}",
-    ]
-    return "\n".join(line for line in lines if line is not None)
-
-
-def _rounds_line(record: dict | None) -> str | None:
-    """What the rounds of more evidence did (run/rounds.py) and why they stopped; None without rounds."""
-    if not record:
-        return None
-    rounds = record.get("rounds") or []
-    done = []
-    for entry in rounds:
-        parts = []
-        task_cells = [c for c in (entry.get("task_cells") if entry.get("task_cells") is not None
-                                  else entry.get("cells") or [])[1:]]
-        if task_cells:
-            parts.append(f"task samples for {', '.join(task_cells)} (aiming at {entry.get('target')} paired)")
-        probe_cells = (entry.get("probe_cells") or [])[1:]
-        if probe_cells:
-            parts.append(f"{(entry.get('probes') or {}).get('count')} new probes for {', '.join(probe_cells)}")
-        done.append(f"round {entry['round']} at {entry['max_model_len']}: {'; '.join(parts)}")
-    budget = (record.get("budget") or {}).get("text")
-    head = f"- **Rounds of more evidence** (`--budget {budget}`): " if budget else "- **Rounds of more evidence:** "
-    body = ("; ".join(done) + ". ") if done else "none. "
-    return head + body + f"Stopped: {record.get('stopped') or 'still running'}."
-
-
-def _remote_code_line(options: dict) -> str | None:
-    """Said only when it was on: the checkpoint's own Python code ran inside the engines."""
-    value = (options.get("engine_args") or {}).get("trust_remote_code")
-    if value in (True, "true", "True", 1, "1"):
-        return ("- **trust_remote_code: on** (--engine-arg trust_remote_code=true): the model's own Python code ran "
-                "in every engine; kveval keeps it off unless asked")
-    return None
-
-
-def _kv_scales_line(manifest: dict) -> str | None:
-    scales = manifest.get("kv_scales")
-    if not scales:
-        return None
-    line = ("- **FP8 scales:** calibrated, from the checkpoint (" + str(scales.get("source")) + ")"
-            if scales.get("calibrated") else "- **FP8 scales:** none in the checkpoint: vLLM runs the FP8 cache at "
-                                             "scale 1.0 (values beyond ±448 saturate)")
-    if manifest.get("baseline_engine_dtype"):
-        line += (f"; vLLM would resolve `auto` to FP8 for this checkpoint, so the `auto` baseline cells run "
-                 f"kv_cache_dtype={manifest['baseline_engine_dtype']} (the model dtype)")
-    return line
-
-
-def _startup_section(evidence: dict) -> str:
-    out = ["## Start-up and KV pool", ""]
-    if not evidence.get("startup"):
-        return "\n".join(out + ["_No cell has a result yet._"])
-    pools = pd.DataFrame(evidence.get("pools") or [])
-    if not pools.empty:
-        view = pd.DataFrame({
-            "max_model_len": pools.max_model_len.map(fmt_int),
-            "KV dtype": pools.kv_cache_dtype.fillna(""),
-            f"{BASELINE_KV} pool tokens": pools.baseline_pool_tokens.map(fmt_int),
-            "pool tokens": pools.pool_tokens.map(fmt_int),
-            f"ratio vs {BASELINE_KV}": pools.ratio.map(lambda r: f"{r:.2f}×" if r is not None and not pd.isna(r) else ""),
-            "did not start": pools.not_started,
-        })
-        out += [table(view), ""]
-        fallback = pools[pools.fallback_ratio.notna()]
-        for row in fallback.itertuples():
-            out.append(f"- At max_model_len {row.max_model_len:,} a cell did not start, but its pool is known from "
-                       f"{row.fallback_sources}: {BASELINE_KV} {fmt_int(row.baseline_fallback_tokens)} vs "
-                       f"{row.kv_cache_dtype} {fmt_int(row.fallback_tokens)} tokens ({row.fallback_ratio:.2f}×).")
-        if not fallback.empty:
-            out.append("")
-    startup = pd.DataFrame(evidence["startup"])
-    view = pd.DataFrame({
-        "cell": startup.cell,
-        "started": startup.started.map(lambda s: "yes" if s else "**no**"),
-        "start-up s": startup.startup_s.map(lambda v: fmt_float(v, 1)),
-        "KV pool tokens": startup.kv_pool_tokens.map(fmt_int),
-        "KV blocks": startup.num_blocks.map(fmt_int) if "num_blocks" in startup else "",
-        "max concurrency": startup.max_concurrency.map(lambda v: fmt_float(v, 2) + "×" if fmt_float(v) else ""),
-        "backend": startup.attention_backend.fillna(""),
-        "reason": startup.reason.fillna(""),
-        "vLLM estimated max length": startup.estimated_max_model_len.map(fmt_int),
-    })
-    out += [table(view)]
-    out += _hybrid_pool_note(startup)
-    failed = startup[~startup.started]
-    if not failed.empty:
-        out += ["", "Why cells did not start, in vLLM's own words:", ""]
-        for (reason, message), group in failed.groupby(["reason", "message"], sort=False, dropna=False):
-            advice = _REASON_ADVICE.get(reason)
-            out.append(f"- **{', '.join(group.cell)}** — `{reason}`: {escape_cell(message, 600)}"
-                       + (f" — {advice}" if advice else ""))
-    crashed = startup[startup.crash.notna()]
-    advice = startup["crash_advice"] if "crash_advice" in startup else pd.Series([None] * len(startup))
-    for index, row in zip(crashed.index, crashed.itertuples()):
-        what_now = advice.get(index) if isinstance(advice.get(index), str) else None
-        out.append(f"- **{row.cell}** started, then its process died: {escape_cell(row.crash, 300)} "
-                   "(phases finished before the crash are kept)" + (f". {escape_cell(what_now, 300)}." if what_now else ""))
-    troubled = list(dict.fromkeys([*failed.cell, *crashed.cell]))
-    if troubled:
-        out += ["", LOG_LINE_START + ", ".join(f"[{name}]({RunDir.CELLS_DIR}/{name}.log)" for name in troubled)
-                + " (vLLM's whole output; in the run directory)"]
-    return "\n".join(out)
-
-
-# What to do about the start-up failures whose cause lies outside the cell (a re-run redoes these).
-_REASON_ADVICE = {
-    "shared_device": "**another process used this device while vLLM measured its memory**: give kveval the "
-                     "device alone (one run per GPU), then re-run the same command to redo these cells",
-    "interrupted": "re-run the same command to redo these cells",
-    "executor_lost": "the Ray task that ran the cell died (its node or worker went away): re-run the same command "
-                     "to redo these cells",
-}
-
-LOG_LINE_START = "Engine logs of the cells that did not start or crashed: "
-
-
-def _capacity_model_section(evidence: dict) -> str:
-    """Predicted next to measured pools, so a pool that departs from the model's own arithmetic is seen."""
-    rows = evidence.get("capacity_model")
-    if not rows:
-        return ""  # runs that did not record the model's KV layout
-    predicted = [r for r in rows if r.get("predicted_tokens")]
-    out = ["## KV capacity: predicted vs measured", ""]
-    if not predicted:
-        reasons = sorted({r["flag"] for r in rows if r.get("flag")})
-        return "\n".join(out + [f"_Not predicted: {'; '.join(reasons) or 'no budget known'}._"])
-    sources = sorted({r["budget_source"] for r in predicted if r.get("budget_source")})
-    out += ["Each pool predicted from the model's KV layout and the budget: bytes per token = layers × KV heads × "
-            "head dim × 2 (K and V) × bytes per element (1 for FP8; layers kept in the model dtype cost their full "
-            "bytes), pool = ⌊budget ÷ (block size × bytes per token)⌋ × block size, as vLLM allocates whole blocks. "
-            f"Budget: {', '.join(sources)}. A measured pool more than 3 % off the prediction is flagged.", ""]
-    if any(r.get("layout_model") == "hybrid" for r in rows):
-        out[-1:] = [" Sliding-window layers follow vLLM's hybrid allocator: layers form groups that share one block's "
-                    "tensors; a request takes ⌈L ÷ block⌉ blocks in each full-attention group and "
-                    "⌈min(window − 1 + batched tokens, L) ÷ block⌉ + 1 in each sliding group; the pool is "
-                    "blocks ÷ blocks per request × L tokens, as vLLM reports it.", ""]
-    view = pd.DataFrame({
-        "cell": [r["cell"] for r in rows],
-        "bytes per token": [fmt_int(r.get("bytes_per_token")) for r in rows],
-        "budget": [_mib(r.get("budget_bytes")) for r in rows],
-        "predicted tokens": [fmt_int(r.get("predicted_tokens")) for r in rows],
-        "measured tokens": [fmt_int(r.get("measured_tokens")) if r.get("started") else "did not start" for r in rows],
-        "Δ": [fmt_pct(100 * r["deviation"]) if r.get("deviation") is not None else "" for r in rows],
-        "longest max_model_len it holds": [fmt_int(r.get("predicted_max_model_len")) for r in rows],
-    })
-    out.append(table(view))
-    flagged = [r for r in rows if r.get("flag") and r.get("predicted_tokens")]
-    if flagged:
-        out += ["", *(f"- **{r['cell']}**: {fmt_pct(100 * r['deviation'])} — {r['flag']}." for r in flagged)]
-    out += ["", *_pool_ratio_lines(rows),
-            "", f"![KV pool per max_model_len, measured and predicted]({RunDir.CAPACITY_PLOT})"]
-    return "\n".join(out)
-
-
-def _pool_ratio_lines(rows: list[dict]) -> list[str]:
-    """What the FP8 / baseline pool ratio is at each length, and why it is what it is."""
-    pairs = [r for r in rows if r.get("measured_ratio") or r.get("predicted_ratio")]
-    lines = []
-    if pairs:
-        lines += ["Pool against the baseline at the same max_model_len:", ""]
-        for r in sorted(pairs, key=lambda r: (r["max_model_len"], r["cell"])):
-            measured = (f"measured {r['measured_ratio']:.2f}×" if r.get("measured_ratio")
-                        else "not measured (a cell did not start)")
-            predicted = f"predicted {r['predicted_ratio']:.2f}×" if r.get("predicted_ratio") else "not predicted"
-            lines.append(f"- {r['cell']}: {measured}, {predicted}")
-        lines.append("")
-    lines.append(
-        "Why the ratio is what it is: on one budget every cached token of every layer costs half as much in FP8, "
-        "so the pool ratio is the ratio of bytes per token (2.00× for plain FP8, less with layers kept in the "
-        "model dtype), in whole blocks, at every max_model_len; concurrency at a length is pool ÷ max_model_len. "
-        "When the budget is what gpu_memory_utilization leaves, fixed costs (weights, activations, CUDA graphs) "
-        "come off the top for both dtypes alike and do not change it. What does is memory FP8 does not shrink that "
-        "grows with the number of requests, not their length — SSM state, a vision encoder's cache: with S bytes of "
-        "it per request and b bytes per token, the ratio is (L·b + S) ÷ (L·b/2 + S), which is why a field report on "
-        "a hybrid model saw 1.40× at 2K approach 1.94× at 64K. A measured ratio far from the predicted one here "
-        "means the cells did not get the same memory (see the flags), not that FP8 stores more.")
-    return lines
-
-
-def _mib(value) -> str:
-    return "" if value is None else f"{value / 2 ** 20:,.1f} MiB"
-
-
-def _prompt_format_line(fmt: dict | None) -> str | None:
-    if not fmt:
-        return None  # runs made before kveval recorded it
-    if fmt.get("chat_template"):
-        return "- **Prompts:** the model's chat template applied (token ids exactly as vLLM's chat path makes them)"
-    bos = "adds" if fmt.get("adds_bos") else "does **not** add"
-    return (f"- **Prompts:** plain text — the model has no chat template; its tokenizer {bos} a BOS token "
-            f"({escape_cell(fmt.get('bos_token'), None) or 'none'}). A base model's answers to questions are often "
-            "poor or loop on every cell alike; judge FP8 by the differences, not the answers.")
-
-
-def _hybrid_pool_note(startup: pd.DataFrame) -> list[str]:
-    """Same dtype, same blocks, different token figures: vLLM's hybrid-model token count moved."""
-    started = startup[startup.started & startup.num_blocks.notna() & startup.kv_pool_tokens.notna()]
-    for kv, group in started.groupby("kv_cache_dtype"):
-        if group.num_blocks.nunique() == 1 and group.kv_pool_tokens.nunique() > 1:
-            return ["", f"Note: the `{kv}` cells hold the same {fmt_int(group.num_blocks.iloc[0])} KV blocks at every "
-                        "max_model_len, yet vLLM reports different token counts. For models with sliding-window "
-                        "(hybrid) layers vLLM's token figure is max concurrency × max_model_len, not a memory size: "
-                        "compare blocks, or the ratio at the same max_model_len."]
-    return []
 
 
 def _acceptance_section(evidence: dict) -> str:
@@ -635,10 +269,10 @@ def _diff_examples_section(evidence: dict) -> str:
 
 def _new_findings_table(new: pd.DataFrame) -> str:
     view = pd.DataFrame({"cell": new.cell, "workload": new.workload, "prompt": new.prompt, "detector": new.detector,
-                         "detail": new.detail, "excerpt": new.excerpt.map(lambda t: _shorten(t or "", 160))})
+                         "detail": new.detail, "excerpt": new.excerpt.map(lambda t: shorten(t or "", 160))})
     untrusted = ("workload", "prompt", "detail", "excerpt")
     if "baseline_excerpt" in new and new.baseline_excerpt.notna().any():  # the baseline's answer, beside it
-        view[f"{BASELINE_KV}'s output"] = new.baseline_excerpt.map(lambda t: _shorten(t if isinstance(t, str) else "", 160))
+        view[f"{BASELINE_KV}'s output"] = new.baseline_excerpt.map(lambda t: shorten(t if isinstance(t, str) else "", 160))
         untrusted += (f"{BASELINE_KV}'s output",)
     text = table(view.head(MAX_FINDING_ROWS), untrusted=untrusted)
     if len(view) > MAX_FINDING_ROWS:
@@ -780,7 +414,7 @@ def _samples_section(evidence: dict) -> str:
     """The first short prompt's answer in every started cell, escaped, so a reader sees the text."""
     samples = evidence.get("sample_outputs") or {}
     rows = [{"cell": row["cell"], "tokens": row.get("tokens"), "finish": row.get("finish"),
-             "output (start)": _shorten(row.get("text") or "", 240)} for row in samples.get("rows") or []]
+             "output (start)": shorten(row.get("text") or "", 240)} for row in samples.get("rows") or []]
     if not rows:
         return ""
     name = samples["prompt"]
@@ -788,10 +422,6 @@ def _samples_section(evidence: dict) -> str:
     shown = f"`{name}`" if re.fullmatch(r"[\w.:\-]+", str(name)) else escape_name(name)
     return "\n".join([f"## Sample outputs — {shown}", "",
                       table(pd.DataFrame(rows), untrusted=("output (start)",))])
-
-
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _footer(manifest: dict) -> str:
@@ -808,23 +438,3 @@ def _diagnosis_sections(evidence: dict) -> list[str]:
         return []
     return ["\n".join(render_diagnosis_section(diagnosis, RunDir.KV_RANGE_PLOT if not diagnosis.get("error") else None))
             + ("" if len(diagnoses) == 1 else f"\n\n_(for {dtype})_") for dtype, diagnosis in diagnoses.items()]
-
-
-def _remedy_section(evidence: dict) -> str:
-    remedy = evidence.get("remedy") or {}
-    if not remedy.get("notes"):
-        return ""
-    out = ["## Remedy", "", f"Mode `--remedy {remedy.get('mode')}`: kveval keeps the layers whose K or V leave the FP8 "
-                            "range in the model dtype (vLLM's kv_cache_dtype_skip_layers) and judges that "
-                            "configuration with the same gate.", ""]
-    out += [_bullet(note) for note in remedy["notes"]]
-    pools = [row for row in evidence.get("pools") or [] if row.get("kv_cache_dtype")]
-    if pools:
-        rows = [{"max_model_len": row["max_model_len"], "KV configuration": row["kv_cache_dtype"],
-                 "KV pool tokens": fmt_int(row.get("pool_tokens") or row.get("fallback_tokens")),
-                 f"{BASELINE_KV} pool tokens": fmt_int(row.get("baseline_pool_tokens") or row.get("baseline_fallback_tokens")),
-                 f"× {BASELINE_KV}": fmt_float(row.get("ratio") if row.get("ratio") is not None else row.get("fallback_ratio"), 2)}
-                for row in pools]
-        out += ["", "KV capacity per configuration (a cell that did not start shows vLLM's estimate):", "",
-                table(pd.DataFrame(rows))]
-    return "\n".join(out)

@@ -1,0 +1,91 @@
+"""The review's start-up section: the KV pool per max_model_len against the baseline, each cell's
+start-up, and why cells did not start or crashed, with links to their engine logs. Pure: evidence
+in, markdown out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files.rundir import RunDir
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, table
+
+
+# What to do about the start-up failures whose cause lies outside the cell (a re-run redoes these).
+_REASON_ADVICE = {
+    "shared_device": "**another process used this device while vLLM measured its memory**: give kveval the "
+                     "device alone (one run per GPU), then re-run the same command to redo these cells",
+    "interrupted": "re-run the same command to redo these cells",
+    "executor_lost": "the Ray task that ran the cell died (its node or worker went away): re-run the same command "
+                     "to redo these cells",
+}
+
+LOG_LINE_START = "Engine logs of the cells that did not start or crashed: "
+
+
+def startup_section(evidence: dict) -> str:
+    out = ["## Start-up and KV pool", ""]
+    if not evidence.get("startup"):
+        return "\n".join(out + ["_No cell has a result yet._"])
+    pools = pd.DataFrame(evidence.get("pools") or [])
+    if not pools.empty:
+        view = pd.DataFrame({
+            "max_model_len": pools.max_model_len.map(fmt_int),
+            "KV dtype": pools.kv_cache_dtype.fillna(""),
+            f"{BASELINE_KV} pool tokens": pools.baseline_pool_tokens.map(fmt_int),
+            "pool tokens": pools.pool_tokens.map(fmt_int),
+            f"ratio vs {BASELINE_KV}": pools.ratio.map(lambda r: f"{r:.2f}×" if r is not None and not pd.isna(r) else ""),
+            "did not start": pools.not_started,
+        })
+        out += [table(view), ""]
+        fallback = pools[pools.fallback_ratio.notna()]
+        for row in fallback.itertuples():
+            out.append(f"- At max_model_len {row.max_model_len:,} a cell did not start, but its pool is known from "
+                       f"{row.fallback_sources}: {BASELINE_KV} {fmt_int(row.baseline_fallback_tokens)} vs "
+                       f"{row.kv_cache_dtype} {fmt_int(row.fallback_tokens)} tokens ({row.fallback_ratio:.2f}×).")
+        if not fallback.empty:
+            out.append("")
+    startup = pd.DataFrame(evidence["startup"])
+    view = pd.DataFrame({
+        "cell": startup.cell,
+        "started": startup.started.map(lambda s: "yes" if s else "**no**"),
+        "start-up s": startup.startup_s.map(lambda v: fmt_float(v, 1)),
+        "KV pool tokens": startup.kv_pool_tokens.map(fmt_int),
+        "KV blocks": startup.num_blocks.map(fmt_int) if "num_blocks" in startup else "",
+        "max concurrency": startup.max_concurrency.map(lambda v: fmt_float(v, 2) + "×" if fmt_float(v) else ""),
+        "backend": startup.attention_backend.fillna(""),
+        "reason": startup.reason.fillna(""),
+        "vLLM estimated max length": startup.estimated_max_model_len.map(fmt_int),
+    })
+    out += [table(view)]
+    out += _hybrid_pool_note(startup)
+    failed = startup[~startup.started]
+    if not failed.empty:
+        out += ["", "Why cells did not start, in vLLM's own words:", ""]
+        for (reason, message), group in failed.groupby(["reason", "message"], sort=False, dropna=False):
+            advice = _REASON_ADVICE.get(reason)
+            out.append(f"- **{', '.join(group.cell)}** — `{reason}`: {escape_cell(message, 600)}"
+                       + (f" — {advice}" if advice else ""))
+    crashed = startup[startup.crash.notna()]
+    advice = startup["crash_advice"] if "crash_advice" in startup else pd.Series([None] * len(startup))
+    for index, row in zip(crashed.index, crashed.itertuples()):
+        what_now = advice.get(index) if isinstance(advice.get(index), str) else None
+        out.append(f"- **{row.cell}** started, then its process died: {escape_cell(row.crash, 300)} "
+                   "(phases finished before the crash are kept)" + (f". {escape_cell(what_now, 300)}." if what_now else ""))
+    troubled = list(dict.fromkeys([*failed.cell, *crashed.cell]))
+    if troubled:
+        out += ["", LOG_LINE_START + ", ".join(f"[{name}]({RunDir.CELLS_DIR}/{name}.log)" for name in troubled)
+                + " (vLLM's whole output; in the run directory)"]
+    return "\n".join(out)
+
+
+def _hybrid_pool_note(startup: pd.DataFrame) -> list[str]:
+    """Same dtype, same blocks, different token figures: vLLM's hybrid-model token count moved."""
+    started = startup[startup.started & startup.num_blocks.notna() & startup.kv_pool_tokens.notna()]
+    for kv, group in started.groupby("kv_cache_dtype"):
+        if group.num_blocks.nunique() == 1 and group.kv_pool_tokens.nunique() > 1:
+            return ["", f"Note: the `{kv}` cells hold the same {fmt_int(group.num_blocks.iloc[0])} KV blocks at every "
+                        "max_model_len, yet vLLM reports different token counts. For models with sliding-window "
+                        "(hybrid) layers vLLM's token figure is max concurrency × max_model_len, not a memory size: "
+                        "compare blocks, or the ratio at the same max_model_len."]
+    return []

@@ -1,0 +1,105 @@
+"""The review's verdict section: the status and headline, the reasons (or the checks that passed), the
+per-cell verdicts, the divergence budgets, the thresholds and the noise floor. Pure: verdict, evidence
+and manifest in, markdown out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.gate import NOTE, PASS, Verdict
+from kveval.render.headline import deploy_line, headline
+from kveval.render.markdown import bullet, fmt_share, fmt_sig, table
+
+
+def _check_phrase(check) -> str:
+    """A passed check in a few words, e.g. "KL mean 0.0034 ≤ 0.02"."""
+    if check.name in ("kl_mean", "kl_p99"):
+        return f"{'KL mean' if check.name == 'kl_mean' else 'KL p99'} {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
+    if check.name == "top1_agreement":
+        return f"top-1 agreement {fmt_share(check.value)} ≥ {fmt_share(check.limit)}"
+    if check.name == "new_degenerate_share":
+        return check.detail
+    if check.name == "degeneration_noninferiority":
+        return f"degeneration excess upper bound {fmt_share(check.value)} < {fmt_share(check.limit)} ({check.detail})"
+    if check.name == "kl_late_mean":
+        return f"KL mean (late) {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
+    if check.name == "task_noninferiority":
+        return f"task recovery lower bound {fmt_share(check.value)} ≥ {fmt_share(check.limit)} ({check.detail})"
+    if check.name == "task_recovery":
+        return f"task recovery {fmt_share(check.value)} ({check.detail})"
+    return f"{check.name} {fmt_sig(check.value)} (limit {fmt_sig(check.limit)})"
+
+
+def _passed_lines(verdict: Verdict) -> list[str]:
+    by_cell: dict[str, list[str]] = {}
+    for check in verdict.checks:
+        if check.passed:
+            by_cell.setdefault(check.cell or "run", []).append(_check_phrase(check))
+    return [bullet(f"{cell}: {'; '.join(phrases)}") for cell, phrases in by_cell.items()]
+
+
+def _thresholds_line(thresholds: dict) -> str:
+    pairs = " ".join(f"{key}={value:g}" if isinstance(value, (int, float)) else f"{key}={value}"
+                     for key, value in thresholds.items() if value is not None)
+    return (f"Thresholds: `{pairs}` (change with `--threshold KEY=VALUE` or `--gate-config FILE.yaml`; "
+            "see the README).")
+
+
+def _noise_floor_line(floor: dict | None) -> str:
+    if not floor:
+        return (f"Noise floor: not measured (no `{BASELINE_KV}` cell scored twice or at two max_model_len values), "
+                "so the thresholds apply unwidened.")
+    sources = ", ".join(
+        f"{s['cell']} re-scored in another batch (n {s['n']:,})" if s["kind"] == "noise_batch"
+        else f"{s['cell']} vs {s['reference']} (n {s['n']:,})" for s in floor.get("source", []))
+    return (f"Noise floor ({BASELINE_KV} vs itself, worst of: {sources}): KL mean {fmt_sig(floor.get('kl_mean'))}, "
+            f"KL p99 {fmt_sig(floor.get('kl_p99'))}, top-1 disagreement {fmt_share(floor.get('top1_disagreement'))}. "
+            "Budgets are max(threshold, noise_multiplier × floor).")
+
+
+def _reason_line(reason) -> str:
+    text = reason.message + (f" — **to decide:** {reason.decide}" if reason.decide else "")
+    return bullet(text)
+
+
+def _cell_status_table(verdict: Verdict) -> str:
+    rows = [{"cell": cell, "verdict": status} for cell, status in verdict.cells.items()]
+    return table(pd.DataFrame(rows)) if rows else ""
+
+
+def _profile_line(verdict: Verdict) -> str:
+    profile = verdict.profile or {}
+    budget = profile.get("budget") or {}
+    if not budget:
+        return ""
+    return (f"Divergence budgets: **{profile.get('name')} profile** ({profile.get('why')}; {profile.get('calibration')}): "
+            f"healthy KL mean ≤ {fmt_sig(budget.get('kl_mean_max'))}, late-position KL mean ≤ "
+            f"{fmt_sig(budget.get('kl_late_max'))}, KL p99 ≤ {fmt_sig(budget.get('kl_p99_max'))}, top-1 ≥ "
+            f"{fmt_share(budget.get('top1_agreement_min'))}; harm (FAIL) beyond KL mean {fmt_sig(budget.get('kl_mean_fail'))}, "
+            f"late {fmt_sig(budget.get('kl_late_fail'))}, p99 {fmt_sig(budget.get('kl_p99_fail'))}, top-1 "
+            f"{fmt_share(budget.get('top1_agreement_fail'))}.")
+
+
+def verdict_section(verdict: Verdict, evidence: dict, manifest: dict) -> str:
+    model_dtype = (manifest.get("model") or {}).get("dtype") or "bf16"
+    out = [f"## Verdict: **{verdict.status}**", "", f"**{headline(verdict, evidence, model_dtype)}**", ""]
+    deploy = deploy_line(verdict, evidence)
+    if deploy:
+        out += [deploy, ""]
+    deciding = [r for r in verdict.reasons if r.level == verdict.status]
+    if verdict.status == PASS:
+        out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]
+    else:
+        out += ["Why:", "", *(_reason_line(r) for r in deciding)]
+    others = [r for r in verdict.reasons if r.level != verdict.status]
+    if others:
+        out += ["", "Also noted:", ""]
+        out += [_reason_line(r) if r.level == NOTE else bullet(f"({r.level.lower()}) {r.message}"
+                                                               + (f" — to decide: {r.decide}" if r.decide else ""))
+                for r in others]
+    status_table = _cell_status_table(verdict)
+    if status_table:
+        out += ["", "Per tested cell:", "", status_table]
+    out += ["", _profile_line(verdict), "", _thresholds_line(verdict.thresholds), "", _noise_floor_line(verdict.noise_floor)]
+    return "\n".join(line for line in out if line is not None)
