@@ -435,7 +435,7 @@ def test_a_loop_the_baseline_has_at_another_length_is_not_new():
 
 
 def test_a_new_finding_carries_the_baselines_answer_and_the_review_shows_them_side_by_side():
-    from kveval.render.review import _new_findings_table
+    from kveval.render.degeneration_section import _new_findings_table
 
     findings = scan_cells(WORKLOADS, _cells())
     row = _by_key(findings)[("fp8-1024", "short_256-1", "char_run")]

@@ -1,0 +1,36 @@
+"""The review's prompt acceptance section: which prompts each started cell accepted, and the engine's
+message for the first refusal of each cell. Pure: evidence in, markdown out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from kveval.render.markdown import escape_cell, escape_name, fmt_int, table
+
+
+def acceptance_section(evidence: dict) -> str:
+    acceptance = evidence.get("acceptance") or {}
+    matrix = pd.DataFrame(acceptance.get("matrix") or [])
+    if matrix.empty:
+        return ""
+    # Quality references (auto started only to judge quality) have no acceptance column: they are not a finding.
+    started = [name for name, cell in (evidence.get("cells") or {}).items()
+               if cell.get("started") and name in matrix.columns]
+    symbols = {"accepted": "✓", "rejected": "✗ rejected", "error": "⚠ error", "not run": "—", "not started": ""}
+    view = matrix[["prompt", "prompt_tokens", *started]].copy()
+    view["prompt_tokens"] = view.prompt_tokens.map(fmt_int)
+    for name in started:
+        view[name] = view[name].map(lambda status: symbols.get(status, status))
+    out = ["## Prompt acceptance", "",
+           "Every prompt was submitted to every started cell; ✗ means the engine refused it "
+           "(nothing is predicted or truncated).", "", table(view, names=("prompt",))]
+    refused = pd.DataFrame(acceptance.get("rejections") or [], columns=["cell", "prompt", "kind", "message"])
+    if not refused.empty:
+        out += ["", "Engine messages (the first refusal of each cell; every message is in the cell files):", ""]
+        for cell, group in refused.groupby("cell", sort=False):
+            first = group.iloc[0]
+            others = (f" (+{len(group) - 1} more: {', '.join(escape_name(p) for p in group.prompt.iloc[1:])})"
+                      if len(group) > 1 else "")
+            out.append(f"- {cell} / {escape_name(first.prompt)} ({first.kind}){others}: "
+                       f"{escape_cell(first.message, 400)}")
+    return "\n".join(out)

@@ -1,0 +1,82 @@
+"""The review's degeneration section: findings new against the baseline, those the baseline shows too,
+and the counts per cell. Pure: evidence in, markdown out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.degeneration import DETECTORS, FINDING_COLUMNS, INFORMATIONAL_DETECTORS
+from kveval.render.markdown import fmt_int, fmt_share, shorten, table
+
+MAX_FINDING_ROWS = 30
+
+
+def _new_findings_table(new: pd.DataFrame) -> str:
+    view = pd.DataFrame({"cell": new.cell, "workload": new.workload, "prompt": new.prompt, "detector": new.detector,
+                         "detail": new.detail, "excerpt": new.excerpt.map(lambda t: shorten(t or "", 160))})
+    untrusted = ("workload", "prompt", "detail", "excerpt")
+    if "baseline_excerpt" in new and new.baseline_excerpt.notna().any():  # the baseline's answer, beside it
+        view[f"{BASELINE_KV}'s output"] = new.baseline_excerpt.map(lambda t: shorten(t if isinstance(t, str) else "", 160))
+        untrusted += (f"{BASELINE_KV}'s output",)
+    text = table(view.head(MAX_FINDING_ROWS), untrusted=untrusted)
+    if len(view) > MAX_FINDING_ROWS:
+        text += f"\n\n_{len(view) - MAX_FINDING_ROWS} more in `tables/degeneration_findings.csv`._"
+    return text
+
+
+def _already_table(old: pd.DataFrame) -> str:
+    counts = old.groupby(["cell", "detector"], sort=False)["prompt"].nunique().reset_index(name="outputs")
+    return table(counts.assign(outputs=counts.outputs.map(fmt_int)))
+
+
+def _already_section(old: pd.DataFrame, nothing_new: bool) -> str:
+    if old.empty:
+        return ("None: no detector fired on any output, the baseline's included." if nothing_new else
+                f"None: the `{BASELINE_KV}` outputs show no finding.")
+    return (f"Findings in `{BASELINE_KV}` cells, and findings in other cells that the `{BASELINE_KV}` output for the "
+            "same prompt shows too (not counted against the cell), as outputs per detector:\n\n" + _already_table(old))
+
+
+def _degeneration_cells_table(cells: dict) -> str:
+    rows = []
+    for cell, entry in cells.items():
+        fired = ", ".join(f"{d} {n}" for d, n in entry["detectors"].items() if n and d not in INFORMATIONAL_DETECTORS)
+        rows.append({"cell": cell, "outputs": fmt_int(entry["outputs"]),
+                     "with findings": fmt_int(entry["outputs_with_findings"]),
+                     f"new vs {BASELINE_KV}": "—" if entry["kv_cache_dtype"] == BASELINE_KV else
+                     "not judged: no baseline" if entry.get("judged_outputs") == 0 else fmt_int(entry["new_degenerate"]),
+                     "findings by detector": fired or "none",
+                     "stopped at the token limit": fmt_share(entry["token_limit_rate"])})
+    return table(pd.DataFrame(rows))
+
+
+def degeneration_section(evidence: dict) -> str:
+    degeneration = evidence["degeneration"]
+    findings = pd.DataFrame(degeneration["findings"], columns=FINDING_COLUMNS)
+    failing = findings[~findings.detector.isin(INFORMATIONAL_DETECTORS)]
+    judged = failing[failing.new_vs_baseline.notna()]
+    new = judged[judged.new_vs_baseline.astype(bool)]
+    old = judged[~judged.new_vs_baseline.astype(bool)]
+    unjudged = failing[failing.new_vs_baseline.isna()]
+    # The detectors of the run that made the evidence: a re-render names what was scanned then.
+    detectors = ", ".join(d for d in degeneration.get("detectors", DETECTORS) if d not in INFORMATIONAL_DETECTORS)
+    out = ["## Degeneration", "",
+           f"Every accepted output is scanned by: {detectors} (hit_token_limit is informational). A finding counts "
+           f"against a cell only when the `{BASELINE_KV}` output for the same prompt does not show the same detector.",
+           "", f"### New in non-`{BASELINE_KV}` cells", ""]
+    if not degeneration["cells"]:
+        out.append("_No started cell produced an output to scan._")
+        return "\n".join(out)
+    scanned = any(e["outputs"] for e in degeneration["cells"].values() if e["kv_cache_dtype"] != BASELINE_KV)
+    out.append(_new_findings_table(new) if not new.empty else
+               f"Nothing new: no detector fired on a non-`{BASELINE_KV}` output that the `{BASELINE_KV}` output for "
+               "the same prompt does not also show." if scanned else
+               f"Nothing to scan: no non-`{BASELINE_KV}` cell produced an output.")
+    if not unjudged.empty:
+        counts = unjudged.groupby("cell", sort=False)["prompt"].nunique()
+        out += ["", f"Not judged (no `{BASELINE_KV}` output for the same prompt, so nothing says whether it is new): "
+                + ", ".join(f"{cell} {n} output{'s' if n != 1 else ''}" for cell, n in counts.items()) + "."]
+    out += ["", "### Already in the baseline", "", _already_section(old, nothing_new=new.empty)]
+    out += ["", "### Per cell", "", _degeneration_cells_table(degeneration["cells"])]
+    return "\n".join(out)

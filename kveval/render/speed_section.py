@@ -1,0 +1,60 @@
+"""The review's speed section (concurrency 1): TTFT and decode tok/s per workload and cell, the change
+against the baseline, and whether it exceeds the run-to-run spread. Pure: evidence in, markdown out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.render.markdown import fmt_float, fmt_int, fmt_pct, table
+
+
+_NOISE_WORDS = {"within": " (within run-to-run spread)", "too few runs": " (too few runs to tell from noise)",
+                "beyond": ""}
+
+
+def speed_section(evidence: dict) -> str:
+    speed = pd.DataFrame(evidence.get("speed") or [])
+    if speed.empty:
+        return ""
+    measured = speed[speed.runs > 0]
+    view = pd.DataFrame({
+        "workload": measured.workload,
+        "cell": measured.cell,
+        "prompt tokens": measured.prompt_tokens.map(fmt_int),
+        "runs": measured.runs,
+        "new tokens": measured.decoded_tokens.map(fmt_int) if "decoded_tokens" in measured else "",
+        "TTFT ms (median)": measured.ttft_ms.map(lambda v: fmt_float(v, 1)),
+        "TTFT range": [f"{fmt_float(a, 1)}–{fmt_float(b, 1)}" for a, b in zip(measured.ttft_ms_min, measured.ttft_ms_max)],
+        f"Δ TTFT vs {BASELINE_KV}": _deltas(measured, "ttft_delta_pct", "ttft_vs_noise"),
+        "decode tok/s (median)": measured.decode_tok_s.map(lambda v: fmt_float(v, 1)),
+        "decode range": [f"{fmt_float(a, 1)}–{fmt_float(b, 1)}"
+                         for a, b in zip(measured.decode_tok_s_min, measured.decode_tok_s_max)],
+        f"Δ decode vs {BASELINE_KV}": _deltas(measured, "decode_delta_pct", "decode_vs_noise"),
+    })
+    options = evidence.get("speed_settings") or {}
+    return "\n".join([
+        "## Speed (concurrency 1)", "",
+        "TTFT and decode tok/s from vLLM's per-request stats; each run decodes the same number of new tokens "
+        "in every cell (ignore_eos; fewer than asked only where the prompt nearly fills max_model_len). "
+        "Median over the measured runs after warm-up; Δ is against the `auto` cell at the same max_model_len.",
+        "" if options.get("enforce_eager") is None else f"enforce_eager: {options.get('enforce_eager')}.",
+        "", table(view), *(["", note] if (note := _speed_note(measured)) else []),
+    ])
+
+
+def _deltas(measured: pd.DataFrame, delta: str, noise: str) -> list[str]:
+    """Δ % against the baseline; said to be noise where the ranges overlap (runs before issue 10: Δ only)."""
+    verdicts = measured[noise] if noise in measured else [None] * len(measured)
+    return [fmt_pct(d) + (_NOISE_WORDS.get(v, "") if fmt_pct(d) else "") for d, v in zip(measured[delta], verdicts)]
+
+
+def _speed_note(measured: pd.DataFrame) -> str:
+    if "decode_vs_noise" not in measured or measured.decode_vs_noise.isna().all():
+        return ""  # runs before issue 10, or nothing compared against a baseline
+    beyond = measured[(measured.decode_vs_noise == "beyond") | (measured.ttft_vs_noise == "beyond")]
+    if beyond.empty:
+        return ("No speed difference against the baseline exceeds the run-to-run spread: FP8 is neither shown faster "
+                "nor slower here.")
+    return ("Differences beyond the run-to-run spread (the measured ranges do not overlap): "
+            + "; ".join(f"{r.cell} {r.workload}" for r in beyond.itertuples()) + ".")

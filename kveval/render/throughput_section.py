@@ -1,0 +1,53 @@
+"""The review's throughput section: output tokens/s, TTFT and ITL per concurrency level against the
+baseline, and where each tested cell outran or trailed it. Pure: evidence in, markdown out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files.rundir import RunDir
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, table
+
+
+def throughput_section(evidence: dict) -> str:
+    rows = pd.DataFrame(evidence.get("throughput") or [])
+    if rows.empty:
+        return ""
+    view = pd.DataFrame({
+        "cell": rows.cell, "concurrency": rows.concurrency.map(fmt_int), "prompt tokens": rows.prompt_tokens.map(fmt_int),
+        "requests/s": rows.requests_per_s.map(lambda v: fmt_float(v, 2)),
+        "output tok/s": rows.output_tok_s.map(lambda v: fmt_float(v, 1)),
+        f"× {BASELINE_KV}": rows.output_tok_s_vs_baseline.map(lambda v: fmt_float(v, 2) + "×" if fmt_float(v) else ""),
+        "TTFT ms p50 / p99": [f"{fmt_float(a, 0)} / {fmt_float(b, 0)}" if fmt_float(a) else ""
+                              for a, b in zip(rows.ttft_ms_p50, rows.ttft_ms_p99)],
+        "ITL ms p50 / p99": [f"{fmt_float(a, 1)} / {fmt_float(b, 1)}" if fmt_float(a) else ""
+                             for a, b in zip(rows.itl_ms_p50, rows.itl_ms_p99)],
+        "preemptions": rows.preemptions.map(fmt_int),
+        "error": rows.error.map(lambda e: escape_cell(e, 160) if isinstance(e, str) else ""),
+    })
+    out = ["## Throughput under concurrency", "",
+           "At each level N, N copies of one long prompt are submitted at once and each decodes the same number of "
+           "tokens; vLLM runs as many together as the KV pool (and max_num_seqs) allows and queues the rest. One run "
+           "per level, so small differences are not significant. × auto: output tokens/s against the `auto` cell at "
+           "the same length and level.", "", table(view)]
+    out += _throughput_findings(rows)
+    if rows.output_tok_s.notna().any():
+        out += ["", f"![output tokens/s and TTFT against concurrency]({RunDir.THROUGHPUT_PLOT})"]
+    return "\n".join(out)
+
+
+def _throughput_findings(rows: pd.DataFrame) -> list[str]:
+    """Per tested cell: the levels where it outran or trailed the baseline by more than 10 %."""
+    lines = []
+    for cell, group in rows[rows.output_tok_s_vs_baseline.notna()].groupby("cell", sort=False):
+        ahead = [int(c) for c, r in zip(group.concurrency, group.output_tok_s_vs_baseline) if r > 1.10]
+        behind = [int(c) for c, r in zip(group.concurrency, group.output_tok_s_vs_baseline) if r < 0.90]
+        parts = []
+        if ahead:
+            parts.append(f"ahead of `{BASELINE_KV}` at concurrency {', '.join(map(str, ahead))}")
+        if behind:
+            parts.append(f"behind at {', '.join(map(str, behind))}")
+        lines.append(f"- **{cell}**: " + ("; ".join(parts) if parts else f"within 10 % of `{BASELINE_KV}` at every level")
+                     + f" (its pool holds {fmt_float(group.max_concurrency.iloc[0], 1)} requests of max_model_len).")
+    return ["", *lines] if lines else []
