@@ -15,12 +15,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from kveval import defaults
 from kveval.run.death import explain_death, log_tail
+from kveval.files.cell_spec import CellSpec, PhaseOptions
 from kveval.files.startup_failure import StartupFailure, classify_startup_failure, not_started_record
 from kveval.files.rundir import DISK_FULL_EXIT, NO_SPACE_WORDS, DiskFull, RunDir, write_json_atomic
 from kveval.inputs.kvspec import KVSpec
@@ -33,7 +34,7 @@ class CellPlan:
     max_model_len: int
     engine: dict[str, Any]            # EngineSettings fields
     phases: list[str]
-    phase_options: dict[str, Any] = field(default_factory=dict)
+    phase_options: PhaseOptions | None = None   # None only for cells whose phases take no options
     workloads: str | None = None      # the prompts file, relative to the run (None: workloads.json)
 
     def to_dict(self) -> dict:
@@ -98,21 +99,17 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     child (CUDA_VISIBLE_DEVICES when cells share a host's GPUs); `stop`: set by another thread to end the
     cell as interrupted (Ctrl-C while cells run in parallel). A None value in `env` removes that variable.
     `stall_s`: a started cell with no progress event for this long is stopped and recorded as stalled."""
-    spec = {
-        "cell_id": plan.id,
-        "run_dir": str(run_dir.path.resolve()),
-        "engine": plan.engine,
-        "kv_spec": plan.kv.text,
-        "phases": plan.phases,
-        "phase_options": plan.phase_options,
-        "workloads_path": str((run_dir.path / plan.workloads if plan.workloads else run_dir.workloads_path).resolve()),
-        "result_path": str(run_dir.cell_path(plan.id).resolve()),
-        "events_path": str(run_dir.cell_events_path(plan.id).resolve()),
-        "log_path": str(run_dir.cell_log_path(plan.id).resolve()),
-    }
+    spec = CellSpec(
+        cell_id=plan.id, run_dir=str(run_dir.path.resolve()), engine=plan.engine, kv_spec=plan.kv.text,
+        phases=plan.phases, phase_options=plan.phase_options,
+        workloads_path=str((run_dir.path / plan.workloads if plan.workloads else run_dir.workloads_path).resolve()),
+        result_path=str(run_dir.cell_path(plan.id).resolve()),
+        events_path=str(run_dir.cell_events_path(plan.id).resolve()),
+        log_path=str(run_dir.cell_log_path(plan.id).resolve()),
+    )
     for stale in (run_dir.cell_path(plan.id), run_dir.cell_events_path(plan.id)):
         stale.unlink(missing_ok=True)
-    write_json_atomic(run_dir.cell_spec_path(plan.id), spec)
+    write_json_atomic(run_dir.cell_spec_path(plan.id), spec.model_dump(mode="json"))
     began = time.monotonic()
     timed_out = False
     stalled = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kveval.errors import KvevalError, RunInterrupted
+from kveval.files.cell_spec import PhaseOptions, ScoringOptions, SpeedOptions, TasksOptions, ThroughputOptions
 from kveval.files.run_lock import RunDirBusy, RunLock, acquire as acquire_run_lock
 from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writable_dir, write_json_atomic
 from kveval.gate import Thresholds
@@ -71,7 +72,7 @@ class RunSetup:
     model: ModelInfo
     manifest: dict
     plans: list[CellPlan]
-    phase_options: dict
+    phase_options: PhaseOptions
     baseline_dtype: str | None
     reuse: bool          # finished cells of an identical earlier run in this directory are kept
     devices: list[str] | None = None   # --gpus: cells run at once, one per device
@@ -136,21 +137,24 @@ def _prompts(options: CompareOptions, suite: Suite, tokenizer, model_limit: int 
     return scale_max_tokens(prompts, suite.max_tokens_scale)
 
 
-def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSpec], task_names: list[str]) -> dict:
-    return {"scoring": {"top_k": suite.scoring_top_k, "noise": True}, "speed": {
-        "runs": options.speed_runs or suite.speed_runs,
-        "warmup": options.speed_warmup if options.speed_warmup is not None else suite.speed_warmup,
-        "workloads": speed_workloads(prompts, suite.speed_workloads),
-        "max_tokens": options.speed_max_tokens or suite.speed_max_tokens,
-    }, "tasks": {"tasks": task_names, "limit": options.task_limit},
-        "throughput": {"levels": _levels(options, suite), "prompt_share": suite.throughput_prompt_share,
-                       "max_tokens": suite.throughput_max_tokens}}
+def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSpec],
+                   task_names: list[str]) -> PhaseOptions:
+    """Every phase setting, from the suite and the user's options: the phases have no defaults of their own."""
+    return PhaseOptions(
+        scoring=ScoringOptions(top_k=suite.scoring_top_k, noise=True),
+        speed=SpeedOptions(runs=options.speed_runs or suite.speed_runs,
+                           warmup=options.speed_warmup if options.speed_warmup is not None else suite.speed_warmup,
+                           workloads=speed_workloads(prompts, suite.speed_workloads),
+                           max_tokens=options.speed_max_tokens or suite.speed_max_tokens),
+        tasks=TasksOptions(tasks=task_names, limit=options.task_limit),
+        throughput=ThroughputOptions(levels=_levels(options, suite), prompt_share=suite.throughput_prompt_share,
+                                     max_tokens=suite.throughput_max_tokens))
 
 
 def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: ModelInfo, tokenizer,
-              facts: ModelFacts, prompts: list[PromptSpec], documents: list[dict], phase_options: dict,
+              facts: ModelFacts, prompts: list[PromptSpec], documents: list[dict], phase_options: PhaseOptions,
               kv_scales: dict, baseline_dtype: str | None, plans: list[CellPlan], environment_facts: dict) -> dict:
-    task_names = list(phase_options["tasks"]["tasks"])
+    task_names = list(phase_options.tasks.tasks)
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "kveval",
@@ -163,7 +167,8 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
             "kv_cache_memory_bytes": parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None,
             "gpu_memory_utilization": options.gpu_memory_utilization,
             "enforce_eager": options.enforce_eager, "engine_args": options.engine_args, "suite": suite.name,
-            "counts": options.counts, "phases": list(options.phases), "phase_options": phase_options,
+            "counts": options.counts, "phases": list(options.phases),
+            "phase_options": phase_options.model_dump(mode="json"),
             "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
             "stall_timeout_s": options.stall_timeout,
             "tasks": task_names, "lengths": list(shape.fractions), "depths": list(shape.depths),

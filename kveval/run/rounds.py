@@ -18,6 +18,7 @@ import dataclasses
 from typing import Callable
 
 from kveval.analysis.cell_records import stored_spec
+from kveval.files.cell_spec import TasksOptions
 from kveval.files.rundir import RunDir, StoreError, read_json, write_json_atomic
 from kveval.files.task_rounds import round_cell_id
 from kveval.gate import Thresholds
@@ -100,13 +101,13 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | 
         phases = []
         if probes_file and (cell in length_round.probe_cells or (is_reference and length_round.probe_cells)):
             phases.append("generation")
-        phase_options = dict(setup.phase_options)
+        phase_options = setup.phase_options
         if data_dir and (cell in length_round.task_cells or (is_reference and length_round.task_cells)):
             phases.append("tasks")
             # Only kveval's own tasks get new samples; an lm-eval task would repeat its first round's.
-            phase_options["tasks"] = {**setup.phase_options["tasks"],
-                                      "tasks": [t for t in setup.phase_options["tasks"]["tasks"] if t in TASKS],
-                                      "limit": length_round.limit, "data_dir": data_dir}
+            tasks = TasksOptions(tasks=[t for t in setup.phase_options.tasks.tasks if t in TASKS],
+                                 limit=length_round.limit, data_dir=data_dir)
+            phase_options = setup.phase_options.model_copy(update={"tasks": tasks})
         plans.append(dataclasses.replace(base, id=round_cell_id(cell, number), phases=phases,
                                          phase_options=phase_options,
                                          workloads=probes_file if "generation" in phases else None))
@@ -119,7 +120,8 @@ def _forget_if_changed(run: RunDir, plan: CellPlan) -> None:
         spec = read_json(run.cell_spec_path(plan.id)) if run.cell_spec_path(plan.id).is_file() else None
     except StoreError:
         spec = None
-    if spec is not None and ((spec.get("phase_options") or {}).get("tasks") != plan.phase_options.get("tasks")
+    planned_tasks = plan.phase_options.tasks.model_dump(mode="json") if plan.phase_options else None
+    if spec is not None and ((spec.get("phase_options") or {}).get("tasks") != planned_tasks
                              or list(spec.get("phases") or []) != list(plan.phases)):
         run.cell_path(plan.id).unlink(missing_ok=True)
 

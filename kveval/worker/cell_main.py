@@ -16,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
+from kveval.files.cell_spec import CellSpec
 from kveval.files.startup_failure import classify_startup_failure, detect_backend, not_started_record
 from kveval.files.logfacts import kv_pool_from_log
 from kveval.worker.phases.context import CellContext
@@ -35,11 +36,11 @@ class _Events:
             handle.write(json.dumps(event) + "\n")
 
 
-def _log_text(spec: dict) -> str:
+def _log_text(spec: CellSpec) -> str:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        return Path(spec["log_path"]).read_text(encoding="utf-8", errors="replace")
+        return Path(spec.log_path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
 
@@ -54,18 +55,18 @@ def _engine_module():
     return engine
 
 
-def run_cell(spec: dict) -> dict:
+def run_cell(spec: CellSpec) -> dict:
     from kveval.worker.phases import PHASES
 
     engine_module = _engine_module()
 
-    result_path = Path(spec["result_path"])
-    emit = _Events(Path(spec["events_path"]))
-    settings = engine_module.EngineSettings(**spec["engine"])
+    result_path = Path(spec.result_path)
+    emit = _Events(Path(spec.events_path))
+    settings = engine_module.EngineSettings(**spec.engine)
     facts: dict = {
-        "cell": spec["cell_id"],
+        "cell": spec.cell_id,
         # The KV spec as the user named it (e.g. fp8:keep=0): what the cell id says it is.
-        "kv_cache_dtype": spec.get("kv_spec") or settings.kv_cache_dtype,
+        "kv_cache_dtype": spec.kv_spec,
         "max_model_len": settings.max_model_len,
         "engine_settings": settings.llm_kwargs(),
         "complete": False,
@@ -99,14 +100,14 @@ def run_cell(spec: dict) -> dict:
     write_json_atomic(result_path, facts, compact=True)
     emit(event="outcome", started=True, kv_pool_tokens=facts["capacity"]["kv_pool_tokens"])
 
-    prompts = [PromptSpec.from_dict(item) for item in read_json(Path(spec["workloads_path"]))]
+    prompts = [PromptSpec.from_dict(item) for item in read_json(Path(spec.workloads_path))]
     context = CellContext(
-        cell_id=spec["cell_id"], kv_spec=spec.get("kv_spec") or settings.kv_cache_dtype, max_model_len=settings.max_model_len,
-        prompts=prompts, options=spec.get("phase_options", {}), emit=emit, facts=facts,
-        run_dir=RunDir(spec["run_dir"]), model_path=settings.model,
+        cell_id=spec.cell_id, kv_spec=spec.kv_spec, max_model_len=settings.max_model_len,
+        prompts=prompts, options=spec.phase_options, emit=emit, facts=facts,
+        run_dir=RunDir(spec.run_dir), model_path=settings.model,
         checkpoint=lambda: write_json_atomic(result_path, facts, compact=True),
     )
-    for name in spec["phases"]:
+    for name in spec.phases:
         emit(event="phase", phase=name)
         began = time.perf_counter()
         try:
@@ -135,7 +136,7 @@ def main(argv: list[str]) -> int:
     # cell's log, which then shows where the engine hung.
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
-        run_cell(read_json(Path(argv[0])))
+        run_cell(CellSpec.model_validate(read_json(Path(argv[0]))))
     except DiskFull as error:
         # The exit code tells the parent even when the full disk swallows this line in the log.
         print(f"kveval cell: {error}", file=sys.stderr, flush=True)

@@ -16,9 +16,10 @@ from kveval.files.task_rounds import merge_rounds, round_cell_id
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Check, Reason, Thresholds, Verdict
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpec
+from kveval.inputs.suites import SUITES
 from kveval.run import compare as compare_module
 from kveval.run import rounds as rounds_module
-from kveval.run.compare import RunSetup, _run_cells
+from kveval.run.compare import RunSetup, _phase_options, _run_cells
 from kveval.run.options import CompareOptions, validate_options
 from kveval.run.round_plan import Costs, LengthShape, plan_round, undecided_by_tasks
 from tests.support.constructed import planned_manifest, scoring_phase, started_cell
@@ -205,8 +206,8 @@ def _run_dir(tmp_path, budget, fp8_wrong=frozenset()):
     for name, facts in cells.items():
         write_json_atomic(run.cell_path(name), facts)
     options = CompareOptions(kv=("fp8", "auto"), max_model_len=(1024,), phases=("scoring", "tasks"), budget=budget)
-    setup = RunSetup(options, run, SimpleNamespace(path="/m"), manifest, [], {"tasks": {"tasks": ["kveval_passkey"],
-                     "limit": None}}, None, True)
+    phase_options = _phase_options(options, SUITES["quick"], [], ["kveval_passkey"])
+    setup = RunSetup(options, run, SimpleNamespace(path="/m"), manifest, [], phase_options, None, True)
     return setup
 
 
@@ -223,9 +224,9 @@ class StandIn:
 
     def run_cell_process(self, run_dir, plan, *, timeout_s, on_event, env=None, stop=None, stall_s=None):
         number = int(re.search(r"tasks-r(\d+)$", plan.id).group(1))
-        options = plan.phase_options["tasks"]
-        assert plan.phases == ["tasks"] and options["data_dir"] == f"taskdata/L1024/r{number}"
-        count = self.written[number] if options["limit"] is None else options["limit"]
+        options = plan.phase_options.tasks
+        assert plan.phases == ["tasks"] and options.data_dir == f"taskdata/L1024/r{number}"
+        count = self.written[number] if options.limit is None else options.limit
         wrong = self.fp8_wrong if plan.kv.text == "fp8" else frozenset()
         facts = _round_record(plan.id.split(".tasks-")[0], plan.kv.text, number,
                               _samples(number, count, wrong=wrong), seconds=20.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from kveval.files.cell_spec import PhaseOptions
 from kveval.files.rundir import RunDir
 from kveval.inputs.workloads import PromptSpec
 
@@ -14,12 +15,9 @@ class CellContext:
     kv_spec: str                                            # the spec text the cell is named for (fp8:keep=0)
     max_model_len: int
     prompts: list[PromptSpec]
-    options: dict[str, Any] = field(default_factory=dict)  # phase settings, e.g. {"speed": {"runs": 3}}
+    options: PhaseOptions | None = None                     # every phase's settings (None: phases that take none)
     emit: Callable[..., None] = lambda **event: None        # progress events for the parent
     facts: dict[str, Any] = field(default_factory=dict)     # this cell's facts so far (earlier phases)
     run_dir: RunDir | None = None                           # to read cells that finished before this one
     model_path: str | None = None                           # the model the engine loaded (for its tokenizer)
     checkpoint: Callable[[], None] = lambda: None           # store facts now (a long phase saves as it goes)
-
-    def phase_options(self, phase: str) -> dict[str, Any]:
-        return dict(self.options.get(phase, {}))

@@ -42,10 +42,10 @@ def _reference_outputs(cell) -> dict[str, list[int]]:
 
 
 def _sequences(cell) -> tuple[list[dict], str | None]:
-    options = cell.phase_options("scoring")
+    options = cell.options.scoring
     reference = _reference_outputs(cell)
     reference_cell = reference.pop("__cell__", None)
-    kinds = set(options.get("continuation_kinds", ["short", "context"]))
+    kinds = set(options.continuation_kinds)
     sequences = []
     for prompt in cell.prompts:
         if prompt.kind not in kinds or prompt.id not in reference:
@@ -74,8 +74,8 @@ def _attach(sequences: list[dict], results: list[dict]) -> list[dict]:
 
 
 def run(engine, cell) -> dict:
-    options = cell.phase_options("scoring")
-    top_k = int(options.get("top_k", 20))
+    options = cell.options.scoring
+    top_k = options.top_k
     sequences, reference_cell = _sequences(cell)
     cell.emit(event="step", phase="scoring", done=0, total=len(sequences))
     results = []
@@ -83,7 +83,7 @@ def run(engine, cell) -> dict:
         cell.emit(event="step", phase="scoring", done=index, total=len(sequences), item=sequence["id"])
         results.extend(engine.score([sequence["token_ids"]], top_k))
     phase = {"top_k": top_k, "reference_cell": reference_cell, "sequences": _attach(sequences, results)}
-    if cell.kv_spec == BASELINE_KV and options.get("noise", True) and sequences:
+    if cell.kv_spec == BASELINE_KV and options.noise and sequences:
         cell.emit(event="step", phase="scoring", done=len(sequences), total=len(sequences), item="noise re-score")
         together = engine.score([s["token_ids"] for s in sequences], top_k, together=True)
         phase["noise"] = {"method": "same sequences re-scored in one batch (different batch composition)",

@@ -35,11 +35,9 @@ def _representatives(cell, workloads: list[str] | None) -> list:
 
 
 def run(engine, cell) -> dict:
-    options = cell.phase_options("speed")
-    runs = int(options.get("runs", 3))
-    warmup = int(options.get("warmup", 1))
-    max_tokens_cap = options.get("max_tokens")
-    prompts = _representatives(cell, options.get("workloads"))
+    options = cell.options.speed
+    runs, warmup, max_tokens_cap = options.runs, options.warmup, options.max_tokens
+    prompts = _representatives(cell, options.workloads)
     results = []
     for index, prompt in enumerate(prompts):
         cell.emit(event="step", phase="speed", done=index, total=len(prompts), item=prompt.workload)

@@ -121,13 +121,13 @@ def run(engine, cell) -> dict:
 
     # lm-eval logs every request at INFO; the cell log is for vLLM's words.
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    options = cell.phase_options("tasks")
-    tasks = list(options.get("tasks") or [])
+    options = cell.options.tasks
+    tasks = list(options.tasks)
     plan = _task_data_plan(cell.run_dir)
     # A later round of task samples (run/rounds.py) names its own data directory.
-    relative = options.get("data_dir") or plan.get("data_dirs", {}).get(str(cell.max_model_len))
+    relative = options.data_dir or plan.get("data_dirs", {}).get(str(cell.max_model_len))
     data_dir = cell.run_dir.task_data_path(relative) if relative and cell.run_dir else None
-    limit = options.get("limit")
+    limit = options.limit
     phase = {"tasks": tasks, "lm_eval_version": getattr(lm_eval, "__version__", None),
              "data_dir": relative or "", "limit": limit, "lm_eval_results": {}, "task_errors": {}, "samples": []}
     if not tasks:

@@ -40,11 +40,10 @@ def long_prompt(cell, share: float, max_tokens: int) -> list[int] | None:
 
 
 def run(engine, cell) -> dict:
-    options = cell.phase_options("throughput")
-    max_tokens = int(options.get("max_tokens", 64))
-    share = float(options.get("prompt_share", 0.5))
+    options = cell.options.throughput
+    max_tokens, share = options.max_tokens, options.prompt_share
     capacity = cell.facts.get("capacity") or {}
-    levels = levels_for(options.get("levels", [1, 4, 16, 64]), capacity.get("max_concurrency"))
+    levels = levels_for(options.levels, capacity.get("max_concurrency"))
     prompt = long_prompt(cell, share, max_tokens)
     phase = {"prompt_tokens": len(prompt) if prompt else 0, "max_tokens": max_tokens, "prompt_share": share,
              "levels": levels, "max_concurrency": capacity.get("max_concurrency"), "runs": []}

@@ -1,0 +1,63 @@
+"""The parent -> cell message (`cells/<cell>.spec.json`) and the settings each phase runs with.
+
+The parent (run/cell_process) writes a CellSpec; the cell process (worker/cell_main) reads it once and
+hands its phases typed options. Every phase setting is decided by the parent, from the suite
+(inputs/suites) and the user's options (run/compare._phase_options): no phase has a default of its
+own, so a value lives in one place.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScoringOptions(_Message):
+    top_k: int                    # logprobs kept per position (the KL's support)
+    noise: bool                   # the baseline re-scores its sequences in another batch: the noise floor
+    continuation_kinds: tuple[str, ...] = ("short", "context")   # generated outputs also scored, by kind
+
+
+class SpeedOptions(_Message):
+    runs: int
+    warmup: int
+    workloads: Optional[list[str]]     # the workloads timed (None: one per workload kind)
+    max_tokens: Optional[int]          # cap on each timed generation (None: the prompt's own)
+
+
+class TasksOptions(_Message):
+    tasks: list[str]
+    limit: Optional[int]               # samples per task at most
+    data_dir: Optional[str] = None     # a round's own task data (run/rounds); None: the first look's
+
+
+class ThroughputOptions(_Message):
+    levels: list[int]                  # concurrent requests per step of the sweep
+    prompt_share: float                # prompt length as a share of max_model_len
+    max_tokens: int
+
+
+class PhaseOptions(_Message):
+    scoring: ScoringOptions
+    speed: SpeedOptions
+    tasks: TasksOptions
+    throughput: ThroughputOptions
+
+
+class CellSpec(_Message):
+    """What one cell process is told: its engine, its phases and where its files are."""
+
+    cell_id: str
+    run_dir: str
+    engine: dict[str, Any]                 # worker/engine_settings.EngineSettings fields
+    kv_spec: str                           # the KV spec text the cell is named for (fp8:keep=0)
+    phases: list[str]
+    phase_options: Optional[PhaseOptions]  # None only for a cell whose phases take no options
+    workloads_path: str
+    result_path: str
+    events_path: str
+    log_path: str
