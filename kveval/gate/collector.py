@@ -1,0 +1,31 @@
+"""What the checks of the verdict share: the collector of checks and reasons, and short figures for
+sentences."""
+from __future__ import annotations
+
+from kveval.gate.verdict import Check, Reason
+
+
+def _g(x) -> str:
+    """Short figure for sentences: 0.0034, 0.41, 4.3."""
+    return "n/a" if x is None else f"{x:.2g}" if abs(x) < 1 else f"{x:.3g}"
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+class _Collector:
+    """Accumulates checks and reasons; statuses follow from the reasons' levels."""
+
+    def __init__(self):
+        self.checks: list[Check] = []
+        self.reasons: list[Reason] = []
+
+    def check(self, name, cell, value, limit, passed, detail=""):
+        self.checks.append(Check(name, cell, value, limit, passed, detail))
+
+    def reason(self, level, cell, message, decide=""):
+        self.reasons.append(Reason(level, cell, " ".join(message.split()), " ".join(decide.split())))
+
+    def levels(self, cell) -> set[str]:
+        return {r.level for r in self.reasons if r.cell == cell}

@@ -1,0 +1,85 @@
+"""Degeneration of a cell's outputs against the baseline's for the same prompts (paired, McNemar
+and Tango bounds), and what would decide an open comparison."""
+from __future__ import annotations
+
+from scipy.stats import binomtest
+
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.paired_difference import excess_lower_bound, excess_upper_bound
+from kveval.analysis.sequential import look_alpha
+from kveval.gate.collector import _Collector, _g, _pct
+from kveval.gate.thresholds import Thresholds
+from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOTE
+
+
+def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds) -> None:
+    """Degeneration as paired evidence (issue 22): per prompt, does the cell's output degenerate, and the
+    baseline's? The excess is (cell-only − baseline-only) / judged outputs, bounded both ways by Tango's
+    score interval for the difference of paired proportions (analysis/paired_difference.py).
+
+    - PASS: at most `new_degenerate_allowance` (or `max_new_degenerate_share` of the outputs) new, or the
+      one-sided (1 − alpha) upper bound of the excess under `degeneration_noninferiority_margin`
+      (7 vs 5 of 109: bound 7.1 % < 10 %).
+    - FAIL: McNemar's exact test (McNemar 1947; one-sided binomial on the discordant prompts) at p < alpha
+      and the lower bound above `max_new_degenerate_share`.
+    - Otherwise undecided, with the counts: a handful of loops (2 of 9 against 0), or an excess that is
+      neither shown small nor shown large (12 vs 4 of 109: 7.3 %, bounds 1.4 % and 13.3 %)."""
+    if not entry or not entry.get("outputs"):
+        return
+    judged, new = entry.get("judged_outputs"), entry.get("new_degenerate") or 0
+    judged = entry["outputs"] if judged is None else judged
+    if not judged:
+        out.reason(NOTE, cell, f"{cell}: degeneration not judged: no {BASELINE_KV} output for the same prompts")
+        return
+    base_only = entry.get("baseline_only_degenerate") or 0  # None in evidence from before the paired test
+    excess = (new - base_only) / judged
+    p = float(binomtest(new, new + base_only, 0.5, alternative="greater").pvalue) if new else 1.0
+    detail = (f"{new} of {judged} outputs degenerate only here, {base_only} only in {BASELINE_KV}; excess "
+              f"{_pct(excess)}, McNemar exact p {_g(p)}")
+    allowed = max(t.new_degenerate_allowance, t.max_new_degenerate_share * judged)
+    if new <= allowed:
+        out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, True,
+                  f"{detail}; allowed {allowed:g}")
+        return
+    # Rounds of new probes are judged at every round, like task samples: each look tests at the alpha
+    # it may spend (analysis/sequential.py); without rounds, the fixed-sample test at t.alpha.
+    look = look_alpha(entry.get("looks") or [judged], entry.get("n_max"), t.alpha, bool(entry.get("final", True)))
+    level = look.alpha
+    lower = excess_lower_bound(judged, new, base_only, level) if level > 0 else -1.0
+    upper = excess_upper_bound(judged, new, base_only, level) if level > 0 else 1.0
+    detail += f", {_pct(1 - 2 * level)} interval {_pct(lower)} to {_pct(upper)} (Tango score)"
+    if look.sequential:
+        detail += (f"; look {look.number} of a sequential design over at most {entry.get('n_max')} outputs, "
+                   f"alpha {_g(level)} of {t.alpha:g} spent here{' (the final look)' if look.final else ''}")
+    # Both: the exact test keeps a few outputs (3 of 3: p 0.125) from deciding, where the asymptotic
+    # bound alone would; the bound keeps a significant but small excess (12 vs 4 of 109) from it.
+    if p < level and lower > t.max_new_degenerate_share:
+        out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, False, detail)
+        out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
+                               f"same prompt does not, {base_only} the other way ({detail}: lower bound > "
+                               f"{_pct(t.max_new_degenerate_share)})")
+        return
+    if upper < t.degeneration_noninferiority_margin:
+        out.check("degeneration_noninferiority", cell, upper, t.degeneration_noninferiority_margin, True,
+                  f"{detail}; the excess is shown under {_pct(t.degeneration_noninferiority_margin)}")
+        return
+    out.check("degeneration_noninferiority", cell, upper, t.degeneration_noninferiority_margin, None, detail)
+    why = ("not significant" if p >= level else
+           f"the excess is not shown to be above {_pct(t.max_new_degenerate_share)}")
+    out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
+                                   f"does not, {base_only} the other way: {why}, nor shown under "
+                                   f"{_pct(t.degeneration_noninferiority_margin)} ({detail})",
+               _more_probes_hint(entry, look))
+
+
+def _more_probes_hint(entry: dict, look) -> str:
+    """What would decide an open degeneration comparison, in the run's own terms."""
+    n_max = entry.get("n_max")
+    if n_max and not look.final:
+        return (f"more probe outputs: rounds of new probes continue up to {n_max} per cell within --budget "
+                "(a larger --budget allows more)")
+    if n_max:
+        return ("more probe outputs than were judged here: a --prompts FILE of short questions (each is generated in "
+                "every cell and scanned with the probes), or a larger --budget while kveval's own probes last")
+    return ("more generation prompts show whether the excess is real: rounds of new probes (--budget), or a "
+            "--prompts FILE of short questions (every prompt is generated in every cell and scanned with the probes)")

@@ -1,0 +1,134 @@
+"""The verdict: may this model run with the tested KV-cache configuration? Pure; reads evidence only.
+
+The verdict rests on strength of evidence, per tested cell (a KV configuration at one max_model_len):
+
+- **PASS** needs positive evidence on every count:
+  teacher-forced divergence against the `auto` baseline inside the healthy budget (KL mean, KL p99,
+  top-1 agreement) over at least `min_scored_tokens` positions, *and* inside the late-position budget
+  over at least `min_late_tokens` positions in the second half of the cell's context (damage that
+  grows with position must not be diluted by many short positions); and long-context task accuracy
+  shown non-inferior: the one-sided lower confidence bound of the paired recovery (cell / baseline
+  accuracy) at or above `task_noninferiority_margin` — unless the user turned tasks off, which the
+  verdict then says.
+- **FAIL** needs strong evidence of harm: a significant task-accuracy drop (McNemar exact p < alpha
+  and recovery under `task_recovery_min`), divergence beyond the *harm* limits (several times the
+  healthy budget), or degeneration new against an existing baseline output for the same prompt,
+  as a significant excess by McNemar's exact test on the discordant prompts (`_degeneration`).
+- Anything else is **INCONCLUSIVE**, and each reason says what would decide it.
+
+Missing evidence never makes a FAIL: a cell with no baseline at its length, a cell whose result file
+is missing, a phase that did not run — each is INCONCLUSIVE with its reason.
+
+Healthy FP8 divergence differs by platform (vLLM's CPU FP8 path drifts about four times more than
+FA3 on the same model, and more with position), so the budgets come from a platform profile chosen
+from what the run recorded (`evidence["platform"]`); the review names the profile. A threshold set by
+the user (`--threshold`, YAML) overrides the profile on every platform.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.gate.attribution import _attribute
+from kveval.gate.collector import _Collector, _g
+from kveval.gate.defects import _defects
+from kveval.gate.degeneration_checks import _degeneration
+from kveval.gate.divergence_checks import _divergence
+from kveval.gate.task_checks import _tasks
+from kveval.gate.thresholds import DEFAULT_PROFILE, PROFILES, Thresholds
+from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOT_STARTED, NOTE, PASS, Verdict
+
+
+def _cell_status(out: _Collector, cell: str) -> str:
+    levels = out.levels(cell)
+    return FAIL if FAIL in levels else INCONCLUSIVE if INCONCLUSIVE in levels else PASS
+
+
+def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: str = BASELINE_KV) -> Verdict:
+    """PASS / FAIL / INCONCLUSIVE from evidence (rules: module docstring), with a status per tested cell.
+
+    The run is FAIL when any tested cell FAILs, PASS when every tested cell that started PASSes (at
+    least one did and none is missing), else INCONCLUSIVE. A cell that did not start is a capacity
+    finding (NOT STARTED), not a quality failure.
+    """
+    t = thresholds or Thresholds()
+    out = _Collector()
+    cells = evidence.get("cells") or {}
+    platform = evidence.get("platform") or {}
+    profile = platform.get("profile") if platform.get("profile") in PROFILES else DEFAULT_PROFILE
+    budget = t.budget(profile)
+    divergence = evidence.get("divergence") or {}
+    floor = divergence.get("noise_floor")
+    comparisons = {c["cell"]: c for c in divergence.get("comparisons", []) if c.get("kind") == "kv"}
+    unmatched_div = {u["cell"]: u.get("reason") for u in divergence.get("unmatched", [])}
+    degeneration = (evidence.get("degeneration") or {}).get("cells") or {}
+    tasks = evidence.get("tasks") or {}
+    task_cells = tasks.get("cells") or {}
+    task_unmatched = {u.get("cell"): u.get("reason") for u in tasks.get("unmatched") or []}
+    task_errors = tasks.get("errors") or {}
+    tasks_planned = bool(evidence.get("tasks_planned", bool(tasks)))
+    pace = tasks.get("pace")
+
+    missing = [name for name, c in cells.items() if c.get("missing")]
+    statuses: dict[str, str] = {}
+    for name in missing:
+        statuses[name] = "MISSING"
+        out.reason(INCONCLUSIVE, None if cells[name].get("kv_cache_dtype") == baseline_kv else name,
+                   f"{name}: planned but has no result file (deleted, or the run stopped before it finished); "
+                   "nothing it would have measured is judged",
+                   "run the same command again with the same --out: finished cells are kept, missing ones are measured")
+    candidates = [n for n, c in cells.items() if c.get("kv_cache_dtype") != baseline_kv and not c.get("missing")]
+    started = [n for n in candidates if cells[n].get("started")]
+    bases = [n for n, c in cells.items() if c.get("kv_cache_dtype") == baseline_kv and c.get("started")]
+    for name in candidates:
+        if not cells[name].get("started"):
+            reason = cells[name].get("failure_reason") or "unknown reason"
+            out.check("started", name, None, None, None, f"did not start ({reason})")
+            out.reason(NOTE, name, f"{name}: did not start ({reason}: a start-up finding, not a quality failure); "
+                                   "its quality was not measured")
+            statuses[name] = NOT_STARTED
+    if not candidates and not missing:
+        out.reason(INCONCLUSIVE, None, f"no cell other than {baseline_kv} in the run: nothing to judge",
+                   "add the KV dtype to test, e.g. --kv fp8 auto")
+    elif candidates and not started:
+        out.reason(INCONCLUSIVE, None, "no tested cell started: quality could not be measured",
+                   "see the start-up section for vLLM's reason")
+    if started and not bases:
+        out.reason(INCONCLUSIVE, None, f"no {baseline_kv} baseline cell started: nothing to compare with",
+                   f"let a {baseline_kv} cell start (the start-up section says why it did not)")
+    if floor and floor.get("kl_mean") is not None and t.noise_multiplier * floor["kl_mean"] > budget.kl_mean_max:
+        out.reason(NOTE, None, f"baseline noise floor KL mean {_g(floor['kl_mean'])} widens the KL mean budget to "
+                               f"{_g(t.noise_multiplier * floor['kl_mean'])}")
+
+    references = evidence.get("quality_references") or {}
+    for name in started:
+        reference = (comparisons.get(name) or {}).get("reference")
+        if reference in references:
+            out.reason(NOTE, name, f"{name} is judged against {reference}: {references[reference].get('for')} did not "
+                                   f"start on the run's KV budget, so kveval started `{baseline_kv}` at this length with "
+                                   f"{(references[reference].get('kv_cache_memory_bytes') or 0) / 2 ** 20:,.0f} MiB "
+                                   "for quality only (not a capacity figure)")
+        _divergence(out, name, comparisons.get(name), unmatched_div.get(name) or "no divergence data", floor, budget, t)
+        _degeneration(out, name, degeneration.get(name), t)
+        _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace, t)
+        for task_name in sorted((tasks.get("task_errors") or {}).get(name) or {}):
+            out.reason(NOTE, name, f"{name}: task {task_name} failed and is left out of its task accuracy")
+        statuses[name] = _cell_status(out, name)
+
+    defects = _defects(out, evidence, budget, t)
+    attributed = _attribute(out, evidence, {d["cell"] for d in defects}, t)
+    for name in started:
+        statuses[name] = _cell_status(out, name)
+
+    run_levels = out.levels(None)
+    tested = [statuses[n] for n in started]
+    if FAIL in tested:
+        status = FAIL
+    elif INCONCLUSIVE in tested or INCONCLUSIVE in run_levels or not tested or missing:
+        status = INCONCLUSIVE
+    else:
+        status = PASS
+    budget_dict = dataclasses.asdict(budget)
+    return Verdict(status, out.reasons, out.checks, t.to_dict(), floor, statuses,
+                   {"name": profile, "why": platform.get("why") or PROFILES[profile][1],
+                    "calibration": PROFILES[profile][1], "budget": budget_dict}, defects, attributed)

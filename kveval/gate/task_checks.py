@@ -1,0 +1,103 @@
+"""Long-context task accuracy of a cell against its baseline: non-inferiority of the paired recovery,
+a significant drop, and how many samples would decide an open comparison."""
+from __future__ import annotations
+
+import math
+
+from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
+from kveval.analysis.sequential import final_look_alpha, look_alpha, samples_to_show_drop
+from kveval.gate.collector import _Collector, _g, _pct
+from kveval.gate.thresholds import Thresholds
+from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOTE
+
+
+def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool, unmatched: str | None,
+           error: str | None, pace: dict | None, t: Thresholds) -> None:
+    """Non-inferiority of paired task recovery; see the rules in gate/evaluate.py's docstring."""
+    if not tasks_planned:
+        out.reason(NOTE, cell, f"{cell}: long-context task accuracy not measured (tasks turned off); a PASS rests on "
+                               "divergence and degeneration alone")
+        return
+    if error:
+        out.reason(INCONCLUSIVE, cell, f"{cell}: the long-context tasks phase failed ({' '.join(error.split())[:200]})",
+                   "fix the cause and run the same command again (finished cells are kept)")
+        return
+    if result is None or not result.get("n"):
+        why = unmatched or f"no paired task sample (no started {BASELINE_KV} cell with task results at this length)"
+        out.reason(INCONCLUSIVE, cell, f"{cell}: task accuracy not judged: {why}",
+                   f"a started {BASELINE_KV} cell at the same max_model_len with task results")
+        return
+    n, b, c = int(result["n"]), int(result.get("b") or 0), int(result.get("c") or 0)
+    base_acc, rec, p = result.get("baseline_accuracy"), result.get("recovery"), result.get("mcnemar_p")
+    detail = (f"accuracy {_pct(result.get('cell_accuracy'))} vs {_pct(base_acc)} on {n} paired samples "
+              f"({b} only {BASELINE_KV} right, {c} only this cell), McNemar p {_g(p)}")
+    if rec is None or not base_acc:
+        out.check("task_recovery", cell, None, t.task_noninferiority_margin, None, detail)
+        out.reason(INCONCLUSIVE, cell, f"{cell}: task recovery undefined: the {BASELINE_KV} cell answered none of the "
+                                       f"{n} paired samples", "tasks the model can answer at this length: smaller "
+                                                              "--task-lengths, or a stronger model")
+        return
+    # Rounds of task samples are judged at every round: each look tests at the alpha it may spend
+    # (analysis/sequential.py); no design, or one final look: the fixed-sample test at t.alpha.
+    look = look_alpha(result.get("looks") or [n], result.get("n_max"), t.alpha, bool(result.get("final", True)))
+    level = look.alpha
+    # The bound of a recovery is never below 0; at a tiny alpha (an early look) the exact bound of b / n
+    # nears 1 and the formula would go negative, which says nothing more than 0 does.
+    bound = max(0.0, paired_recovery_bound(n, b, c, base_acc, level)) if level > 0 else 0.0
+    detail += f", recovery {_pct(rec)}, {_confidence(level)} lower bound {_pct(bound)}"
+    if look.sequential:
+        detail += (f"; look {look.number} of a sequential design over at most {result.get('n_max')} samples, "
+                   f"alpha {_g(level)} of {t.alpha:g} spent here{' (the final look)' if look.final else ''}")
+    if rec < t.task_recovery_min and p is not None and p < level:
+        out.check("task_recovery", cell, rec, t.task_recovery_min, False, detail)
+        out.reason(FAIL, cell, f"{cell}: significant task accuracy drop: recovery {_pct(rec)} < "
+                               f"{_pct(t.task_recovery_min)}, McNemar p {_g(p)} < {_g(level)} ({detail})")
+    elif bound >= t.task_noninferiority_margin:
+        out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, True, detail)
+    else:
+        out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, None, detail)
+        out.reason(INCONCLUSIVE, cell,
+                   f"{cell}: task accuracy not shown non-inferior: recovery {_pct(rec)}, lower bound {_pct(bound)} < "
+                   f"margin {_pct(t.task_noninferiority_margin)} ({n} paired samples)",
+                   _more_samples_hint(n, b, c, base_acc, rec, look, result.get("n_max"), pace, t))
+
+
+def _confidence(level: float) -> str:
+    """95 % for alpha 0.05; more digits where an early look spends little (99.97 %)."""
+    share = 100 * (1 - level)
+    return f"{share:g} %" if share == round(share, 2) else f"{share:.4g} %"
+
+
+def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look, n_max: int | None,
+                       pace: dict | None, t: Thresholds) -> str:
+    """What would decide an undecided task comparison, never contradicting itself: a sample count when
+    more samples could show non-inferiority (or a significant drop), else that the observed recovery
+    at or under the margin is the finding."""
+    sequential = bool(n_max)
+    # A new run with a budget spends its last look at about this (its previous look at half its samples).
+    level = final_look_alpha(t.alpha) if sequential else t.alpha
+    need = samples_to_decide(n, b, c, base_acc, t.task_noninferiority_margin, level)
+    if need is None:
+        hint = (f"the observed recovery {_pct(rec)} is not 2 points above the margin "
+                f"{_pct(t.task_noninferiority_margin)}: if it holds, more samples would not show it non-inferior, "
+                "and that is the finding")
+        drop = samples_to_show_drop(n, b, c, level) if rec < t.task_recovery_min else None
+        if drop:
+            hint += f"; about {drop:,} paired samples per cell would show whether the drop is significant"
+            hint += f" (--budget {drop})" if sequential else ""
+        return hint
+    if sequential and not look.final:
+        return f"more rounds of task samples: about {need:,} paired samples per cell (now {n}) within --budget {n_max}"
+    hint = f"about {need:,} paired samples per cell (now {n})"
+    if sequential:
+        hint += f"; this run's rounds stopped short of them: --budget {need} gives a run that many"
+    per_point = (pace or {}).get("samples_per_unit")
+    if per_point and not sequential:
+        k = max(1, math.ceil(need / per_point))
+        hint += f": --task-samples {k} ({per_point} samples per step)"
+    seconds = (pace or {}).get("seconds_per_sample")
+    if seconds:
+        minutes = need * seconds * max(1, (pace or {}).get("cells", 1)) / 60
+        hint += f", roughly {minutes:.0f} min of task time at this run's pace"
+    return hint
