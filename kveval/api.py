@@ -14,16 +14,22 @@ from kveval import defaults
 from kveval.errors import KvevalError, RunInterrupted
 from kveval.files.rundir import DiskFull, RunDir, StoreError, cell_id, ensure_writable_dir, write_json_atomic
 from kveval.files.run_lock import live_writer
-from kveval.gate import GateConfigError, Thresholds, Verdict, load_thresholds
+from kveval.gate import EXIT_USAGE, GateConfigError, Thresholds, Verdict, exit_code, load_thresholds
+from kveval.inputs.kvspec import ATTENTION_TYPES as KEEP_ATTENTION_TYPES
 from kveval.inputs.model_config import load_tokenizer
-from kveval.inputs.models import ModelError, resolve_model
-from kveval.inputs.suites import get_suite
-from kveval.inputs.task_data import TASKS as TASKS_BY_NAME, write_task_data
+from kveval.inputs.models import (ModelError, ModelInfo, default_model_info, kveval_home, prepare_default_model,
+                                  resolve_model)
+from kveval.inputs.resources import LM_EVAL_TASKS_DIR
+from kveval.inputs.suites import SUITES, get_suite
+from kveval.inputs.task_data import TASK_GROUP, TASKS as TASKS_BY_NAME, write_task_data
 from kveval.inputs.task_selection import task_shape
 from kveval.run.options import CompareOptions, normalized, validate_options
+from kveval.run.remedy import REMEDY_MODES
 
-__all__ = ["CompareOptions", "KvevalError", "RunInterrupted", "RunResult", "compare", "compare_options", "gate", "generate_task_data",
-           "load_run", "report", "resolve_thresholds", "run_in_progress"]
+__all__ = ["CompareOptions", "EXIT_USAGE", "KEEP_ATTENTION_TYPES", "KvevalError", "REMEDY_MODES", "RunInterrupted", "RunResult", "SUITES",
+           "TASK_GROUP", "TASKS_BY_NAME", "Thresholds", "compare", "compare_options", "default_model",
+           "exit_code", "file_schema", "gate", "generate_task_data", "kveval_home", "lm_eval_tasks_dir", "load_run",
+           "report", "resolve_thresholds", "run_in_progress"]
 
 
 @dataclass
@@ -180,3 +186,25 @@ def generate_task_data(out: str | Path, max_model_len: int, *, model: str | None
         raise KvevalError(f"cannot generate task data for max_model_len {max_model_len}: {error}") from None
     except OSError as error:
         raise KvevalError(f"--out {out}: cannot write the task data ({error.strerror or error})") from None
+
+
+def default_model(prepare: bool = False, progress: Any = None) -> ModelInfo:
+    """The embedded default model, converted first when `prepare` (and not yet converted)."""
+    if prepare:
+        try:
+            prepare_default_model(progress=progress)
+        except ModelError as error:
+            raise KvevalError(str(error)) from None
+    return default_model_info()
+
+
+def file_schema(kind: str) -> dict:
+    """The JSON Schema of a run file: results, manifest, cell or kv_ranges."""
+    from kveval.files import schema
+
+    return schema.json_schema(kind)
+
+
+def lm_eval_tasks_dir() -> Path:
+    """The directory of kveval's lm-eval task YAMLs (for lm_eval --include_path)."""
+    return LM_EVAL_TASKS_DIR.resolve()

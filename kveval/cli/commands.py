@@ -14,10 +14,8 @@ import click
 
 from kveval import __version__
 from kveval.cli.options import MultiValueOption, parse_float_list, parse_int_list, parse_key_value, split_values
-from kveval.gate import EXIT_USAGE, Thresholds, exit_code
 from kveval import defaults
-from kveval.inputs.suites import SUITES
-from kveval.run.remedy import REMEDY_MODES
+from kveval.api import EXIT_USAGE, REMEDY_MODES, SUITES, Thresholds, exit_code
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERRUPTED = 130
@@ -267,23 +265,21 @@ def schema_command(kind) -> None:
     or kv_ranges.json. `kveval report` checks every file it reads against these."""
     import json
 
-    from kveval.files import schema
+    from kveval.api import file_schema
 
-    click.echo(json.dumps(schema.json_schema(kind), indent=1))
+    click.echo(json.dumps(file_schema(kind), indent=1))
 
 
 @cli.command(context_settings=CONTEXT)
 @click.option("--prepare", is_flag=True, help="Convert the default model now if it is not yet.")
 def models(prepare) -> None:
     """Show where the embedded default model lives (and prepare it)."""
-    from kveval.inputs.models import ModelError, default_model_info, kveval_home, prepare_default_model
+    from kveval.api import KvevalError, default_model, kveval_home
 
-    if prepare:
-        try:
-            prepare_default_model(progress=lambda m: click.echo(m, err=True))
-        except ModelError as error:
-            raise UsageFailure(str(error)) from None
-    info = default_model_info()
+    try:
+        info = default_model(prepare, progress=lambda m: click.echo(m, err=True))
+    except KvevalError as error:
+        raise UsageFailure(str(error)) from None
     click.echo(f"default model: {info.name}")
     click.echo(f"  path:   {info.path}")
     click.echo(f"  ready:  {'yes' if info.ready else 'no (converted on first use, or run: kveval models --prepare)'}")
@@ -299,9 +295,9 @@ def tasks_group() -> None:
 @tasks_group.command("list")
 def tasks_list() -> None:
     """The tasks, their answer budgets and what they test."""
-    from kveval.inputs.task_data import TASK_GROUP, TASKS
+    from kveval.api import TASK_GROUP, TASKS_BY_NAME
 
-    for spec in TASKS.values():
+    for spec in TASKS_BY_NAME.values():
         click.echo(f"{spec.name:<24} ({spec.short}, answer ≤ {spec.max_gen_toks} tokens) {spec.description}")
     click.echo(f"group: {TASK_GROUP} (all of them)")
 
@@ -309,9 +305,9 @@ def tasks_list() -> None:
 @tasks_group.command("path")
 def tasks_path() -> None:
     """Print the directory of kveval's lm-eval task YAMLs (for lm_eval --include_path)."""
-    from kveval.inputs.resources import LM_EVAL_TASKS_DIR
+    from kveval.api import lm_eval_tasks_dir
 
-    click.echo(str(LM_EVAL_TASKS_DIR.resolve()))
+    click.echo(str(lm_eval_tasks_dir()))
 
 
 @tasks_group.command("generate", context_settings=CONTEXT)

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from kveval.inputs.kvspec import ATTENTION_TYPES as _KEEP_NAMES  # vLLM's names in kv_cache_dtype_skip_layers
+from kveval.api import KEEP_ATTENTION_TYPES as _KEEP_NAMES  # vLLM's names in kv_cache_dtype_skip_layers
 
 __all__ = [
     "MultiValueOption",

@@ -117,3 +117,12 @@ def test_kv_specs_are_read_in_two_places():
         isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "parse_kv"
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
     assert callers == ["kveval.analysis.cell_records", "kveval.run.options"]
+
+
+def test_the_cli_goes_through_the_api():
+    # A thin CLI: option parsing and printing over kveval.api, nothing below it.
+    allowed = {"kveval", "kveval.api", "kveval.defaults", "kveval.errors"}
+    graph = _graph()
+    for module in (m for m in MODULES if m.startswith("kveval.cli")):
+        below = {t for t in graph[module] if t not in allowed and not t.startswith("kveval.cli")}
+        assert not below, f"{module} imports {sorted(below)}"
