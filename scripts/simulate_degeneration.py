@@ -1,5 +1,5 @@
 """How often the degeneration gate decides, by simulation: PASS / FAIL / INCONCLUSIVE rates of the rule in
-kveval/gate.py under the sequential design of run/rounds.py (first look 109 judged outputs, each round
+kveval/gate/ (degeneration_checks.py) under the sequential design of run/rounds.py (first look 109 judged outputs, each round
 doubling them up to --budget's 600, every look at the alpha it may spend, the last one final).
 
 Loops are drawn independently per prompt in the cell and its baseline (the worst case for the test:

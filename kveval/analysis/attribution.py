@@ -17,7 +17,7 @@ so their per-position KLs are paired. Two questions follow:
   So is a remedy whose per-position figures equal plain FP8's exactly: its setting never reached the
   engine.
 
-The gate (`gate.py`) turns these figures into verdict reasons; nothing here decides.
+The gate (`gate/attribution.py`, `gate/defects.py`) turns these figures into verdict reasons; nothing here decides.
 """
 from __future__ import annotations
 

@@ -113,15 +113,18 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--model", default=None, metavar="ID|DIR|FILE.gguf",
               help="Hugging Face model id, local directory or GGUF file (dequantised once into $KVEVAL_HOME). "
                    "Default: the embedded SmolLM2-135M-Instruct.")
-@click.option("--kv", cls=MultiValueOption, default=defaults.KV, show_default=_spaced(defaults.KV),
-              help="KV-cache configurations to compare, e.g. --kv fp8 auto (also --kv fp8 --kv auto, --kv fp8,auto); "
-                   "fp8:keep=0,1 keeps layers 0 and 1 in the model dtype.")
+@click.option("--kv", "--kv-cache-dtype", "kv", cls=MultiValueOption, default=defaults.KV,
+              show_default=_spaced(defaults.KV),
+              help="KV-cache configurations to compare (vLLM's --kv-cache-dtype values), e.g. --kv fp8 auto (also "
+                   "--kv fp8 --kv auto, --kv fp8,auto); fp8:keep=0,1 keeps layers 0 and 1 in the model dtype "
+                   "(vLLM's --kv-cache-dtype-skip-layers 0 1).")
 @click.option("--max-model-len", "max_model_len", cls=MultiValueOption, default=(),
               show_default=_spaced(defaults.MAX_MODEL_LEN) + ", without those over the model's limit",
               help="max_model_len values, e.g. --max-model-len 2048 8192 32768.")
 @click.option("--out", default=None, metavar="DIR", help="Run directory. Default: runs/<model>-<time>.")
-@click.option("--kv-cache-memory", default=None, metavar="SIZE",
-              help="KV-cache budget per engine (vLLM kv_cache_memory_bytes), e.g. 150MiB, to emulate a smaller GPU.")
+@click.option("--kv-cache-memory", "--kv-cache-memory-bytes", "kv_cache_memory", default=None, metavar="SIZE",
+              help="KV-cache budget per engine (vLLM's --kv-cache-memory-bytes), e.g. 150MiB or 157286400, to "
+                   "emulate a smaller GPU.")
 @click.option("--gpu-memory-utilization", type=float, default=None, help="Passed to vLLM.")
 @click.option("--enforce-eager/--no-enforce-eager", default=False, show_default=True, help="Passed to vLLM.")
 @click.option("--engine-arg", "engine_args", cls=MultiValueOption, split_commas=False, default=(), metavar="KEY=VALUE",

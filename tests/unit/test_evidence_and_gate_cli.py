@@ -399,3 +399,20 @@ def test_deleted_cell_file_is_named_and_never_pass(run_dir):
     assert result.exit_code == EXIT_INCONCLUSIVE, result.output
     assert "fp8-1024: planned but has no result file" in result.stdout
     assert "run the same command again with the same --out" in (path / "review.md").read_text()
+
+
+def test_vllms_own_option_names_are_aliases(run_dir, monkeypatch):
+    # --kv-cache-dtype and --kv-cache-memory-bytes, as vLLM spells them, mean --kv and --kv-cache-memory.
+    path = run_dir("harmed")
+    seen = {}
+
+    def fake_compare(**kwargs):
+        seen.update(kwargs)
+        return api.report(path)
+
+    monkeypatch.setattr(api, "compare", fake_compare)
+    CliRunner().invoke(cli, ["compare", "--out", str(path), "--kv-cache-dtype", "fp8:keep=0", "auto",
+                             "--kv-cache-memory-bytes", "157286400"])
+    assert list(seen["kv"]) == ["fp8:keep=0", "auto"] and seen["kv_cache_memory"] == "157286400"
+    options = api.compare_options(**seen)
+    assert [spec.text for spec in options.kv_specs] == ["fp8:keep=0", "auto"]
