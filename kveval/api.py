@@ -28,7 +28,7 @@ from kveval.run.remedy import REMEDY_MODES
 
 __all__ = ["CompareOptions", "EXIT_USAGE", "KEEP_ATTENTION_TYPES", "KvevalError", "REMEDY_MODES", "RunInterrupted", "RunResult", "SUITES",
            "TASK_GROUP", "TASKS_BY_NAME", "Thresholds", "compare", "compare_options", "default_model",
-           "exit_code", "file_schema", "gate", "generate_task_data", "kveval_home", "lm_eval_tasks_dir", "load_run",
+           "exit_code", "file_schema", "gate", "generate_task_data", "judge", "kveval_home", "lm_eval_tasks_dir", "load_run",
            "report", "resolve_thresholds", "run_in_progress"]
 
 
@@ -123,7 +123,24 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
     """Recompute the evidence and the verdict from the stored files alone (no engine); write
     results.json, tables/*.csv and review.md. Thresholds: `thresholds`, or defaults < the run's own
     (thresholds.json, written by `compare`) < the YAML file `gate_config` < `gate_overrides`."""
-    from kveval.pipeline import judge_stored_run, rejudge_stored_evidence
+    from kveval.pipeline import write_review
+
+    result, evidence, verdict = _judged(run_dir, thresholds, gate_config, gate_overrides)
+    try:
+        review = write_review(RunDir(run_dir), result.manifest, evidence, verdict)
+    except StoreError as error:
+        raise KvevalError(str(error)) from None
+    result.results_path, result.review_path = review.results_path, review.review_path
+    result.evidence, result.verdict = review.evidence, review.verdict
+    if progress is not None:
+        progress.note(f"Review written: {review.review_path}")
+    return result
+
+
+def _judged(run_dir: str | Path, thresholds: Thresholds | None, gate_config: str | Path | None,
+            gate_overrides: dict | None) -> tuple[RunResult, dict, Verdict]:
+    """The stored run, its evidence and the verdict on it, with the thresholds `report` describes; nothing written."""
+    from kveval.pipeline import stored_evidence_verdict, stored_run_verdict
 
     result = load_run(run_dir)
     run = RunDir(run_dir)
@@ -134,18 +151,19 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
     limits = resolve_thresholds(thresholds, gate_config, gate_overrides, stored)
     try:
         # A published report keeps manifest and results but not the bulky cells: re-judge its evidence.
-        published = not result.cells and not run.has_cell_files() and run.results_path.is_file()
-        if published:
-            review = rejudge_stored_evidence(run, result.manifest, run.load_results()["evidence"], limits)
+        if not result.cells and not run.has_cell_files() and run.results_path.is_file():
+            evidence, verdict = stored_evidence_verdict(run.load_results()["evidence"], limits)
         else:
-            review = judge_stored_run(run, result.manifest, result.cells, limits)
+            evidence, verdict = stored_run_verdict(run, result.manifest, result.cells, limits)
     except StoreError as error:
         raise KvevalError(str(error)) from None
-    result.results_path, result.review_path = review.results_path, review.review_path
-    result.evidence, result.verdict = review.evidence, review.verdict
-    if progress is not None:
-        progress.note(f"Review written: {review.review_path}")
-    return result
+    return result, evidence, verdict
+
+
+def judge(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_config: str | Path | None = None,
+          gate_overrides: dict | None = None) -> Verdict:
+    """The verdict for a stored run (no engine), with nothing in the run directory written."""
+    return _judged(run_dir, thresholds, gate_config, gate_overrides)[2]
 
 
 def gate(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_config: str | Path | None = None,

@@ -29,18 +29,25 @@ class Review:
 
 def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, dict], thresholds: Thresholds) -> Review:
     """Evidence from the stored files, the verdict on it, and every output written into the run."""
+    return write_review(run, manifest, *stored_run_verdict(run, manifest, cells, thresholds))
+
+
+def stored_run_verdict(run: RunDir, manifest: dict, cells: dict[str, dict],
+                       thresholds: Thresholds) -> tuple[dict, Verdict]:
+    """Evidence from the stored files and the verdict on it; nothing is written."""
     evidence = build_evidence(manifest, run.load_workloads(manifest), cells, kv_ranges=run.load_kv_ranges())
-    return write_review(run, manifest, evidence, evaluate(evidence, thresholds))
+    return evidence, evaluate(evidence, thresholds)
 
 
-def rejudge_stored_evidence(run: RunDir, manifest: dict, evidence: dict, thresholds: Thresholds) -> Review:
-    """A run directory without cells (a published report): the verdict on its stored evidence.
-    Capacity rows stored before the pool ratios existed get them (derived from the rows alone)."""
+def stored_evidence_verdict(evidence: dict, thresholds: Thresholds) -> tuple[dict, Verdict]:
+    """The verdict on a run directory without cells (a published report), from its stored evidence;
+    nothing is written. Capacity rows stored
+    before the pool ratios existed get them (derived from the rows alone)."""
     rows = evidence.get("capacity_model")
     if rows and any("measured_ratio" not in row for row in rows):
         evidence = {**evidence, "capacity_model": with_pool_ratios([dict(row) for row in rows],
                                                                   evidence.get("baseline_kv") or BASELINE_KV)}
-    return write_review(run, manifest, evidence, evaluate(evidence, thresholds))
+    return evidence, evaluate(evidence, thresholds)
 
 
 def write_review(run: RunDir, manifest: dict, evidence: dict, verdict: Verdict) -> Review:

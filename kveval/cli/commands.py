@@ -228,11 +228,25 @@ def report(run_dir, gate_config, thresholds) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @gate_options
-def gate(run_dir, gate_config, thresholds) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the verdict as JSON (verdict, per-cell verdicts, reasons with stable codes) and write "
+                   "nothing into RUN_DIR.")
+def gate(run_dir, gate_config, thresholds, as_json) -> None:
     """Judge a stored run (no engine): print the verdict and its reasons, exit with its code.
 
     0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error (bad run directory, thresholds file or --threshold).
-    results.json and review.md are rewritten with the verdict."""
+    results.json and review.md are rewritten with the verdict, except with --json."""
+    if as_json:
+        import json
+
+        from kveval.api import KvevalError, judge
+
+        try:
+            verdict = judge(run_dir, gate_config=gate_config, gate_overrides=parse_thresholds(thresholds))
+        except KvevalError as error:
+            raise UsageFailure(str(error)) from None
+        click.echo(json.dumps({"verdict": verdict.status, **verdict.to_dict()}, indent=1))
+        sys.exit(exit_code(verdict))
     result = _recompute(run_dir, gate_config, thresholds)
     _echo_verdict(result.verdict)
     click.echo(f"results: {result.results_path}")

@@ -448,6 +448,7 @@ class Reason(FileModel):
     cell: Optional[str]       # None: about the whole run
     message: str
     decide: str               # for INCONCLUSIVE: what would settle it ("" otherwise)
+    code: Optional[str] = None  # the finding's stable name (gate/verdict.REASON_CODES); absent before it existed
 
 
 class Check(FileModel):

@@ -31,6 +31,7 @@ from kveval.gate.verdict import (
     NOT_STARTED,
     NOTE,
     PASS,
+    REASON_CODES,
     Check,
     Reason,
     Verdict,
@@ -39,7 +40,7 @@ from kveval.gate.verdict import (
 
 __all__ = [
     "EXIT_FAIL", "EXIT_INCONCLUSIVE", "EXIT_PASS", "EXIT_USAGE", "FAIL", "INCONCLUSIVE", "NOT_STARTED", "NOTE", "PASS",
-    "Check", "Reason", "Verdict", "exit_code",
+    "REASON_CODES", "Check", "Reason", "Verdict", "exit_code",
     "DEFAULT_PROFILE", "PROFILES", "Budget", "GateConfigError", "Thresholds", "load_thresholds",
     "evaluate", "KEPT_LAYERS_DEFECTIVE_BACKEND", "KNOWN_ENGINE_DEFECTS",
     # private, for scripts/simulate_degeneration.py, which runs the degeneration check alone

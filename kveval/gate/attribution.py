@@ -37,5 +37,5 @@ def _attribute(out: _Collector, evidence: dict, defective: set[str], t: Threshol
                                 f"{_g(pair['remedy_kl_mean'])} ({_pct(reduction)} of it) on the same "
                                 f"{pair['n_positions']:,} positions (one-sided Wilcoxon signed-rank test on "
                                 f"{pair['n_blocks']} blocks of positions, p {_g(p)} < {t.alpha:g}), and the remedy "
-                                "is inside every healthy budget")
+                                "is inside every healthy budget", code="harm_attributed")
     return attributed

@@ -24,8 +24,8 @@ class _Collector:
     def check(self, name, cell, value, limit, passed, detail=""):
         self.checks.append(Check(name, cell, value, limit, passed, detail))
 
-    def reason(self, level, cell, message, decide=""):
-        self.reasons.append(Reason(level, cell, " ".join(message.split()), " ".join(decide.split())))
+    def reason(self, level, cell, message, decide="", *, code: str):
+        self.reasons.append(Reason(level, cell, " ".join(message.split()), " ".join(decide.split()), code))
 
     def levels(self, cell) -> set[str]:
         return {r.level for r in self.reasons if r.cell == cell}

@@ -76,7 +76,7 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
                 reason.decide = "not judged as FP8 damage: see the defect"
         out.reason(INCONCLUSIVE, defect["cell"], defect["message"],
                    "a defect of the engine path (or of kveval), not of the model's FP8 quality: try another vLLM "
-                   "version or attention backend, and report it with the cell's log")
+                   "version or attention backend, and report it with the cell's log", code="engine_defect")
     return defects
 
 

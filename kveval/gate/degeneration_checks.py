@@ -29,7 +29,8 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
     judged, new = entry.get("judged_outputs"), entry.get("new_degenerate") or 0
     judged = entry["outputs"] if judged is None else judged
     if not judged:
-        out.reason(NOTE, cell, f"{cell}: degeneration not judged: no {BASELINE_KV} output for the same prompts")
+        out.reason(NOTE, cell, f"{cell}: degeneration not judged: no {BASELINE_KV} output for the same prompts",
+                   code="degeneration_not_judged")
         return
     base_only = entry.get("baseline_only_degenerate") or 0  # None in evidence from before the paired test
     excess = (new - base_only) / judged
@@ -57,7 +58,7 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
         out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, False, detail)
         out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
                                f"same prompt does not, {base_only} the other way ({detail}: lower bound > "
-                               f"{_pct(t.max_new_degenerate_share)})")
+                               f"{_pct(t.max_new_degenerate_share)})", code="degeneration_excess")
         return
     if upper < t.degeneration_noninferiority_margin:
         out.check("degeneration_noninferiority", cell, upper, t.degeneration_noninferiority_margin, True,
@@ -69,7 +70,7 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
     out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
                                    f"does not, {base_only} the other way: {why}, nor shown under "
                                    f"{_pct(t.degeneration_noninferiority_margin)} ({detail})",
-               _more_probes_hint(entry, look))
+               _more_probes_hint(entry, look), code="degeneration_undecided")
 
 
 def _more_probes_hint(entry: dict, look) -> str:

@@ -17,7 +17,8 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
     """Healthy inside every budget -> positive evidence; beyond a harm limit -> FAIL; else undecided."""
     if comp is None:
         out.reason(INCONCLUSIVE, cell, f"{cell}: no teacher-forced divergence ({why_missing})",
-                   "run the scoring phase (it is in the default --phases) with a started baseline at this length")
+                   "run the scoring phase (it is in the default --phases) with a started baseline at this length",
+                   code="divergence_missing")
         return
     s, late = comp["summary"], comp.get("late") or {}
     floor = floor or {}
@@ -25,7 +26,7 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
     if not comp.get("same_length", True):
         own = f"{BASELINE_KV}-{comp['max_model_len']}" if comp.get("max_model_len") else f"the {BASELINE_KV} cell"
         out.reason(NOTE, cell, f"{cell}: its own-length baseline {own} did not start; divergence is measured "
-                               f"against {reference} on the sequences both scored")
+                               f"against {reference} on the sequences both scored", code="baseline_other_length")
     mult = t.noise_multiplier
     figures = [  # name, label, value, healthy limit, harm limit, higher is worse
         ("kl_mean", "KL mean", s.get("kl_mean"), _widen(budget.kl_mean_max, mult, floor.get("kl_mean")),
@@ -58,15 +59,17 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
                 undecided.append(f"{label} {shown(value)} is outside the healthy budget {shown(ok)} but within the "
                                  f"harm limit {shown(bad)}")
     if harmed:
-        out.reason(FAIL, cell, f"{cell}: divergence vs {reference} far outside the healthy range: {'; '.join(harmed)}")
+        out.reason(FAIL, cell, f"{cell}: divergence vs {reference} far outside the healthy range: {'; '.join(harmed)}",
+                   code="divergence_harm")
     elif undecided:
         out.reason(INCONCLUSIVE, cell, f"{cell}: {'; '.join(undecided)}",
                    "task accuracy decides it: more paired samples (--full, or --task-samples N) show whether the "
-                   "drift costs answers")
+                   "drift costs answers", code="divergence_undecided")
     n, n_late = s.get("n") or 0, late.get("n") or 0
     if n < t.min_scored_tokens:
         out.reason(INCONCLUSIVE, cell, f"{cell}: only {n} scored positions vs {reference} (PASS needs "
-                                       f"{t.min_scored_tokens})", "score longer documents: --suite standard")
+                                       f"{t.min_scored_tokens})", "score longer documents: --suite standard",
+                   code="divergence_too_few_positions")
     elif n_late < t.min_late_tokens:
         reach = comp.get("max_position")
         out.reason(INCONCLUSIVE, cell,
@@ -75,7 +78,8 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
                    f"{t.min_late_tokens} there, so damage that grows with position could go unseen",
                    "score documents that reach the late half: --suite standard (documents at 90 % of max_model_len)"
                    + ("" if comp.get("same_length", True) else f", with the {BASELINE_KV} cell started at this length "
-                                                                 "(raise --kv-cache-memory)"))
+                                                                 "(raise --kv-cache-memory)"),
+                   code="divergence_too_few_late_positions")
 
 
 _DIVERGENCE_CHECKS = ("kl_mean", "kl_p99", "kl_late_mean", "top1_agreement")

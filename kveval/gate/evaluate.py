@@ -76,7 +76,8 @@ def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: 
         out.reason(INCONCLUSIVE, None if cells[name].get("kv_cache_dtype") == baseline_kv else name,
                    f"{name}: planned but has no result file (deleted, or the run stopped before it finished); "
                    "nothing it would have measured is judged",
-                   "run the same command again with the same --out: finished cells are kept, missing ones are measured")
+                   "run the same command again with the same --out: finished cells are kept, missing ones are measured",
+                   code="missing_result")
     candidates = [n for n, c in cells.items() if c.get("kv_cache_dtype") != baseline_kv and not c.get("missing")]
     started = [n for n in candidates if cells[n].get("started")]
     bases = [n for n, c in cells.items() if c.get("kv_cache_dtype") == baseline_kv and c.get("started")]
@@ -85,20 +86,20 @@ def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: 
             reason = cells[name].get("failure_reason") or "unknown reason"
             out.check("started", name, None, None, None, f"did not start ({reason})")
             out.reason(NOTE, name, f"{name}: did not start ({reason}: a start-up finding, not a quality failure); "
-                                   "its quality was not measured")
+                                   "its quality was not measured", code="not_started")
             statuses[name] = NOT_STARTED
     if not candidates and not missing:
         out.reason(INCONCLUSIVE, None, f"no cell other than {baseline_kv} in the run: nothing to judge",
-                   "add the KV dtype to test, e.g. --kv fp8 auto")
+                   "add the KV dtype to test, e.g. --kv fp8 auto", code="nothing_to_judge")
     elif candidates and not started:
         out.reason(INCONCLUSIVE, None, "no tested cell started: quality could not be measured",
-                   "see the start-up section for vLLM's reason")
+                   "see the start-up section for vLLM's reason", code="no_tested_cell_started")
     if started and not bases:
         out.reason(INCONCLUSIVE, None, f"no {baseline_kv} baseline cell started: nothing to compare with",
-                   f"let a {baseline_kv} cell start (the start-up section says why it did not)")
+                   f"let a {baseline_kv} cell start (the start-up section says why it did not)", code="no_baseline")
     if floor and floor.get("kl_mean") is not None and t.noise_multiplier * floor["kl_mean"] > budget.kl_mean_max:
         out.reason(NOTE, None, f"baseline noise floor KL mean {_g(floor['kl_mean'])} widens the KL mean budget to "
-                               f"{_g(t.noise_multiplier * floor['kl_mean'])}")
+                               f"{_g(t.noise_multiplier * floor['kl_mean'])}", code="noise_floor_widens_budget")
 
     references = evidence.get("quality_references") or {}
     for name in started:
@@ -107,12 +108,13 @@ def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: 
             out.reason(NOTE, name, f"{name} is judged against {reference}: {references[reference].get('for')} did not "
                                    f"start on the run's KV budget, so kveval started `{baseline_kv}` at this length with "
                                    f"{(references[reference].get('kv_cache_memory_bytes') or 0) / 2 ** 20:,.0f} MiB "
-                                   "for quality only (not a capacity figure)")
+                                   "for quality only (not a capacity figure)", code="quality_reference")
         _divergence(out, name, comparisons.get(name), unmatched_div.get(name) or "no divergence data", floor, budget, t)
         _degeneration(out, name, degeneration.get(name), t)
         _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace, t)
         for task_name in sorted((tasks.get("task_errors") or {}).get(name) or {}):
-            out.reason(NOTE, name, f"{name}: task {task_name} failed and is left out of its task accuracy")
+            out.reason(NOTE, name, f"{name}: task {task_name} failed and is left out of its task accuracy",
+                       code="task_left_out")
         statuses[name] = _cell_status(out, name)
 
     defects = _defects(out, evidence, budget, t)

@@ -17,16 +17,16 @@ def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool,
     """Non-inferiority of paired task recovery; see the rules in gate/evaluate.py's docstring."""
     if not tasks_planned:
         out.reason(NOTE, cell, f"{cell}: long-context task accuracy not measured (tasks turned off); a PASS rests on "
-                               "divergence and degeneration alone")
+                               "divergence and degeneration alone", code="tasks_off")
         return
     if error:
         out.reason(INCONCLUSIVE, cell, f"{cell}: the long-context tasks phase failed ({' '.join(error.split())[:200]})",
-                   "fix the cause and run the same command again (finished cells are kept)")
+                   "fix the cause and run the same command again (finished cells are kept)", code="task_phase_failed")
         return
     if result is None or not result.get("n"):
         why = unmatched or f"no paired task sample (no started {BASELINE_KV} cell with task results at this length)"
         out.reason(INCONCLUSIVE, cell, f"{cell}: task accuracy not judged: {why}",
-                   f"a started {BASELINE_KV} cell at the same max_model_len with task results")
+                   f"a started {BASELINE_KV} cell at the same max_model_len with task results", code="task_not_judged")
         return
     n, b, c = int(result["n"]), int(result.get("b") or 0), int(result.get("c") or 0)
     base_acc, rec, p = result.get("baseline_accuracy"), result.get("recovery"), result.get("mcnemar_p")
@@ -36,7 +36,8 @@ def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool,
         out.check("task_recovery", cell, None, t.task_noninferiority_margin, None, detail)
         out.reason(INCONCLUSIVE, cell, f"{cell}: task recovery undefined: the {BASELINE_KV} cell answered none of the "
                                        f"{n} paired samples", "tasks the model can answer at this length: smaller "
-                                                              "--task-lengths, or a stronger model")
+                                                              "--task-lengths, or a stronger model",
+                   code="task_recovery_undefined")
         return
     # Rounds of task samples are judged at every round: each look tests at the alpha it may spend
     # (analysis/sequential.py); no design, or one final look: the fixed-sample test at t.alpha.
@@ -52,7 +53,8 @@ def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool,
     if rec < t.task_recovery_min and p is not None and p < level:
         out.check("task_recovery", cell, rec, t.task_recovery_min, False, detail)
         out.reason(FAIL, cell, f"{cell}: significant task accuracy drop: recovery {_pct(rec)} < "
-                               f"{_pct(t.task_recovery_min)}, McNemar p {_g(p)} < {_g(level)} ({detail})")
+                               f"{_pct(t.task_recovery_min)}, McNemar p {_g(p)} < {_g(level)} ({detail})",
+                   code="task_drop")
     elif bound >= t.task_noninferiority_margin:
         out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, True, detail)
     else:
@@ -60,7 +62,8 @@ def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool,
         out.reason(INCONCLUSIVE, cell,
                    f"{cell}: task accuracy not shown non-inferior: recovery {_pct(rec)}, lower bound {_pct(bound)} < "
                    f"margin {_pct(t.task_noninferiority_margin)} ({n} paired samples)",
-                   _more_samples_hint(n, b, c, base_acc, rec, look, result.get("n_max"), pace, t))
+                   _more_samples_hint(n, b, c, base_acc, rec, look, result.get("n_max"), pace, t),
+                   code="task_undecided")
 
 
 def _confidence(level: float) -> str:

@@ -28,12 +28,14 @@ class Check:
 @dataclass
 class Reason:
     """A sentence explaining the verdict. level: FAIL, INCONCLUSIVE, or NOTE (does not decide).
-    decide: for INCONCLUSIVE, what would settle it (an option, a sample count, a rough time)."""
+    decide: for INCONCLUSIVE, what would settle it (an option, a sample count, a rough time).
+    code: a stable name of the finding for machines (REASON_CODES), the message being for people."""
 
     level: str
     cell: str | None
     message: str
     decide: str = ""
+    code: str = ""
 
     def __str__(self) -> str:
         return self.message
@@ -61,6 +63,35 @@ class Verdict:
 
 
 NOT_STARTED = "NOT STARTED"
+
+# Every Reason.code the gate gives, for CI scripts that act on a finding (`kveval gate DIR --json`).
+REASON_CODES = {
+    "divergence_harm": "FAIL: divergence beyond a harm limit",
+    "divergence_undecided": "between the healthy budget and the harm limit",
+    "divergence_missing": "no teacher-forced divergence measured",
+    "divergence_too_few_positions": "too few scored positions for a PASS",
+    "divergence_too_few_late_positions": "too few scored positions in the late half of the context",
+    "baseline_other_length": "NOTE: judged against the baseline at another length",
+    "degeneration_excess": "FAIL: significantly more degenerate outputs than the baseline",
+    "degeneration_undecided": "degeneration neither shown harmful nor non-inferior",
+    "degeneration_not_judged": "NOTE: no baseline outputs for the same prompts",
+    "task_drop": "FAIL: significant task accuracy drop",
+    "task_undecided": "task accuracy not shown non-inferior",
+    "task_not_judged": "no paired task samples",
+    "task_recovery_undefined": "the baseline answered no task sample",
+    "task_phase_failed": "the tasks phase failed",
+    "task_left_out": "NOTE: one task failed and is left out",
+    "tasks_off": "NOTE: tasks were turned off",
+    "harm_attributed": "FAIL: keeping the diagnosed layers removes the divergence",
+    "engine_defect": "a defect of the engine path, not FP8 damage",
+    "missing_result": "a planned cell has no result file",
+    "not_started": "NOTE: the cell did not start (a start-up finding)",
+    "nothing_to_judge": "no cell other than the baseline",
+    "no_tested_cell_started": "no tested cell started",
+    "no_baseline": "no baseline cell started",
+    "noise_floor_widens_budget": "NOTE: the baseline's noise floor widens the KL budget",
+    "quality_reference": "NOTE: judged against a quality-only baseline",
+}
 
 
 def exit_code(verdict: Verdict) -> int:

@@ -416,3 +416,32 @@ def test_vllms_own_option_names_are_aliases(run_dir, monkeypatch):
     assert list(seen["kv"]) == ["fp8:keep=0", "auto"] and seen["kv_cache_memory"] == "157286400"
     options = api.compare_options(**seen)
     assert [spec.text for spec in options.kv_specs] == ["fp8:keep=0", "auto"]
+
+
+def test_gate_json_gives_the_verdict_with_reason_codes_and_writes_nothing(run_dir):
+    path = run_dir("harmed")
+    before = {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    result = CliRunner().invoke(cli, ["gate", str(path), "--json"])
+    assert result.exit_code == EXIT_FAIL, result.output
+    document = json.loads(result.stdout)
+    assert document["verdict"] == "FAIL" and document["exit_code"] == EXIT_FAIL
+    assert document["cells"] == {"fp8-1024": "FAIL"}
+    codes = {(r["code"], r["level"]) for r in document["reasons"]}
+    assert ("divergence_harm", "FAIL") in codes and ("degeneration_undecided", "INCONCLUSIVE") in codes
+    assert {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} == before
+    # The written verdict carries the same codes.
+    assert CliRunner().invoke(cli, ["gate", str(path)]).exit_code == EXIT_FAIL
+    assert [r["code"] for r in _results(path)["verdict"]["reasons"]] == [r["code"] for r in document["reasons"]]
+
+
+def test_every_reason_the_gate_gives_has_a_listed_code():
+    import re
+    from pathlib import Path
+
+    import kveval.gate
+    from kveval.gate import REASON_CODES
+
+    sources = "".join(p.read_text(encoding="utf-8") for p in Path(kveval.gate.__file__).parent.glob("*.py"))
+    used = set(re.findall(r'code="([a-z_]+)"', sources))
+    assert used == set(REASON_CODES)
+    assert sources.count("out.reason(") == len(re.findall(r'code="[a-z_]+"', sources))

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from kveval.cli.commands import cli
 from kveval.files.rundir import RunDir, read_json
+from kveval.gate import REASON_CODES
 from kveval.render.review import LOG_LINE_START
 from tests.support.golden import old_cpu_demo
 
@@ -118,6 +119,8 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
         assert now["verdict"]["thresholds"].pop(key) == value
     for row in now["evidence"]["speed"]:
         assert {row.pop("ttft_vs_noise"), row.pop("decode_vs_noise")} <= {None, "beyond", "within", "too few runs"}
+    for reason in now["verdict"]["reasons"]:  # issue 19: every reason names its finding
+        assert reason.pop("code") in REASON_CODES
     assert now == before
 
 
