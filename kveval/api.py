@@ -82,6 +82,9 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     # Before any engine starts: a bad thresholds file must not cost a run.
     thresholds = resolve_thresholds(None, options.gate_config, options.gate_overrides)
     show = progress if progress is not None else ConsoleProgress()
+    if options.baseline_added:
+        show.note(f"--kv {' '.join(options.kv[:-1])}: no `auto` baseline given, so kveval added it "
+                  f"(--kv {' '.join(options.kv)}): every verdict is judged against `auto` at the same length")
     setup = None
     try:
         setup = set_up_run(options, show)   # holds the run directory's lock from here on

@@ -52,6 +52,7 @@ class CompareOptions:
     executor: str = "local"                     # local: cell processes on this machine; ray: Ray tasks
     ray_address: str | None = None              # --executor ray: the cluster (None: $RAY_ADDRESS, else local)
     budget: str | int | None = None             # task rounds until decided: samples per cell and/or time (inputs/budget.py)
+    baseline_added: bool = False                # --kv named no `auto`: normalized() added it (the run says so)
 
     @property
     def kv_specs(self) -> tuple[KVSpec, ...]:
@@ -87,13 +88,19 @@ EXECUTORS = ("local", "ray")
 
 
 def normalized(options: CompareOptions) -> CompareOptions:
-    """The same run in kveval's own spelling: KV specs as parse_kv writes them (FP8 -> fp8), each once."""
+    """The same run in kveval's own spelling: KV specs as parse_kv writes them (FP8 -> fp8), each once;
+    the `auto` baseline added when --kv names none (every verdict is against it)."""
     def spelled(kv):
         try:
             return parse_kv(kv).text
         except KVSpecError:
             return kv  # validate_options says what is wrong with it
-    return dataclasses.replace(options, kv=tuple(dict.fromkeys(spelled(kv) for kv in options.kv)))
+    kv = tuple(dict.fromkeys(spelled(kv) for kv in options.kv))
+    try:
+        add = bool(kv) and not any(parse_kv(text).dtype == "auto" for text in kv)
+    except KVSpecError:
+        add = False
+    return dataclasses.replace(options, kv=kv + (("auto",) if add else ()), baseline_added=add)
 
 
 def validate_options(options: CompareOptions) -> None:

@@ -51,8 +51,6 @@ def test_report_on_missing_or_foreign_directory(tmp_path):
     (["--engine-arg", "novalue"], "novalue"),
     (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
     (["--suite", "huge"], "huge"),
-    (["--kv", "fp8", "fp8:keep=0"], "--kv fp8 fp8:keep=0: no `auto` baseline to judge against; add it "
-                                    "(--kv fp8 fp8:keep=0 auto)"),
 ])
 def test_compare_rejects_bad_options_cleanly(args, fragment, tmp_path):
     result = CliRunner().invoke(cli, ["compare", "--out", str(tmp_path / "o"), *args])
@@ -100,3 +98,11 @@ def test_compare_refuses_to_overwrite_a_different_run(tmp_path, default_model_di
     result = CliRunner().invoke(cli, ["compare", "--out", str(out)])
     _clean_error(result, "different settings")
     assert json.loads(RunDir(out).manifest_path.read_text())["model"]["name"] == "other"
+
+
+def test_kv_without_auto_gets_the_baseline_added():
+    from kveval.api import compare_options
+
+    options = compare_options(kv=["FP8", "fp8:keep=0"], max_model_len=[1024])
+    assert options.kv == ("fp8", "fp8:keep=0", "auto") and options.baseline_added
+    assert not compare_options(kv=["auto", "fp8"], max_model_len=[1024]).baseline_added
