@@ -16,7 +16,7 @@ from kveval.files.rundir import DiskFull, RunDir, StoreError, cell_id, ensure_wr
 from kveval.files.run_lock import live_writer
 from kveval.gate import EXIT_USAGE, GateConfigError, Thresholds, Verdict, exit_code, load_thresholds
 from kveval.inputs.kvspec import ATTENTION_TYPES as KEEP_ATTENTION_TYPES
-from kveval.inputs.model_config import load_tokenizer
+from kveval.inputs.model_config import ModelSource, load_tokenizer
 from kveval.inputs.models import (ModelError, ModelInfo, default_model_info, kveval_home, prepare_default_model,
                                   resolve_model)
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
@@ -198,7 +198,7 @@ def generate_task_data(out: str | Path, max_model_len: int, *, model: str | None
         model_info = resolve_model(model, progress=progress)
     except ModelError as error:
         raise KvevalError(str(error)) from None
-    tokenizer = load_tokenizer(model_info.path)
+    tokenizer = load_tokenizer(ModelSource(path=model_info.path))
     out = Path(out)
     try:
         return write_task_data(tokenizer, out, int(max_model_len), shape.names, fractions=shape.fractions,

@@ -87,9 +87,45 @@ def cli() -> None:
     """May this model run with an FP8 KV cache? Start real vLLM engines and find out."""
 
 
+# vLLM's own engine options, first class here: passed to every engine, and read by kveval's loaders
+# (tokenizer, config, K/V diagnosis) where they say which files vLLM loads (inputs/model_config.ModelSource).
+VLLM_OPTIONS = {
+    "tensor_parallel_size": ("--tensor-parallel-size", int, "GPUs per engine (tensor parallel)."),
+    "dtype": ("--dtype", str, "The model's compute dtype (e.g. bfloat16, float16; default: the checkpoint's)."),
+    "tokenizer": ("--tokenizer", str, "Another tokenizer (id or directory) for vLLM and kveval's prompts."),
+    "revision": ("--revision", str, "The model revision (branch, tag or commit of a hub id) for vLLM and kveval."),
+    "trust_remote_code": ("--trust-remote-code", bool, "Run the model's own code (vLLM and kveval's loaders)."),
+    "max_num_seqs": ("--max-num-seqs", int, "Requests an engine batches at most."),
+    "attention_backend": ("--attention-backend", str, "vLLM's attention backend (e.g. FLASH_ATTN, TRITON_ATTN)."),
+}
+
+
+def vllm_options(command):
+    for key, (flag, kind, text) in reversed(list(VLLM_OPTIONS.items())):
+        if kind is bool:
+            command = click.option(flag, key, is_flag=True, default=False, help=text)(command)
+        else:
+            command = click.option(flag, key, type=kind, default=None, help=text)(command)
+    return command
+
+
+def _with_vllm_options(options: dict, engine_args: dict) -> dict:
+    """--engine-arg plus the first-class vLLM options; one setting given both ways is a usage error."""
+    merged = dict(engine_args)
+    for key, (flag, kind, _) in VLLM_OPTIONS.items():
+        value = options.pop(key)
+        if value in (None, False):
+            continue
+        if key in merged:
+            raise UsageFailure(f"{flag} and --engine-arg {key}=... both given; give one")
+        merged[key] = value
+    return merged
+
+
 def compare_arguments(given: dict) -> dict:
     """`kveval compare`'s parsed options as keyword arguments of kveval.api.compare (CompareOptions)."""
     options = dict(given)
+    engine_args = _with_vllm_options(options, parse_key_value(options["engine_args"], "--engine-arg"))
     full = options.pop("full")
     if full and options["suite"] not in ("standard", "full"):
         raise UsageFailure(f"--full and --suite {options['suite']} contradict each other; give one")
@@ -101,7 +137,7 @@ def compare_arguments(given: dict) -> dict:
         kv=split_values(options["kv"]),
         # Left out: None, so the API runs the default lengths that the model can hold.
         max_model_len=parse_int_list(options["max_model_len"], "--max-model-len") if options["max_model_len"] else None,
-        engine_args=parse_key_value(options["engine_args"], "--engine-arg"), phases=split_values(options["phases"]),
+        engine_args=engine_args, phases=split_values(options["phases"]),
         suite="full" if full else options["suite"], tasks=split_values(tasks) if tasks else None,
         gate_overrides=parse_thresholds(options.pop("thresholds")), command=shlex.join(["kveval", *sys.argv[1:]]),
         **task_shape_kwargs(options.pop("task_lengths"), options.pop("task_depths"), options.pop("task_samples")),
@@ -127,6 +163,7 @@ def compare_arguments(given: dict) -> dict:
                    "emulate a smaller GPU.")
 @click.option("--gpu-memory-utilization", type=float, default=None, help="Passed to vLLM.")
 @click.option("--enforce-eager/--no-enforce-eager", default=False, show_default=True, help="Passed to vLLM.")
+@vllm_options
 @click.option("--engine-arg", "engine_args", cls=MultiValueOption, split_commas=False, default=(), metavar="KEY=VALUE",
               help="Any other vllm.LLM argument, e.g. --engine-arg dtype=float32 (repeatable; JSON values).")
 @click.option("--seed", type=int, default=defaults.SEED, show_default=True)

@@ -8,14 +8,38 @@ from pydantic import BaseModel, ConfigDict
 from kveval.errors import KvevalError
 
 
-def load_tokenizer(model_path: str, trust_remote_code: bool = False):
-    """The model's tokenizer; its own code runs only when the user asked (trust_remote_code)."""
+class ModelSource(BaseModel):
+    """Which files kveval's own loaders read (tokenizer, config, the K/V diagnosis): the ones vLLM loads,
+    so a --revision, --tokenizer or --trust-remote-code given for vLLM holds for kveval too."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    revision: Optional[str] = None
+    tokenizer: Optional[str] = None            # another tokenizer than the model's own (vLLM's tokenizer)
+    tokenizer_revision: Optional[str] = None
+    trust_remote_code: bool = False            # the model's own code runs only when the user asked
+
+    @classmethod
+    def of(cls, path: str, engine_args: dict) -> "ModelSource":
+        """The source vLLM will load for these engine arguments."""
+        text = lambda key: str(engine_args[key]) if engine_args.get(key) not in (None, "") else None  # noqa: E731
+        return cls(path=path, revision=text("revision"), tokenizer=text("tokenizer"),
+                   tokenizer_revision=text("tokenizer_revision"),
+                   trust_remote_code=engine_args.get("trust_remote_code") is True)
+
+
+def load_tokenizer(source: ModelSource):
+    """The tokenizer vLLM uses for this model."""
+    name = source.tokenizer or source.path
+    revision = source.tokenizer_revision if source.tokenizer else source.revision
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=source.trust_remote_code)
     except Exception as error:  # noqa: BLE001 - hub/network/format errors all mean "cannot read it"
-        raise KvevalError(f"cannot load the tokenizer of {model_path!r}: {type(error).__name__}: {error}") from None
+        raise KvevalError(f"cannot load the tokenizer of {name!r}{f' at revision {revision}' if revision else ''}: "
+                          f"{type(error).__name__}: {error}") from None
 
 
 def prompt_format(tokenizer) -> dict:
@@ -46,13 +70,14 @@ class ModelFacts(BaseModel):
         return (self.served_limit, self.served_limit_why) if self.served_limit else None
 
 
-def model_facts(model_path: str) -> ModelFacts:
+def model_facts(source: ModelSource) -> ModelFacts:
     """The model's config, read once. An unreadable config only means "unknown": every fact is None
     and the dtype bfloat16."""
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(source.path, revision=source.revision,
+                                            trust_remote_code=source.trust_remote_code)
     except Exception:  # noqa: BLE001 - an unreadable config only means "unknown"
         return ModelFacts()
     text = config.get_text_config() if hasattr(config, "get_text_config") else config

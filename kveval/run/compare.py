@@ -20,7 +20,7 @@ from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writa
 from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.checkpoint_scales import read_kv_scales
-from kveval.inputs.model_config import ModelFacts, load_tokenizer, model_facts, prompt_format
+from kveval.inputs.model_config import ModelFacts, ModelSource, load_tokenizer, model_facts, prompt_format
 from kveval.inputs.models import ModelError, ModelInfo, resolve_model
 from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workloads
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
@@ -221,8 +221,9 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         model = resolve_model(options.model, progress=show.note)
     except ModelError as error:
         raise KvevalError(str(error)) from None
-    tokenizer = load_tokenizer(model.path, trust_remote_code=options.engine_args.get("trust_remote_code") is True)
-    facts = model_facts(model.path)  # the config, read once for the whole set-up
+    source = ModelSource.of(model.path, options.engine_args)  # what vLLM loads: revision, tokenizer, remote code
+    tokenizer = load_tokenizer(source)
+    facts = model_facts(source)  # the config, read once for the whole set-up
     model_limit = facts.max_position_embeddings
     lengths, length_note = lengths_for_model(options.max_model_len, options.lengths_given,
                                              facts.served_length_limit, model.name,
@@ -290,7 +291,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
             raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
         show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
         if options.diagnose and any(spec.dtype.startswith("fp8") for spec in options.kv_specs):
-            run_diagnosis(run, model.path, manifest.get("kv_scales"), show)
+            run_diagnosis(run, source, manifest.get("kv_scales"), show)
         return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock)
     except BaseException:
         if ray is not None:  # the Python API may call compare again in this process

@@ -5,12 +5,13 @@ import subprocess
 import sys
 
 from kveval.files.rundir import RunDir, read_json, write_json_atomic
+from kveval.inputs.model_config import ModelSource
 
 
 DIAGNOSIS_TIMEOUT_S = 1800
 
 
-def run_diagnosis(run_dir: RunDir, model_path: str, scales: dict | None, show) -> dict:
+def run_diagnosis(run_dir: RunDir, source: ModelSource, scales: dict | None, show) -> dict:
     """The per-layer K/V range pass (transformers, in its own process so its memory is gone before
     the engines start), stored as RUN_DIR/kv_ranges.json; reused when present. A failure is stored
     as {"error": ...}: the run goes on without a diagnosis."""
@@ -18,8 +19,10 @@ def run_diagnosis(run_dir: RunDir, model_path: str, scales: dict | None, show) -
     if path.is_file():
         return read_json(path)
     show.note("Measuring per-layer K/V ranges with transformers (once per run)")
-    command = [sys.executable, "-m", "kveval.worker.kv_ranges", "--model", model_path,
+    command = [sys.executable, "-m", "kveval.worker.kv_ranges", "--model", source.path,
                "--documents", str(run_dir.scoring_path), "--out", str(path)]
+    command += ["--revision", source.revision] if source.revision else []
+    command += ["--trust-remote-code"] if source.trust_remote_code else []
     if scales and (scales.get("k_scale") or scales.get("v_scale")):
         write_json_atomic(run_dir.kv_scales_path, scales)
         command += ["--scales", str(run_dir.kv_scales_path)]

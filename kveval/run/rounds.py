@@ -24,7 +24,7 @@ from kveval.files.task_rounds import round_cell_id
 from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpec
-from kveval.inputs.model_config import load_tokenizer
+from kveval.inputs.model_config import ModelSource, load_tokenizer
 from kveval.inputs.task_data import TASKS, write_task_data
 from kveval.inputs.workloads import round_probe_pool_size, round_probe_prompts
 from kveval.pipeline import judge_stored_run
@@ -134,8 +134,7 @@ class _Data:
 
     def _tokenizer(self):
         if self.tokenizer is None:
-            self.tokenizer = load_tokenizer(self.setup.model.path,
-                                            trust_remote_code=self.setup.options.engine_args.get("trust_remote_code") is True)
+            self.tokenizer = load_tokenizer(ModelSource.of(self.setup.model.path, self.setup.options.engine_args))
         return self.tokenizer
 
     def write_probes(self, number: int, start: int, count: int) -> dict:

@@ -200,13 +200,14 @@ def _check_model_path(model_path: str) -> None:
         raise InputError(f"model directory not found: {model_path}")
 
 
-def _load_model(model_path: str, device: str):
+def _load_model(model_path: str, device: str, revision: str | None = None, trust_remote_code: bool = False):
     """The model in the checkpoint's dtype (bf16 when it names none), with sdpa attention when the
-    architecture supports it."""
+    architecture supports it; at the revision vLLM loads."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_path)
+    where = {"revision": revision, "trust_remote_code": trust_remote_code}
+    config = AutoConfig.from_pretrained(model_path, **where)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     dtype = getattr(text, "dtype", None) or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(dtype, str):
@@ -214,9 +215,9 @@ def _load_model(model_path: str, device: str):
     if not isinstance(dtype, torch.dtype):
         dtype = torch.bfloat16
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa", **where)
     except (ValueError, ImportError):  # architecture without sdpa support
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **where)
     return model.to(device).eval(), text, dtype
 
 
@@ -262,7 +263,8 @@ def _model_facts(model_path: str, text, dtype) -> dict:
 # Measurement.
 
 def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens: int = 4096,
-                      device: str = "auto", scales: dict | None = None) -> dict:
+                      device: str = "auto", scales: dict | None = None, revision: str | None = None,
+                      trust_remote_code: bool = False) -> dict:
     """Per-layer statistics of |K| and |V| as handed to the KV cache, over `documents` (token ids,
     one forward pass each, at most `max_tokens` tokens in all). `scales` (read_kv_scales' dict, or
     {"k_scale": {layer: s}, "v_scale": {...}}) sets the limits the exact over-limit counts use:
@@ -278,7 +280,7 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
 
     import torch
 
-    model, text, dtype = _load_model(model_path, resolved)
+    model, text, dtype = _load_model(model_path, resolved, revision, trust_remote_code)
     facts = _model_facts(model_path, text, dtype)
     fp32_linears = _fast_cpu_linears(model) if resolved == "cpu" else 0
     max_positions = getattr(text, "max_position_embeddings", None)
@@ -398,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--scales", default=None, help="JSON with k_scale / v_scale per layer (default 1.0)")
+    parser.add_argument("--revision", default=None, help="the model revision vLLM loads (a hub id's branch, tag or commit)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run the model's own code (as vLLM was told)")
     args = parser.parse_args(argv)
     try:
         if args.max_tokens <= 0:
@@ -407,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         scales = load_scales(args.scales) if args.scales else None
         _cut_documents(documents, args.max_tokens, None)  # validate before loading the model
         result = measure_kv_ranges(args.model, documents, max_tokens=args.max_tokens, device=args.device,
-                                   scales=scales)
+                                   scales=scales, revision=args.revision, trust_remote_code=args.trust_remote_code)
     except InputError as error:
         print(f"kveval.worker.kv_ranges: error: {error}", file=sys.stderr)
         return 2

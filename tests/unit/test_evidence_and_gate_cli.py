@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -445,3 +446,42 @@ def test_every_reason_the_gate_gives_has_a_listed_code():
     used = set(re.findall(r'code="([a-z_]+)"', sources))
     assert used == set(REASON_CODES)
     assert sources.count("out.reason(") == len(re.findall(r'code="[a-z_]+"', sources))
+
+
+def test_vllms_engine_options_reach_the_engine_and_kvevals_loaders(run_dir, monkeypatch, tmp_path):
+    from kveval.inputs.model_config import ModelSource
+    from kveval.run import diagnosis
+    from kveval.files.rundir import RunDir
+
+    path = run_dir("harmed")
+    seen = {}
+    monkeypatch.setattr(api, "compare", lambda **kwargs: seen.update(kwargs) or api.report(path))
+    CliRunner().invoke(cli, ["compare", "--out", str(path), "--revision", "v2", "--tokenizer", "tok-dir",
+                             "--trust-remote-code", "--tensor-parallel-size", "2", "--max-num-seqs", "8",
+                             "--dtype", "float16", "--attention-backend", "TRITON_ATTN", "--engine-arg", "seed=1"])
+    assert seen["engine_args"] == {"seed": 1, "revision": "v2", "tokenizer": "tok-dir", "trust_remote_code": True,
+                                   "tensor_parallel_size": 2, "max_num_seqs": 8, "dtype": "float16",
+                                   "attention_backend": "TRITON_ATTN"}
+    # kveval's own loaders read what vLLM loads: the tokenizer, the revision, remote code.
+    source = ModelSource.of("org/model", seen["engine_args"])
+    assert (source.revision, source.tokenizer, source.trust_remote_code) == ("v2", "tok-dir", True)
+    commands = []
+
+    class Done:
+        returncode, stdout, stderr = 1, "", "stopped by the test"
+
+    monkeypatch.setattr(diagnosis.subprocess, "run", lambda command, **_: commands.append(command) or Done())
+    diagnosis.run_diagnosis(RunDir(tmp_path / "d"), source, None, SimpleNamespace(note=lambda m: None))
+    assert commands[0][commands[0].index("--revision") + 1] == "v2" and "--trust-remote-code" in commands[0]
+    result = CliRunner().invoke(cli, ["compare", "--out", str(path), "--dtype", "half", "--engine-arg", "dtype=half"])
+    assert result.exit_code == EXIT_USAGE and "--dtype and --engine-arg dtype=... both given" in result.output
+
+
+def test_the_tokenizer_vllm_uses_is_the_one_kveval_loads(default_model_dir):
+    from kveval.inputs.model_config import ModelSource, load_tokenizer
+
+    own = load_tokenizer(ModelSource(path=str(default_model_dir)))
+    other = load_tokenizer(ModelSource(path="/no/such/model", tokenizer=str(default_model_dir)))
+    assert other("kv cache")["input_ids"] == own("kv cache")["input_ids"]
+    with pytest.raises(api.KvevalError, match="revision nope"):
+        load_tokenizer(ModelSource(path="/no/such/model", revision="nope"))

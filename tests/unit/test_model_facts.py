@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from kveval.inputs.model_config import ModelFacts, model_facts
+from kveval.inputs.model_config import ModelFacts, ModelSource, model_facts
 
 SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
            "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30,
@@ -15,7 +15,7 @@ SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden
 
 def _facts(tmp_path, config: dict) -> ModelFacts:
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return model_facts(str(tmp_path))
+    return model_facts(ModelSource(path=str(tmp_path)))
 
 
 def test_a_plain_model_gives_every_fact_from_one_read(tmp_path):
@@ -48,5 +48,5 @@ def test_a_float32_checkpoint_caches_in_bfloat16(tmp_path):
 
 def test_an_unreadable_config_means_unknown_not_an_error(tmp_path):
     (tmp_path / "config.json").write_text("{not json", encoding="utf-8")
-    facts = model_facts(str(tmp_path))
+    facts = model_facts(ModelSource(path=str(tmp_path)))
     assert facts == ModelFacts() and facts.served_length_limit is None and facts.dtype == "bfloat16"
