@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -58,12 +57,7 @@ class CompareOptions:
     def kv_specs(self) -> tuple[KVSpec, ...]:
         """The --kv values as configurations: the one place the user's KV specs are read (after
         validate_options, which refuses any that do not parse)."""
-        return _specs(tuple(self.kv))
-
-
-@functools.lru_cache(maxsize=64)
-def _specs(texts: tuple[str, ...]) -> tuple[KVSpec, ...]:
-    return tuple(parse_kv(text) for text in texts)
+        return tuple(parse_kv(text) for text in self.kv)
 
 
 # Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
@@ -96,7 +90,7 @@ def normalized(options: CompareOptions) -> CompareOptions:
         except KVSpecError:
             return kv  # validate_options says what is wrong with it
     kv = tuple(dict.fromkeys(spelled(kv) for kv in options.kv))
-    try:
+    try:  # an unreadable spec is validate_options' to report; no baseline is added for it
         add = bool(kv) and not any(parse_kv(text).dtype == "auto" for text in kv)
     except KVSpecError:
         add = False
