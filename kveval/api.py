@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from kveval import defaults
 from kveval.errors import KvevalError, RunInterrupted
+from kveval.files import schema
 from kveval.files.rundir import DiskFull, RunDir, StoreError, cell_id, ensure_writable_dir, write_json_atomic
 from kveval.files.run_lock import live_writer
 from kveval.gate import EXIT_USAGE, GateConfigError, Thresholds, Verdict, exit_code, load_thresholds
@@ -39,7 +40,7 @@ class RunResult:
     cells: dict[str, dict]
     review_path: Path | None = None
     verdict: Verdict | None = None
-    evidence: dict | None = None
+    evidence: schema.Evidence | None = None
     results_path: Path | None = None
 
     def cell(self, kv_cache_dtype: str, max_model_len: int) -> dict | None:
@@ -155,7 +156,7 @@ def _judged(run_dir: str | Path, thresholds: Thresholds | None, gate_config: str
     try:
         # A published report keeps manifest and results but not the bulky cells: re-judge its evidence.
         if not result.cells and not run.has_cell_files() and run.results_path.is_file():
-            evidence, verdict = stored_evidence_verdict(run.load_results()["evidence"], limits)
+            evidence, verdict = stored_evidence_verdict(run.results().evidence, limits)
         else:
             evidence, verdict = stored_run_verdict(run, result.manifest, result.cells, limits)
     except StoreError as error:

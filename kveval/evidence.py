@@ -181,9 +181,15 @@ def diagnosis_evidence(manifest: dict, kv_ranges: dict | None) -> dict:
 
 
 def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict],
-                   baseline_kv: str = BASELINE_KV, kv_ranges: dict | None = None) -> dict:
-    """Everything the verdict and the review need, JSON-safe. `gate.evaluate(evidence)` reads
-    `cells`, `divergence`, `degeneration` and `tasks` ({} when no cell ran tasks)."""
+                   baseline_kv: str = BASELINE_KV, kv_ranges: dict | None = None) -> schema.Evidence:
+    """Everything the verdict and the review need, as the typed `schema.Evidence` (what results.json
+    stores). `gate.evaluate(evidence)` reads `cells`, `divergence`, `degeneration` and `tasks`."""
+    return schema.parse(schema.Evidence, _evidence_document(manifest, workloads, cells, baseline_kv, kv_ranges),
+                        "the evidence")
+
+
+def _evidence_document(manifest: dict, workloads: list[dict], cells: dict[str, dict],
+                       baseline_kv: str, kv_ranges: dict | None) -> dict:
     model_limit = (manifest.get("model") or {}).get("max_position_embeddings")
     # Quality references (run/reference.py) are baselines for quality only: no capacity or speed figure.
     references = manifest.get("quality_references") or {}

@@ -13,6 +13,7 @@ from pathlib import Path
 from kveval.analysis.capacity_model import with_pool_ratios
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.evidence import build_evidence
+from kveval.files import schema
 from kveval.files.rundir import RunDir, write_text_atomic
 from kveval.gate import Thresholds, Verdict, evaluate
 from kveval.render.outputs import write_results
@@ -21,7 +22,7 @@ from kveval.render.review import render_review
 
 @dataclass
 class Review:
-    evidence: dict
+    evidence: schema.Evidence
     verdict: Verdict
     results_path: Path
     review_path: Path
@@ -33,24 +34,24 @@ def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, dict], thresh
 
 
 def stored_run_verdict(run: RunDir, manifest: dict, cells: dict[str, dict],
-                       thresholds: Thresholds) -> tuple[dict, Verdict]:
+                       thresholds: Thresholds) -> tuple[schema.Evidence, Verdict]:
     """Evidence from the stored files and the verdict on it; nothing is written."""
     evidence = build_evidence(manifest, run.load_workloads(manifest), cells, kv_ranges=run.load_kv_ranges())
     return evidence, evaluate(evidence, thresholds)
 
 
-def stored_evidence_verdict(evidence: dict, thresholds: Thresholds) -> tuple[dict, Verdict]:
+def stored_evidence_verdict(evidence: schema.Evidence, thresholds: Thresholds) -> tuple[schema.Evidence, Verdict]:
     """The verdict on a run directory without cells (a published report), from its stored evidence;
     nothing is written. Capacity rows stored
     before the pool ratios existed get them (derived from the rows alone)."""
-    rows = evidence.get("capacity_model")
+    rows = evidence.capacity_model
     if rows and any("measured_ratio" not in row for row in rows):
-        evidence = {**evidence, "capacity_model": with_pool_ratios([dict(row) for row in rows],
-                                                                  evidence.get("baseline_kv") or BASELINE_KV)}
+        evidence = evidence.model_copy(update={
+            "capacity_model": with_pool_ratios([dict(row) for row in rows], evidence.baseline_kv or BASELINE_KV)})
     return evidence, evaluate(evidence, thresholds)
 
 
-def write_review(run: RunDir, manifest: dict, evidence: dict, verdict: Verdict) -> Review:
+def write_review(run: RunDir, manifest: dict, evidence: schema.Evidence, verdict: Verdict) -> Review:
     """results.json, tables/*.csv, figures and review.md, from evidence and verdict alone."""
     results_path = write_results(run.path, evidence, verdict, manifest)
     write_text_atomic(run.review_path, render_review(manifest, evidence, verdict))

@@ -250,6 +250,13 @@ class RunDir:
         """results.json (or .json.gz): the stored evidence and verdict, validated."""
         return _validated("results", self.results_path)
 
+    def results(self) -> schema.Results:
+        """results.json (or .json.gz) as the typed model."""
+        try:
+            return schema.load(schema.Results, self.results_path)
+        except schema.FileError as error:
+            raise StoreError(str(error)) from None
+
     ROUNDS_DIR = "rounds"
 
     def round_probes_path(self, round_number: int) -> Path:

@@ -769,12 +769,13 @@ class KvRanges(FileModel):
 KINDS: dict[str, type[FileModel]] = {"manifest": Manifest, "cell": CellResult, "results": Results,
                                  "kv_ranges": KvRanges}
 VERSIONS: dict[type[FileModel], int] = {Manifest: MANIFEST_VERSION, CellResult: CELL_VERSION,
-                                    Results: RESULTS_VERSION, KvRanges: KV_RANGES_VERSION}
+                                    Results: RESULTS_VERSION, Evidence: RESULTS_VERSION, KvRanges: KV_RANGES_VERSION}
 # Files written without a schema_version (all cell files; a failed kv_ranges.json) read as this.
 _DEFAULT_VERSION = {CellResult: CELL_VERSION, KvRanges: KV_RANGES_VERSION}
 _REDO = {Manifest: "re-run with the kveval that wrote it, or start a new run",
          CellResult: "re-run with the kveval that wrote it, or re-run the cell",
          Results: "re-run with the kveval that wrote it, or run `kveval report` on the run again",
+         Evidence: "run `kveval report` on the run again",
          KvRanges: "re-run with the kveval that wrote it, or delete it to measure again"}
 
 
@@ -909,6 +910,12 @@ def _typed_fields(model: type[FileModel]) -> set[str]:
         _TYPED_FIELDS[model] = {name for name, field in model.model_fields.items()
                                 if holds_model(field.annotation) or any(holds_model(m) for m in field.metadata)}
     return _TYPED_FIELDS[model]
+
+
+def plain(value: Any) -> Any:
+    """A model as the dict it was read from (`dump`); anything else unchanged. For code that still
+    reads evidence by key while its callers pass the typed model (issue 17: being removed)."""
+    return dump(value) if isinstance(value, FileModel) else value
 
 
 def json_schema(kind_or_model: str | type[FileModel]) -> dict:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files import schema
 from kveval.gate.attribution import _attribute
 from kveval.gate.collector import _Collector, _g
 from kveval.gate.defects import _defects
@@ -44,13 +45,15 @@ def _cell_status(out: _Collector, cell: str) -> str:
     return FAIL if FAIL in levels else INCONCLUSIVE if INCONCLUSIVE in levels else PASS
 
 
-def evaluate(evidence: dict, thresholds: Thresholds | None = None, baseline_kv: str = BASELINE_KV) -> Verdict:
+def evaluate(evidence: schema.Evidence | dict, thresholds: Thresholds | None = None,
+             baseline_kv: str = BASELINE_KV) -> Verdict:
     """PASS / FAIL / INCONCLUSIVE from evidence (rules: module docstring), with a status per tested cell.
 
     The run is FAIL when any tested cell FAILs, PASS when every tested cell that started PASSes (at
     least one did and none is missing), else INCONCLUSIVE. A cell that did not start is a capacity
     finding (NOT STARTED), not a quality failure.
     """
+    evidence = schema.plain(evidence)  # transitional (issue 17): the checks still read by key
     t = thresholds or Thresholds()
     out = _Collector()
     cells = evidence.get("cells") or {}

@@ -4,6 +4,7 @@ bfloat16 passes at 8192 and 32768 and holds 1.9× the `auto` pool". Pure: verdic
 from __future__ import annotations
 
 from kveval.analysis.cell_records import BASELINE_KV, stored_spec
+from kveval.files import schema
 from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS
 
 _WORDS = {PASS: "passes", FAIL: "fails", INCONCLUSIVE: "is inconclusive", NOT_STARTED: "did not start",
@@ -50,6 +51,7 @@ def _specs_by_status(verdict, evidence: dict) -> dict[str, dict[str, list[int]]]
 
 def deploy_line(verdict, evidence: dict) -> str | None:
     """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV."""
+    evidence = schema.plain(evidence)  # transitional (issue 17)
     spec = _deployable(_specs_by_status(verdict, evidence), evidence)
     if spec is None:
         return None
@@ -66,6 +68,7 @@ def _backend_flag(spec: str, evidence: dict) -> str:
 
 
 def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> str:
+    evidence = schema.plain(evidence)  # transitional (issue 17)
     cells = evidence.get("cells") or {}
     by_spec: dict[str, dict[str, list[int]]] = {}
     for name, status in verdict.cells.items():

@@ -69,8 +69,9 @@ def _task_sample_frame(rows: list[dict]) -> pd.DataFrame:
     return frame
 
 
-def evidence_tables(evidence: dict, verdict=None) -> dict[str, pd.DataFrame]:
+def evidence_tables(evidence: schema.Evidence | dict, verdict=None) -> dict[str, pd.DataFrame]:
     """name -> table, one CSV each under tables/."""
+    evidence = schema.plain(evidence)  # transitional (issue 17)
     tasks = evidence.get("tasks") or {}
     degeneration = evidence.get("degeneration") or {}
     summary_rows = [{"cell": cell, **{k: v for k, v in entry.items() if k != "detectors"}, **entry.get("detectors", {})}
@@ -101,8 +102,8 @@ def evidence_tables(evidence: dict, verdict=None) -> dict[str, pd.DataFrame]:
 
 # --- writing -------------------------------------------------------------------------------------
 
-def results_document(evidence: dict, verdict, manifest: dict | None = None) -> dict:
-    manifest = manifest or {}
+def results_document(evidence: schema.Evidence | dict, verdict, manifest: dict | None = None) -> dict:
+    manifest, evidence = manifest or {}, schema.plain(evidence)
     return json_safe({
         "schema_version": schema.RESULTS_VERSION,
         "kveval_version": __version__,
@@ -113,9 +114,11 @@ def results_document(evidence: dict, verdict, manifest: dict | None = None) -> d
     })
 
 
-def write_results(run_dir: RunDir | str | Path, evidence: dict, verdict, manifest: dict | None = None) -> Path:
+def write_results(run_dir: RunDir | str | Path, evidence: schema.Evidence | dict, verdict,
+                  manifest: dict | None = None) -> Path:
     """RUN_DIR/results.json (every figure, the verdict and its checks), RUN_DIR/tables/*.csv and
     RUN_DIR/tasks_heatmap.png (only when tasks have a depth × length grid; a stale one is removed)."""
+    evidence = schema.plain(evidence)  # transitional (issue 17)
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     for name, frame in evidence_tables(evidence, verdict).items():
         write_text_atomic(run_dir.table_path(name), frame.to_csv(index=False))

@@ -7,6 +7,8 @@ untrusted text: always escaped with `markdown.escape_cell` (or a table's `untrus
 """
 from __future__ import annotations
 
+from kveval.files import schema
+
 from kveval.gate import Verdict
 from kveval.files.rundir import RunDir
 from kveval.render.acceptance_section import acceptance_section
@@ -29,9 +31,10 @@ from kveval.render.verdict_section import verdict_section
 __all__ = ["LOG_LINE_START", "MAX_EXAMPLES", "MAX_FINDING_ROWS", "render_review"]
 
 
-def render_review(manifest: dict, evidence: dict, verdict: Verdict) -> str:
+def render_review(manifest: dict, evidence: schema.Evidence | dict, verdict: Verdict) -> str:
     """The whole review. The manifest gives the run's description (command, versions, hardware);
     every figure comes from `evidence` (evidence.build_evidence) and every judgement from `verdict`."""
+    evidence = schema.plain(evidence)  # transitional (issue 17): the sections still read by key
     sections = [
         _title(manifest),
         verdict_section(verdict, evidence, manifest),

@@ -16,6 +16,7 @@ tried passes.
 from __future__ import annotations
 
 from kveval.analysis.kv_range import plan_keep_layers
+from kveval.files import schema
 from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, Verdict
 from kveval.analysis.cell_records import stored_spec
 from kveval.inputs.kvspec import KVSpec, keep_spec
@@ -23,10 +24,11 @@ from kveval.inputs.kvspec import KVSpec, keep_spec
 REMEDY_MODES = ("auto", "always", "off")
 
 
-def plan_remedy(verdict: Verdict, evidence: dict, mode: str = "auto") -> dict:
+def plan_remedy(verdict: Verdict, evidence: schema.Evidence | dict, mode: str = "auto") -> dict:
     """{"cells": [(KVSpec, max_model_len), ...], "notes": [sentences]} — cells not yet in the run."""
     if mode == "off":
         return {"cells": [], "notes": []}
+    evidence = schema.plain(evidence)  # transitional (issue 17)
     cells = evidence.get("cells") or {}
     diagnoses = evidence.get("diagnosis") or {}
     planned, notes = [], []

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Callable
 
 from kveval.analysis.cell_records import stored_spec
+from kveval.files import schema
 from kveval.files.cell_spec import TasksOptions
 from kveval.files.rundir import RunDir, StoreError, read_json, write_json_atomic
 from kveval.files.task_rounds import round_cell_id
@@ -200,15 +201,16 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     for number in range(1, MAX_ROUNDS + 2):
         cells = run.load_cells(manifest)
         review = judge_stored_run(run, manifest, cells, thresholds)
-        paired = _paired(review.evidence)
+        evidence = schema.plain(review.evidence)  # transitional (issue 17): read by key below
+        paired = _paired(evidence)
         if waiting and not any(paired.get(c, 0) > n for c, n in waiting.items()):
             stopped = f"round {number - 1} paired no new sample (see its cells' logs)"
             break
         if number > MAX_ROUNDS:
             break
-        plan = plan_round(review.verdict, review.evidence, budget, thresholds,
+        plan = plan_round(review.verdict, evidence, budget, thresholds,
                           round_shapes(manifest) if task_rounds else {},
-                          round_costs(cells, review.evidence), seconds_used(run, record["rounds"]),
+                          round_costs(cells, evidence), seconds_used(run, record["rounds"]),
                           probes_left=max(0, probe_pool - _probes_used(record)) if probe_pool else None)
         record["notes"] = plan.notes
         if not plan.rounds:
@@ -264,7 +266,8 @@ def _why_stopped(plan: RoundPlan) -> str:
 def _finish(run: RunDir, manifest: dict, record: dict, review, stopped: str, show) -> None:
     """Mark as final every tested cell whose task or degeneration comparison is still open at the last
     judgment (`review`, of every round's samples): no look follows, so the last one spends the alpha left."""
-    tested = [name for name in ((review.evidence.get("tasks") or {}).get("cells") or {})]
+    tasks = review.evidence.tasks
+    tested = list(tasks.cells) if isinstance(tasks, schema.TaskEvidence) else []
     record["final"] = [name for name in tested if not task_decided(review.verdict, name)]
     record["final_degeneration"] = [c.cell for c in review.verdict.checks
                                     if c.name == "degeneration_noninferiority" and c.passed is None]

@@ -112,7 +112,7 @@ def test_degeneration_probes_run_in_one_batch_on_the_real_engine(run):
     assert generation["sampling"]["probes_in_one_batch"] == COUNTS["probe"]
     probes = [r for r in generation["records"] if r["workload"] == "probe"]
     assert len(probes) == COUNTS["probe"] and all(r["accepted"] and r["output_tokens"] > 0 for r in probes)
-    assert run.evidence["degeneration"]["cells"]["auto-1024"]["outputs"] >= COUNTS["probe"]
+    assert run.evidence.degeneration.cells["auto-1024"].outputs >= COUNTS["probe"]
 
 
 def test_scoring_is_stored_with_a_noise_floor_and_the_healthy_model_never_fails(run):
@@ -183,14 +183,14 @@ def test_throughput_sweep_ran_on_the_cells_own_engine(run):
         assert level["accepted"] and len(level["requests"]) == level["concurrency"]
         assert isinstance(level["preemptions"], int) and level["preemptions"] >= 0  # vLLM's own counter, read
         assert all(r["output_tokens"] == 16 and r["ttft_s"] and r["ttft_s"] > 0 for r in level["requests"])
-    rows = [r for r in run.evidence["throughput"] if r["cell"] == "auto-1024"]
+    rows = [r for r in run.evidence.throughput if r["cell"] == "auto-1024"]
     assert [r["concurrency"] for r in rows] == [1, 4] and all(r["output_tok_s"] > 0 for r in rows)
     assert "## Throughput under concurrency" in run.review_path.read_text()
 
 
 def test_predicted_pool_equals_the_measured_one(run):
     assert run.manifest["model"]["kv_layout"]["per_layer_elements"] == 384
-    rows = {r["cell"]: r for r in run.evidence["capacity_model"]}
+    rows = {r["cell"]: r for r in run.evidence.capacity_model}
     auto = rows["auto-1024"]
     assert auto["bytes_per_token"] == 23_040 and auto["predicted_tokens"] == auto["measured_tokens"] == 1792
     assert auto["deviation"] == 0 and auto["flag"] is None
@@ -207,7 +207,7 @@ def test_fp8_at_a_length_auto_cannot_start_is_judged_against_a_quality_reference
     reference = run.cells["auto-2048.reference"]
     assert reference["started"] and reference["kv_cache_dtype"] == "auto"
     assert run.manifest["quality_references"]["auto-2048.reference"]["kv_cache_memory_bytes"] == 80 * 2 ** 20
-    [comparison] = [c for c in run.evidence["divergence"]["comparisons"] if c["kind"] == "kv" and c["cell"] == "fp8-2048"]
-    assert comparison["reference"] == "auto-2048.reference" and comparison["same_length"]
-    assert all(row["cell"] != "auto-2048.reference" for row in run.evidence["startup"])  # never a capacity figure
+    [comparison] = [c for c in run.evidence.divergence.comparisons if c.kind == "kv" and c.cell == "fp8-2048"]
+    assert comparison.reference == "auto-2048.reference" and comparison.same_length
+    assert all(row["cell"] != "auto-2048.reference" for row in run.evidence.startup)  # never a capacity figure
     assert "judged against auto-2048.reference" in run.review_path.read_text()

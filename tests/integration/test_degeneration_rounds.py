@@ -42,8 +42,8 @@ def test_rounds_of_new_probes_run_until_the_budget_and_the_last_look_is_final(le
     assert [r["probe_cells"] for r in record["rounds"]] == [["auto-1024", "fp8-1024"]] * 3
     assert [r["probes"]["count"] for r in record["rounds"]] == [100, 200, 200]   # doubling, capped at 600
     assert all(r["task_cells"] == [] for r in record["rounds"])                 # tasks off: probes only
-    entry = leaning.evidence["degeneration"]["cells"]["fp8-1024"]
-    assert entry["looks"] == [100, 200, 400, 600] and entry["n_max"] == 600 and entry["final"] is True
+    entry = leaning.evidence.degeneration.cells["fp8-1024"]
+    assert entry.looks == [100, 200, 400, 600] and entry.n_max == 600 and entry.final is True
     assert record["final_degeneration"] == ["fp8-1024"]
     assert leaning.verdict.cells["fp8-1024"] == "INCONCLUSIVE"
     (reason,) = [r for r in leaning.verdict.reasons if r.cell == "fp8-1024" and r.level == "INCONCLUSIVE"]

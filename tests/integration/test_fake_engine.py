@@ -35,7 +35,7 @@ def run(tmp_path_factory, default_model_dir):
 
 
 def test_plain_fp8_fails_the_remedy_passes_and_is_the_one_to_deploy(run):
-    assert run.evidence["diagnosis"]["fp8"]["offending_layers"] == PLANTED
+    assert run.evidence.diagnosis["fp8"].offending_layers == PLANTED
     assert run.verdict.cells == {"fp8-1024": "FAIL", "fp8:keep=3,17-1024": "PASS"}, \
         [r.message for r in run.verdict.reasons]
     assert run.verdict.status == "FAIL"
@@ -47,13 +47,13 @@ def test_plain_fp8_fails_the_remedy_passes_and_is_the_one_to_deploy(run):
 
 
 def test_pools_follow_the_bytes_per_token_and_the_probes_are_one_row(run):
-    pools = {name: cell["kv_pool_tokens"] for name, cell in run.evidence["cells"].items()}
+    pools = {name: cell.kv_pool_tokens for name, cell in run.evidence.cells.items()}
     # SmolLM2: 30 layers, 3 KV heads of 64: 23,040 bytes per token in bf16, half in FP8, 2 of 30 layers kept.
     assert pools["auto-1024"] == (60 << 20) // 23040 // 16 * 16
     assert pools["fp8-1024"] == (60 << 20) // 11520 // 16 * 16
     assert pools["fp8:keep=3,17-1024"] == (60 << 20) // (384 * 28 + 768 * 2) // 16 * 16
-    matrix = run.evidence["acceptance"]["matrix"]
+    matrix = run.evidence.acceptance.matrix
     assert [row["prompt"] for row in matrix] == ["short_64-0", "short_64-1", "over_1024-0", "probe (20 prompts)"]
     assert {row["auto-1024"] for row in matrix} == {"accepted", "rejected"}
-    degeneration = run.evidence["degeneration"]["cells"]["fp8-1024"]
-    assert degeneration["outputs"] == 22 and degeneration["judged_outputs"] == 22
+    degeneration = run.evidence.degeneration.cells["fp8-1024"]
+    assert degeneration.outputs == 22 and degeneration.judged_outputs == 22

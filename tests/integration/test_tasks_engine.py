@@ -85,7 +85,7 @@ def test_fp8_cells_pair_with_auto_where_the_cpu_supports_fp8(run):
         fp8 = {(s["task"], s["sample_id"]): s for s in _samples(run, "fp8", length)}
         auto = {(s["task"], s["sample_id"]): s for s in _samples(run, "auto", length)}
         assert fp8.keys() == auto.keys()  # the same items in both cells
-    comparisons = run.evidence["tasks"]["comparisons"]
+    comparisons = run.evidence.tasks.comparisons
     assert {row["cell"] for row in comparisons} >= {"fp8-512", "fp8-1024"}
 
 

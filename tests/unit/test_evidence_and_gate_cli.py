@@ -14,6 +14,7 @@ from kveval import api, defaults
 from kveval.cli.commands import cli
 from kveval.analysis.json_values import json_safe
 from kveval.evidence import build_evidence
+from kveval.files import schema
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
 from tests.support.constructed import planned_manifest, expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
 
@@ -97,21 +98,21 @@ def _kv(results, cell="fp8-1024"):
 def test_evidence_has_the_gate_shape_and_is_json():
     cells = make_cells("harmed")
     evidence = build_evidence({}, WORKLOADS, cells)
-    json.dumps(evidence, allow_nan=False)
-    assert evidence["cells"]["fp8-1024"] == {"kv_cache_dtype": "fp8", "max_model_len": 1024, "started": True,
-                                            "failure_reason": None, "kv_pool_tokens": 3584}
-    fp8 = evidence["degeneration"]["cells"]["fp8-1024"]
-    assert (fp8["outputs"], fp8["new_degenerate"]) == (3, 3)
-    assert fp8["detectors"]["ngram_loop_tokens"] == 3 and fp8["token_limit_rate"] == 1.0
-    assert evidence["degeneration"]["cells"]["auto-1024"]["new_degenerate"] == 0
-    assert evidence["divergence"]["top_k"] == [5]
+    json.dumps(schema.dump(evidence), allow_nan=False)
+    assert schema.dump(evidence.cells["fp8-1024"]) == {"kv_cache_dtype": "fp8", "max_model_len": 1024, "started": True,
+                                                       "failure_reason": None, "kv_pool_tokens": 3584}
+    fp8 = evidence.degeneration.cells["fp8-1024"]
+    assert (fp8.outputs, fp8.new_degenerate) == (3, 3)
+    assert fp8.detectors["ngram_loop_tokens"] == 3 and fp8.token_limit_rate == 1.0
+    assert evidence.degeneration.cells["auto-1024"].new_degenerate == 0
+    assert evidence.divergence.top_k == [5]
     verdict = evaluate(evidence)
     assert verdict.status == "FAIL"
     # KL p99 1.52 stays under the CPU harm limit 3.0: the mean, the late mean and top-1 decide it.
     assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_late_mean", "top1_agreement"}
     # 3 of 3 outputs loop only in FP8: McNemar exact p 0.125, too few outputs to decide (issue 22).
     assert [c.passed for c in verdict.checks if c.name == "degeneration_noninferiority"] == [None]
-    assert evidence["platform"]["profile"] == "cpu" and evidence["tasks_planned"] is False
+    assert evidence.platform.profile == "cpu" and evidence.tasks_planned is False
 
 
 def test_json_safe_replaces_nan_and_numpy():
@@ -365,7 +366,7 @@ def test_interrupted_compare_exits_130(monkeypatch, tmp_path):
 def test_api_report_and_gate(run_dir):
     path = run_dir("harmed")
     result = api.report(path)
-    assert result.verdict.status == "FAIL" and result.evidence["cells"]["fp8-1024"]["started"]
+    assert result.verdict.status == "FAIL" and result.evidence.cells["fp8-1024"].started
     assert result.results_path == path / "results.json" and result.review_path == path / "review.md"
     verdict = api.gate(path, gate_overrides={"kl_mean_max": 5, "kl_p99_max": 5, "kl_late_max": 5,
                                              "top1_agreement_min": 0, "max_new_degenerate_share": 1,

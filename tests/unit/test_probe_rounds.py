@@ -113,8 +113,8 @@ def test_round_outputs_join_the_cell_and_give_the_looks():
     workloads = _prompts(first + later)
     row = degeneration_summary(scan_cells(workloads, merged), merged, workloads).set_index("cell").loc["fp8-1024"]
     assert row["looks"] == [20, 40] and row["outputs_with_new_findings"] == 3 and row["baseline_only_degenerate"] == 1
-    entry = build_evidence(manifest_for(merged), workloads, merged)["degeneration"]["cells"]["fp8-1024"]
-    assert (entry["looks"], entry["n_max"], entry["final"]) == ([20, 40], 600, True)
+    entry = build_evidence(manifest_for(merged), workloads, merged).degeneration.cells["fp8-1024"]
+    assert (entry.looks, entry.n_max, entry.final) == ([20, 40], 600, True)
 
 
 def test_streams_of_a_round_name_the_baseline_too_and_old_rounds_ran_tasks():

@@ -60,11 +60,11 @@ def test_the_reference_is_the_baseline_for_quality_and_absent_from_capacity():
     manifest["quality_references"] = {"auto-2048.reference": {"for": "auto-2048", "kv_cache_memory_bytes": 80 * 2 ** 20,
                                                               "why": "..."}}
     evidence = build_evidence(manifest, [], cells)
-    assert evidence["cells"]["auto-2048.reference"]["reference_for"] == "auto-2048"
-    assert all(row.get("cell") != "auto-2048.reference" for row in evidence["startup"])
-    assert all("auto-2048.reference" not in str(row) for row in evidence["pools"])
-    [comparison] = [c for c in evidence["divergence"]["comparisons"] if c["kind"] == "kv"]
-    assert comparison["reference"] == "auto-2048.reference" and comparison["same_length"]
+    assert evidence.cells["auto-2048.reference"].reference_for == "auto-2048"
+    assert all(row["cell"] != "auto-2048.reference" for row in evidence.startup)
+    assert all("auto-2048.reference" not in str(row) for row in evidence.pools)
+    [comparison] = [c for c in evidence.divergence.comparisons if c.kind == "kv"]
+    assert comparison.reference == "auto-2048.reference" and comparison.same_length
     verdict = evaluate(evidence)
     assert verdict.cells == {"fp8-2048": PASS}
     assert any("judged against auto-2048.reference" in r.message and "quality only" in r.message

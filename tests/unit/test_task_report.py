@@ -98,7 +98,7 @@ def test_review_omits_tasks_when_none_ran_and_says_when_skipped():
     manifest = manifest_for(cells)
     del manifest["options"]["tasks"]  # a manifest that does not say (render stays silent)
     review, evidence = review_of(cells, manifest)
-    assert evidence["tasks"] == {}
+    assert evidence.tasks == {}
     assert "Long-context tasks" not in review
     manifest["options"]["tasks"] = []
     review, _ = review_of(cells, manifest)
@@ -113,7 +113,7 @@ def test_review_names_a_crashed_tasks_phase():
     cells["fp8-2048"] = with_tasks(started_cell("fp8", 2048, 3584, [], scoring_phase(N, "healthy")),
                                    error="RuntimeError: <lm-eval> | failed\nat line 3")
     review, evidence = review_of(cells)
-    assert evidence["tasks"]["errors"] == {"fp8-2048": "RuntimeError: <lm-eval> | failed\nat line 3"}
+    assert evidence.tasks.errors == {"fp8-2048": "RuntimeError: <lm-eval> | failed\nat line 3"}
     assert "- **fp8-2048**: the tasks phase failed: RuntimeError: &lt;lm-eval&gt; \\| failed ⏎ at line 3" in review
 
 
@@ -121,11 +121,11 @@ def test_review_names_a_crashed_tasks_phase():
 
 def test_heatmap_png_is_written_small_and_none_without_data(tmp_path):
     _, evidence = review_of(make_cells("mixed"))
-    path = task_heatmap(evidence["tasks"]["grid"], tmp_path / "h.png")
+    path = task_heatmap(evidence.tasks.grid, tmp_path / "h.png")
     data = path.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 1000
     assert task_heatmap([], tmp_path / "none.png") is None
-    no_depth = [dict(r, depth=None) for r in evidence["tasks"]["grid"]]
+    no_depth = [dict(r, depth=None) for r in evidence.tasks.grid]
     assert task_heatmap(no_depth, tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
 

@@ -265,9 +265,9 @@ def test_a_healthy_cell_gets_rounds_until_it_passes(healthy_loop):
     targets = [r["target"] for r in record["rounds"]]
     assert targets[0] >= 24 and all(b >= 2 * a or b == 600 for a, b in zip([12] + targets, targets))
     assert all(r["cells"] == ["auto-1024", "fp8-1024"] for r in record["rounds"])
-    entry = review.evidence["tasks"]["cells"]["fp8-1024"]
-    assert entry["looks"][0] == 12 and entry["looks"] == sorted(entry["looks"]) and len(entry["looks"]) == len(targets) + 1
-    assert entry["final"] is False and record["final"] == []            # decided at a look of the design
+    entry = review.evidence.tasks.cells["fp8-1024"]
+    assert entry.looks[0] == 12 and entry.looks == sorted(entry.looks) and len(entry.looks) == len(targets) + 1
+    assert entry.final is False and record["final"] == []            # decided at a look of the design
     assert stand_in.ran == [round_cell_id(c, r["round"]) for r in record["rounds"] for c in r["cells"]]
     assert any("look" in c.detail and c.passed for c in review.verdict.checks if c.name == "task_noninferiority")
 
@@ -304,7 +304,7 @@ def test_no_rounds_with_budget_off(tmp_path, monkeypatch):
     setup, stand_in = _run_dir(tmp_path, "off"), StandIn()
     manifest, review = _loop(setup, stand_in, monkeypatch)
     assert stand_in.ran == [] and "task_rounds" not in manifest
-    assert "n_max" not in review.evidence["tasks"]["cells"]["fp8-1024"]   # one fixed-sample look, as before
+    assert review.evidence.tasks.cells["fp8-1024"].n_max is None   # one fixed-sample look, as before
 
 
 def test_a_quality_reference_keeps_its_own_kv_budget_in_rounds(tmp_path):
