@@ -3,7 +3,7 @@ kveval/gate/ (degeneration_checks.py) under the sequential design of run/rounds.
 doubling them up to --budget's 600, every look at the alpha it may spend, the last one final).
 
 Loops are drawn independently per prompt in the cell and its baseline (the worst case for the test:
-real loops mostly hit the same prompts in both). The figures in the README come from
+real loops mostly hit the same prompts in both). The figures in docs/statistics.md come from
 
     python scripts/simulate_degeneration.py --runs 2000
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-DEFAULT_SAMPLES = 600       # a healthy model's recovery bound clears 0.90 well before this (README)
+DEFAULT_SAMPLES = 600       # a healthy model's recovery bound clears 0.90 well before this (docs/statistics.md)
 DEFAULT_SECONDS = 20 * 60.0
 DEFAULT_TEXT = "600,20m"
 
