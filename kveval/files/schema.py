@@ -101,6 +101,15 @@ class KvLayout(FileModel):
     sliding_window: Optional[int]
 
 
+class WeightsEntry(FileModel):
+    """inputs/model_identity.WeightsIdentity: which weights a local model directory held."""
+
+    sha256: str
+    method: str
+    files: int
+    bytes: int
+
+
 class ModelEntry(FileModel):
     name: str
     path: str
@@ -109,6 +118,8 @@ class ModelEntry(FileModel):
     max_position_embeddings: Optional[int]  # None: the model's config names no limit
     dtype: Optional[str] = None             # absent in manifests of older kveval builds (cpu-demo)
     kv_layout: Optional[KvLayout] = None     # inputs/model_config.kv_layout; absent before issue 10
+    revision: Optional[str] = None           # --revision (None: the hub's default branch); absent in older runs
+    weights: Optional[WeightsEntry] = None   # a local directory's weights hash (inputs/model_identity.py)
 
 
 class Options(FileModel):

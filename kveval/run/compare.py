@@ -21,7 +21,8 @@ from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.checkpoint_scales import read_kv_scales
 from kveval.inputs.model_config import ModelFacts, ModelSource, load_tokenizer, model_facts, prompt_format
-from kveval.inputs.models import ModelError, ModelInfo, resolve_model
+from kveval.inputs.model_identity import WEIGHT_HASHES_FILE, model_identity
+from kveval.inputs.models import ModelError, ModelInfo, kveval_home, resolve_model
 from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workloads
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
 from kveval.inputs.task_selection import TaskSelectionError, TaskShape, check_lm_eval_names, task_shape, write_run_task_data
@@ -272,6 +273,9 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         manifest = _manifest(options, suite, shape, model, tokenizer, facts, prompts, documents, phase_options,
                              kv_scales, baseline_dtype, plans, hardware)
         manifest["model"]["kv_layout"] = layout
+        # Which weights were judged: the revision asked for, a local model's weights hash (kveval diff, resume).
+        manifest["model"].update(model_identity(model.path, source.revision,
+                                                kveval_home() / WEIGHT_HASHES_FILE).model_dump(mode="json"))
         manifest["options"]["gpus"] = devices
         manifest["options"]["executor"] = options.executor
         manifest["options"]["kv_budget_note"] = budget_note

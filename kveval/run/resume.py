@@ -38,10 +38,17 @@ def redo_reason(previous: dict, *, retry_failed: bool, budget_given: bool) -> st
 _NOT_FINGERPRINTED = ("cell_timeout_s", "stall_timeout_s", "gpus", "executor")
 
 
-def _settings_fingerprint(manifest: dict) -> dict:
-    # What must match for a re-run into the same directory to reuse finished cells.
+_IDENTITY_KEYS = ("revision", "weights")   # inputs/model_identity.py; absent in runs of older kveval builds
+
+
+def _settings_fingerprint(manifest: dict, earlier: dict | None = None) -> dict:
+    # What must match for a re-run into the same directory to reuse finished cells. The weights'
+    # identity is compared only when the earlier run recorded it (an older kveval did not).
     out = {key: manifest.get(key) for key in ("model", "options", "prompt_ids", "scoring_ids")}
     out["options"] = {k: v for k, v in (out["options"] or {}).items() if k not in _NOT_FINGERPRINTED}
+    if earlier is not None and isinstance(out["model"], dict):
+        recorded = earlier.get("model") or {}
+        out["model"] = {k: v for k, v in out["model"].items() if k not in _IDENTITY_KEYS or k in recorded}
     return out
 
 
@@ -85,14 +92,14 @@ def prepare_run_dir(run_dir: RunDir, manifest: dict, fresh: bool = False) -> boo
         if not fresh:
             raise KvevalError(f"--out {run_dir.path}: {error} (--fresh moves it aside and starts anew)") from None
         earlier = None
-    if earlier is not None and _settings_fingerprint(earlier) == _settings_fingerprint(manifest):
+    if earlier is not None and _settings_fingerprint(earlier) == _settings_fingerprint(manifest, earlier):
         return True
     if fresh:
         aside = run_dir.path.with_name(f"{run_dir.path.name}.replaced-{_dt.datetime.now():%Y%m%d-%H%M%S}")
         run_dir.path.rename(aside)
         run_dir.path.mkdir()
         return False
-    changed = _differences(_settings_fingerprint(earlier), _settings_fingerprint(manifest))
+    changed = _differences(_settings_fingerprint(earlier), _settings_fingerprint(manifest, earlier))
     raise KvevalError(
         f"--out {run_dir.path} holds a run with different settings ({', '.join(changed[:6])}"
         f"{', ...' if len(changed) > 6 else ''}); give another --out, or --fresh to move that run aside and start "
