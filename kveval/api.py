@@ -30,7 +30,7 @@ from kveval.run.remedy import REMEDY_MODES
 __all__ = ["CompareOptions", "EXIT_USAGE", "KEEP_ATTENTION_TYPES", "KvevalError", "REMEDY_MODES", "RunInterrupted", "RunResult", "SUITES",
            "TASK_GROUP", "TASKS_BY_NAME", "Thresholds", "compare", "compare_options", "default_model",
            "exit_code", "file_schema", "gate", "generate_task_data", "judge", "kveval_home", "lm_eval_tasks_dir", "load_run",
-           "report", "resolve_thresholds", "run_in_progress"]
+           "report", "resolve_thresholds", "run_in_progress", "EXIT_WORSE", "diff_runs", "diff_markdown"]
 
 
 @dataclass
@@ -113,13 +113,20 @@ def run_in_progress(run_dir: str | Path) -> str | None:
 
 
 def load_run(run_dir: str | Path) -> RunResult:
+    return _load_typed(run_dir)[0]
+
+
+def _load_typed(run_dir: str | Path) -> tuple[RunResult, dict[str, schema.CellResult]]:
+    """The stored run (cells as plain dicts, as RunResult gives them) and its typed cells
+    (`RunDir.cell_results`, what the evidence is built from): the cell files are read once."""
     store = RunDir(run_dir)
     try:
         manifest = store.load_manifest()
-        cells = store.load_cells(manifest)
+        typed = store.cell_results(manifest)
     except StoreError as error:
         raise KvevalError(str(error)) from None
-    return RunResult(store.path, manifest, cells, store.review_path if store.review_path.exists() else None)
+    cells = {name: schema.dump(cell) for name, cell in typed.items()}
+    return RunResult(store.path, manifest, cells, store.review_path if store.review_path.exists() else None), typed
 
 
 def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds | None = None,
@@ -146,7 +153,7 @@ def _judged(run_dir: str | Path, thresholds: Thresholds | None, gate_config: str
     """The stored run, its evidence and the verdict on it, with the thresholds `report` describes; nothing written."""
     from kveval.pipeline import stored_evidence_verdict, stored_run_verdict
 
-    result = load_run(run_dir)
+    result, typed = _load_typed(run_dir)
     run = RunDir(run_dir)
     try:
         stored = run.load_thresholds() if thresholds is None else None
@@ -158,7 +165,7 @@ def _judged(run_dir: str | Path, thresholds: Thresholds | None, gate_config: str
         if not result.cells and not run.has_cell_files() and run.results_path.is_file():
             evidence, verdict = stored_evidence_verdict(run.results().evidence, limits)
         else:
-            evidence, verdict = stored_run_verdict(run, result.manifest, result.cells, limits)
+            evidence, verdict = stored_run_verdict(run, result.manifest, typed, limits)
     except StoreError as error:
         raise KvevalError(str(error)) from None
     return result, evidence, verdict
@@ -168,6 +175,42 @@ def judge(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_con
           gate_overrides: dict | None = None) -> Verdict:
     """The verdict for a stored run (no engine), with nothing in the run directory written."""
     return _judged(run_dir, thresholds, gate_config, gate_overrides)[2]
+
+
+EXIT_WORSE = 5   # `kveval diff`: run B got worse than run A (apart from 0-4 and 130, the other commands' codes)
+
+
+def diff_runs(run_a: str | Path, run_b: str | Path):
+    """Run B against run A of the same model (a vLLM upgrade, another GPU, another revision): verdict,
+    divergence, task accuracy, KV pool and speed per matched cell, judged against each run's noise
+    (kveval.analysis.run_diff.RunDiff; `.worse` is what EXIT_WORSE reports). Reads manifest.json and
+    results.json(.gz) only; a KvevalError (one line) for a missing or unusable run or two different models."""
+    from kveval.analysis.run_diff import compare_runs, model_mismatch
+
+    runs = [RunDir(run_a), RunDir(run_b)]
+    try:
+        manifests = [run.load_manifest() for run in runs]
+    except StoreError as error:
+        raise KvevalError(str(error)) from None
+    mismatch = model_mismatch(*manifests, str(run_a), str(run_b))
+    if mismatch:
+        raise KvevalError(mismatch)
+    results = []
+    for run in runs:
+        if not run.results_path.is_file():
+            raise KvevalError(f"{run.path}: no results.json (run `kveval report {run.path}` first)")
+        try:
+            results.append(run.results())
+        except StoreError as error:
+            raise KvevalError(str(error)) from None
+    return compare_runs(str(run_a), manifests[0], results[0], str(run_b), manifests[1], results[1])
+
+
+def diff_markdown(diff) -> str:
+    """`kveval diff`'s markdown report of a diff_runs result."""
+    from kveval.render.run_diff_section import run_diff_markdown
+
+    return run_diff_markdown(diff)
 
 
 def gate(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_config: str | Path | None = None,

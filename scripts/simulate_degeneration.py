@@ -13,6 +13,7 @@ import argparse
 
 import numpy as np
 
+from kveval.files import schema
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Thresholds, _Collector, _degeneration
 
 LOOKS = (109, 218, 436, 600)
@@ -21,9 +22,11 @@ LOOKS = (109, 218, 436, 600)
 def judge(new: int, base_only: int, looks: list[int], final: bool, t: Thresholds) -> str:
     out = _Collector()
     n = looks[-1]
-    _degeneration(out, "cell", {"outputs": n, "judged_outputs": n, "new_degenerate": new,
-                                "baseline_only_degenerate": base_only, "looks": looks, "n_max": LOOKS[-1],
-                                "final": final}, t)
+    entry = schema.DegenerationCell(kv_cache_dtype="fp8", max_model_len=0, outputs=n, new_degenerate=new,
+                                    judged_outputs=n, outputs_with_findings=new, detectors={}, token_limit_rate=None,
+                                    baseline_only_degenerate=base_only, looks=list(looks), n_max=LOOKS[-1],
+                                    final=final)
+    _degeneration(out, "cell", entry, t)
     levels = out.levels("cell")
     return FAIL if FAIL in levels else INCONCLUSIVE if INCONCLUSIVE in levels else PASS
 

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kveval.analysis.cell_records import generation_records
+from kveval.analysis.cell_records import CellLike, generation_records, typed_cells
+from kveval.files.schema import CellResult
 
 
-def acceptance_matrix(workloads: list[dict], cells: dict[str, dict]) -> pd.DataFrame:
+def acceptance_matrix(workloads: list[dict], cells: dict[str, CellLike]) -> pd.DataFrame:
     """Rows: prompts; columns: cells; values: accepted / rejected / error / not run. The degeneration
     probes share one row ("probe (100 prompts)": "accepted", or "k/n accepted"), so a hundred short
     questions do not bury the prompts whose acceptance is the finding."""
+    cells = typed_cells(cells)
     rows = []
     probes = [prompt for prompt in workloads if prompt.get("kind") == "probe"]
     for prompt in workloads:
@@ -30,24 +32,24 @@ def acceptance_matrix(workloads: list[dict], cells: dict[str, dict]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def _status(facts: dict, prompt_id: str) -> str:
-    if not facts.get("started"):
+def _status(facts: CellResult, prompt_id: str) -> str:
+    if not facts.started:
         return "not started"
     record = generation_records(facts).get(prompt_id)
     if record is None:
         return "not run"
-    if record.get("accepted"):
+    if record.accepted:
         return "accepted"
-    return "rejected" if record.get("rejection") else "error"
+    return "rejected" if record.rejection else "error"
 
 
-def rejections(cells: dict[str, dict]) -> pd.DataFrame:
+def rejections(cells: dict[str, CellLike]) -> pd.DataFrame:
     """Every refused or failed prompt with the engine's own message."""
     rows = []
-    for name, facts in cells.items():
+    for name, facts in typed_cells(cells).items():
         for record in generation_records(facts).values():
-            if not record.get("accepted"):
-                rows.append({"cell": name, "prompt": record["prompt_id"],
-                             "kind": "rejected" if record.get("rejection") else "error",
-                             "message": record.get("rejection") or record.get("error")})
+            if not record.accepted:
+                rows.append({"cell": name, "prompt": record.prompt_id,
+                             "kind": "rejected" if record.rejection else "error",
+                             "message": record.rejection or record.error})
     return pd.DataFrame(rows, columns=["cell", "prompt", "kind", "message"])

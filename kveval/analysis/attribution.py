@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import wilcoxon
 
-from kveval.analysis.cell_records import BASELINE_KV, stored_spec
+from kveval.analysis.cell_records import BASELINE_KV, CellLike, stored_spec, typed_cells
+from kveval.files.schema import CellResult
 from kveval.analysis.divergence import compare_sequences, default_edges, scored_sequences
 
 BLOCK_POSITIONS = 64
@@ -98,13 +99,14 @@ def pair_figures(plain: pd.DataFrame, remedy: pd.DataFrame) -> dict:
             "buckets": buckets}
 
 
-def _spec(facts: dict):
-    return stored_spec(facts.get("kv_cache_dtype") or "auto")
+def _spec(facts: CellResult):
+    return stored_spec(facts.kv_cache_dtype or "auto")
 
 
-def remedy_pairs(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> list[tuple[str, str, str]]:
+def remedy_pairs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> list[tuple[str, str, str]]:
     """(plain cell, remedy cell, baseline cell) at one max_model_len, all three scored. A remedy cell is
     any cell keeping layers; its plain cell has the same FP8 dtype (aliases included) and keeps none."""
+    cells = typed_cells(cells)
     scored = {name: facts for name, facts in cells.items() if scored_sequences(facts)}
     specs = {name: _spec(facts) for name, facts in scored.items()}
     pairs = []
@@ -112,18 +114,19 @@ def remedy_pairs(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> list
         spec = specs[remedy]
         if spec is None or not spec.keep:
             continue
-        length = facts.get("max_model_len")
-        base = next((n for n, f in scored.items() if f.get("kv_cache_dtype") == baseline_kv
-                     and f.get("max_model_len") == length), None)
-        plain = next((n for n in sorted(scored) if scored[n].get("max_model_len") == length and specs[n] is not None
+        length = facts.max_model_len
+        base = next((n for n, f in scored.items() if f.kv_cache_dtype == baseline_kv and f.max_model_len == length),
+                    None)
+        plain = next((n for n in sorted(scored) if scored[n].max_model_len == length and specs[n] is not None
                       and not specs[n].keep and _family(specs[n].dtype) == _family(spec.dtype)), None)
         if base and plain:
             pairs.append((plain, remedy, base))
     return pairs
 
 
-def remedy_attribution(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> list[dict]:
+def remedy_attribution(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> list[dict]:
     """Per (plain, remedy) pair at one length: the paired figures (`pair_figures`) and the kept layers."""
+    cells = typed_cells(cells)
     out = []
     for plain, remedy, base in remedy_pairs(cells, baseline_kv):
         reference = scored_sequences(cells[base])
@@ -131,27 +134,28 @@ def remedy_attribution(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -
         remedy_frame, _, _ = compare_sequences(reference, scored_sequences(cells[remedy]))
         spec = _spec(cells[remedy])
         out.append({"plain": plain, "remedy": remedy, "reference": base, "kept": list(spec.keep),
-                    "max_model_len": cells[remedy].get("max_model_len"),
+                    "max_model_len": cells[remedy].max_model_len,
                     **pair_figures(plain_frame, remedy_frame)})
     return out
 
 
-def identical_specs(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> list[dict]:
+def identical_specs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> list[dict]:
     """Pairs of cells at one length whose KV specs differ in kept layers (same FP8 dtype) yet whose
     per-position KL against the same baseline is identical to the last digit: the difference between
     the two settings never reached the engine."""
+    cells = typed_cells(cells)
     scored = {name: facts for name, facts in cells.items() if scored_sequences(facts) and _spec(facts) is not None
-              and facts.get("kv_cache_dtype") != baseline_kv}
+              and facts.kv_cache_dtype != baseline_kv}
     found = []
     names = sorted(scored)
     for i, first in enumerate(names):
         for second in names[i + 1:]:
             a, b = _spec(scored[first]), _spec(scored[second])
-            length = scored[first].get("max_model_len")
-            if scored[second].get("max_model_len") != length or _family(a.dtype) != _family(b.dtype) or a.keep == b.keep:
+            length = scored[first].max_model_len
+            if scored[second].max_model_len != length or _family(a.dtype) != _family(b.dtype) or a.keep == b.keep:
                 continue
-            base = next((n for n, f in cells.items() if f.get("kv_cache_dtype") == baseline_kv
-                         and f.get("max_model_len") == length and scored_sequences(f)), None)
+            base = next((n for n, f in cells.items() if f.kv_cache_dtype == baseline_kv
+                         and f.max_model_len == length and scored_sequences(f)), None)
             if base is None:
                 continue
             reference = scored_sequences(cells[base])

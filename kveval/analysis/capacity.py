@@ -3,45 +3,44 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV, pool_tokens
+from kveval.analysis.cell_records import BASELINE_KV, CellLike, pool_tokens, typed_cells
+from kveval.files.schema import CellResult
 
 
-def startup_table(cells: dict[str, dict]) -> pd.DataFrame:
+def startup_table(cells: dict[str, CellLike]) -> pd.DataFrame:
     rows = []
-    for name, facts in cells.items():
-        failure = facts.get("failure") or {}
-        capacity = facts.get("capacity") or {}
-        logged = facts.get("logged_capacity") or {}
+    for name, facts in typed_cells(cells).items():
+        failure, capacity, crash = facts.failure, facts.capacity, facts.crash
         rows.append({
             "cell": name,
-            "kv_cache_dtype": facts.get("kv_cache_dtype"),
-            "max_model_len": facts.get("max_model_len"),
-            "started": bool(facts.get("started")),
-            "startup_s": facts.get("startup_seconds"),
-            "kv_pool_tokens": capacity.get("kv_pool_tokens"),
-            "max_concurrency": capacity.get("max_concurrency"),
+            "kv_cache_dtype": facts.kv_cache_dtype,
+            "max_model_len": facts.max_model_len,
+            "started": facts.started,
+            "startup_s": facts.startup_seconds,
+            "kv_pool_tokens": capacity.kv_pool_tokens if capacity else None,
+            "max_concurrency": capacity.max_concurrency if capacity else None,
             # The block count is the memory-true size; for hybrid (sliding-window) models vLLM's
             # token figure is concurrency x max_model_len and moves with max_model_len.
-            "num_blocks": capacity.get("num_blocks"),
+            "num_blocks": capacity.num_blocks if capacity else None,
             # Sized by vLLM before it gave up (e.g. FP8 refused by the attention backend afterwards).
-            "logged_pool_tokens": None if facts.get("started") else logged.get("kv_pool_tokens"),
-            "reason": failure.get("reason"),
-            "message": failure.get("message"),
-            "estimated_max_model_len": failure.get("estimated_max_model_len"),
-            "attention_backend": (facts.get("info") or {}).get("attention_backend"),
-            "crash": (facts.get("crash") or {}).get("message"),
+            "logged_pool_tokens": None if facts.started else facts.logged_capacity.kv_pool_tokens,
+            "reason": failure.reason if failure else None,
+            "message": failure.message if failure else None,
+            "estimated_max_model_len": failure.estimated_max_model_len if failure else None,
+            "attention_backend": facts.info.attention_backend,
+            "crash": crash.message if crash else None,
             # Only where a cell crashed (rows of runs without a crash keep their old keys).
-            **({"crash_advice": facts["crash"].get("advice")} if (facts.get("crash") or {}).get("advice") else {}),
-            **({"crash_cause": facts["crash"]["cause"]} if (facts.get("crash") or {}).get("cause") == "stalled" else {}),
+            **({"crash_advice": crash.advice} if crash and crash.advice else {}),
+            **({"crash_cause": crash.cause} if crash and crash.cause == "stalled" else {}),
         })
     return pd.DataFrame(rows)
 
 
-def pool_by_length(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def pool_by_length(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     """One row per (max_model_len, non-baseline dtype): both pools and their ratio."""
-    by_length: dict[int, dict[str, dict]] = {}
-    for facts in cells.values():
-        by_length.setdefault(facts.get("max_model_len"), {})[facts.get("kv_cache_dtype")] = facts
+    by_length: dict[int, dict[str, CellResult]] = {}
+    for facts in typed_cells(cells).values():
+        by_length.setdefault(facts.max_model_len, {})[facts.kv_cache_dtype] = facts
     rows = []
     for length in sorted(by_length):
         dtypes = by_length[length]
@@ -68,20 +67,20 @@ def pool_by_length(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd
                 "baseline_fallback_tokens": theirs if ratio is None else None,
                 "fallback_tokens": mine if ratio is None else None,
                 "not_started": ", ".join(
-                    f"{f['cell']} ({(f.get('failure') or {}).get('reason', '?')})"
-                    for f in (base, other) if f is not None and not f.get("started")
+                    f"{f.cell} ({f.failure.reason if f.failure else '?'})"
+                    for f in (base, other) if f is not None and not f.started
                 ),
             })
     return pd.DataFrame(rows)
 
 
-def _unstarted_pool(facts: dict | None) -> tuple[int | None, str | None]:
-    if not facts or facts.get("started"):
+def _unstarted_pool(facts: CellResult | None) -> tuple[int | None, str | None]:
+    if not facts or facts.started:
         return None, None
-    logged = (facts.get("logged_capacity") or {}).get("kv_pool_tokens")
+    logged = facts.logged_capacity.kv_pool_tokens
     if logged:
         return logged, "the engine log"
-    failure = facts.get("failure") or {}
-    if failure.get("reason") == "kv_capacity" and failure.get("estimated_max_model_len"):
-        return failure["estimated_max_model_len"], "vLLM's estimated maximum model length"
+    failure = facts.failure
+    if failure and failure.reason == "kv_capacity" and failure.estimated_max_model_len:
+        return failure.estimated_max_model_len, "vLLM's estimated maximum model length"
     return None, None

@@ -18,8 +18,10 @@ off, every layer is cached as full attention and the plain model applies.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from kveval.analysis.cell_records import stored_spec
+from kveval.analysis.cell_records import CellLike, stored_spec, typed_cells
+from kveval.files.schema import Capacity, CellResult, StartupRow
 from kveval.inputs.kvspec import KVSpec
 
 # Bytes per element of each KV-cache dtype; `auto` (and a ModelOpt baseline) is the model dtype.
@@ -119,81 +121,98 @@ def needed_bytes(max_model_len: int, per_token: int, block_size: int, concurrenc
     return math.ceil(max_model_len / block_size) * block_size * per_token * concurrency
 
 
-def _model_for(layout: dict | None, capacity: dict) -> str | None:
+def _model_for(layout: dict | None, capacity: Capacity | None) -> str | None:
     """'plain' (every layer caches every token), 'hybrid' (sliding-window groups) or None (no layout)."""
     if not layout:
         return None
-    if not layout.get("sliding_window_layers") or capacity.get("hybrid_kv_cache_manager") is False:
+    if not layout.get("sliding_window_layers") or (capacity is not None and capacity.hybrid_kv_cache_manager is False):
         return "plain"
     return "hybrid"
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """One cell's predicted pool: bytes per token (plain layouts), tokens, blocks, the longest
+    max_model_len that starts and one block's bytes; `why` it is not predicted (None: no reason to give)."""
+
+    per_token: int | None = None
+    tokens: int | None = None
+    blocks: int | None = None
+    largest_max_model_len: int | None = None
+    block_bytes: int | None = None
+    why: str | None = None
+
+
 def predict_cell(layout: dict | None, spec: KVSpec, model_dtype: str, budget: float | None, block: int | None,
-                 length: int, capacity: dict) -> dict:
-    """The prediction for one cell: per_token (plain layouts), tokens, blocks, largest_max_model_len;
-    or `why` it is not predicted."""
+                 length: int, capacity: Capacity | None) -> Prediction:
+    """The prediction for one cell (`Prediction`), or `why` it is not predicted."""
     kind = _model_for(layout, capacity)
     if kind is None:
-        return {"why": "not predicted: the model's KV layout is not recorded"}
+        return Prediction(why="not predicted: the model's KV layout is not recorded")
     if kind == "hybrid":
         if not (block and budget):
-            return {"why": None}
-        pool = hybrid_pool(layout, spec, model_dtype, budget, block, length, capacity.get("max_num_batched_tokens"))
+            return Prediction()
+        pool = hybrid_pool(layout, spec, model_dtype, budget, block, length,
+                           capacity.max_num_batched_tokens if capacity is not None else None)
         if pool is None:
-            return {"why": "not predicted: layers kept in the model dtype next to sliding-window groups "
-                           "(mixed page sizes)"}
-        return {"per_token": None, "tokens": pool["tokens"], "blocks": pool["blocks"],
-                "largest_max_model_len": pool["largest_max_model_len"], "block_bytes": pool["block_bytes"]}
+            return Prediction(why="not predicted: layers kept in the model dtype next to sliding-window groups "
+                                  "(mixed page sizes)")
+        return Prediction(tokens=pool["tokens"], blocks=pool["blocks"],
+                          largest_max_model_len=pool["largest_max_model_len"], block_bytes=pool["block_bytes"])
     per_token = bytes_per_token(layout, spec, model_dtype, every_layer_full=True)
     if per_token is None:
-        return {"why": None}
+        return Prediction()
     if not (block and budget):
-        return {"per_token": per_token}
+        return Prediction(per_token=per_token)
     pool = predicted_pool(budget, per_token, block)
-    return {"per_token": per_token, "tokens": pool["tokens"], "blocks": pool["blocks"],
-            "largest_max_model_len": largest_max_model_len(pool["tokens"], block), "block_bytes": per_token * block}
+    return Prediction(per_token=per_token, tokens=pool["tokens"], blocks=pool["blocks"],
+                      largest_max_model_len=largest_max_model_len(pool["tokens"], block),
+                      block_bytes=per_token * block)
 
 
-def capacity_rows(cells: dict[str, dict], layout: dict | None, model_dtype: str, budget_bytes: int | None,
+def capacity_rows(cells: dict[str, CellLike], layout: dict | None, model_dtype: str, budget_bytes: int | None,
                   baseline_kv: str = "auto") -> list[dict]:
     """Per cell: predicted vs measured pool. The budget is --kv-cache-memory when given; otherwise
     the one the baseline cell's measured blocks imply (vLLM's default share of the device), so a
     cell that got far less than its dtype should (another process held memory) is still flagged.
     Each non-baseline row also gets its pool's ratio to the baseline at the same length, measured
     and predicted."""
+    cells = typed_cells(cells)
     implied = _implied_budgets(cells, layout, model_dtype, baseline_kv) if budget_bytes is None else {}
     # A cell that did not start reports no block size; the run's started cells share the backend's.
-    started = [f.get("capacity") or {} for f in cells.values() if f.get("started")]
-    run_block = next((c.get("block_size") for c in started if c.get("block_size")), None)
-    run_capacity = next((c for c in started if c.get("block_size")), {})
+    started = [f.capacity for f in cells.values() if f.started and f.capacity is not None]
+    run_capacity = next((c for c in started if c.block_size), None)
+    run_block = run_capacity.block_size if run_capacity is not None else None
     rows = []
     for name, facts in cells.items():
-        capacity = facts.get("capacity") or {}
-        kv, length = facts.get("kv_cache_dtype"), facts.get("max_model_len")
-        block = capacity.get("block_size") or run_block
+        capacity = facts.capacity
+        kv, length = facts.kv_cache_dtype, facts.max_model_len
+        block = (capacity.block_size if capacity is not None else None) or run_block
         budget, source = budget_bytes, "--kv-cache-memory"
         if budget is None:
             budget, source = implied.get(length, (None, None))
         spec = stored_spec(kv)
         prediction = (predict_cell(layout, spec, model_dtype, budget, block, length, capacity or run_capacity)
-                      if spec else {"why": None})
+                      if spec else Prediction())
         hybrid = _model_for(layout, capacity or run_capacity) == "hybrid"
         measured = None
-        if facts.get("started"):
+        measured_tokens = capacity.kv_pool_tokens if facts.started and capacity is not None else None
+        measured_blocks = capacity.num_blocks if facts.started and capacity is not None else None
+        if facts.started:
             # The plain model's pool is whole blocks; a hybrid's is what vLLM reports (concurrency × L).
-            measured = capacity.get("kv_pool_tokens") if hybrid else (capacity.get("num_blocks") or 0) * (block or 0)
+            measured = measured_tokens if hybrid else (measured_blocks or 0) * (block or 0)
         row = {"cell": name, "kv_cache_dtype": kv, "max_model_len": length,
-               "bytes_per_token": prediction.get("per_token"), "block_size": block, "budget_bytes": budget,
-               "budget_source": source, "predicted_tokens": prediction.get("tokens"),
-               "predicted_blocks": prediction.get("blocks"),
-               "measured_tokens": capacity.get("kv_pool_tokens") if facts.get("started") else None,
-               "measured_blocks": capacity.get("num_blocks") if facts.get("started") else None,
-               "deviation": None, "flag": prediction.get("why"),
-               "predicted_max_model_len": prediction.get("largest_max_model_len"),
+               "bytes_per_token": prediction.per_token, "block_size": block, "budget_bytes": budget,
+               "budget_source": source, "predicted_tokens": prediction.tokens,
+               "predicted_blocks": prediction.blocks,
+               "measured_tokens": measured_tokens,
+               "measured_blocks": measured_blocks,
+               "deviation": None, "flag": prediction.why,
+               "predicted_max_model_len": prediction.largest_max_model_len,
                "layout_model": "hybrid" if hybrid else ("plain" if layout else None),
-               "started": bool(facts.get("started"))}
-        if measured and prediction.get("tokens"):
-            row["deviation"] = measured / prediction["tokens"] - 1
+               "started": facts.started}
+        if measured and prediction.tokens:
+            row["deviation"] = measured / prediction.tokens - 1
             row["flag"] = _flag(row["deviation"], source_is_implied=budget_bytes is None)
         rows.append(row)
     return with_pool_ratios(rows, baseline_kv)
@@ -214,23 +233,23 @@ def with_pool_ratios(rows: list[dict], baseline_kv: str) -> list[dict]:
     return rows
 
 
-def _implied_budgets(cells: dict[str, dict], layout: dict | None, model_dtype: str,
+def _implied_budgets(cells: dict[str, CellResult], layout: dict | None, model_dtype: str,
                      baseline_kv: str) -> dict[int, tuple[int, str]]:
     """max_model_len -> (budget the started baseline cell's blocks imply, its name)."""
     out = {}
     for name, facts in cells.items():
-        capacity = facts.get("capacity") or {}
-        if facts.get("kv_cache_dtype") != baseline_kv or not facts.get("started"):
+        capacity = facts.capacity
+        if facts.kv_cache_dtype != baseline_kv or not facts.started or capacity is None:
             continue
-        if not (capacity.get("num_blocks") and capacity.get("block_size")):
+        if not (capacity.num_blocks and capacity.block_size):
             continue
         # Any budget works to learn one block's bytes; the blocks are what the engine had.
-        probe = predict_cell(layout, KVSpec(baseline_kv), model_dtype, 1 << 40, capacity["block_size"],
-                             facts["max_model_len"], capacity)
-        if prediction_bytes := probe.get("block_bytes"):
+        probe = predict_cell(layout, KVSpec(baseline_kv), model_dtype, 1 << 40, capacity.block_size,
+                             facts.max_model_len, capacity)
+        if prediction_bytes := probe.block_bytes:
             # The budget lies between these blocks' bytes and one block more; the lower end is what
             # vLLM is known to have had, and the prediction for the other dtypes is floor-rounded anyway.
-            out[facts["max_model_len"]] = (capacity["num_blocks"] * prediction_bytes, f"implied by {name}'s pool")
+            out[facts.max_model_len] = (capacity.num_blocks * prediction_bytes, f"implied by {name}'s pool")
     return out
 
 
@@ -242,3 +261,23 @@ def _flag(deviation: float, source_is_implied: bool) -> str | None:
                 "its pool (or the engine reserved more for activations)")
     return ("larger than predicted: the baseline had less memory than this cell when it started"
             if source_is_implied else "larger than predicted from the budget (the layout model may be off)")
+
+
+def pool_token_shift(startup: list[StartupRow]) -> tuple[str, float] | None:
+    """A KV dtype whose started cells hold the same number of blocks at every max_model_len yet report
+    different pool tokens: for models with sliding-window (hybrid) layers vLLM's token figure is max
+    concurrency × max_model_len, not a memory size. (That dtype, its blocks), the first by name; None
+    when no dtype shows it."""
+    by_kv: dict[str, list[StartupRow]] = {}
+    for row in startup or []:
+        if row.started and row.kv_cache_dtype is not None and _known(row.num_blocks) and _known(row.kv_pool_tokens):
+            by_kv.setdefault(row.kv_cache_dtype, []).append(row)
+    for kv in sorted(by_kv):
+        mine = by_kv[kv]
+        if len({r.num_blocks for r in mine}) == 1 and len({r.kv_pool_tokens for r in mine}) > 1:
+            return kv, mine[0].num_blocks
+    return None
+
+
+def _known(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))

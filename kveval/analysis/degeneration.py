@@ -18,7 +18,11 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
+from kveval.analysis.cell_records import (BASELINE_KV, CellLike, baseline_for, generation_records, typed_cells,
+                                         typed_record)
+from kveval.files.schema import CellResult, GenerationRecord
+
+Records = dict[str, dict[str, GenerationRecord]]   # cell -> prompt id -> its output
 
 # -- repeated n-grams (loops) -------------------------------------------------------------------
 # Repetition runaway repeats a phrase or sentence: "The pass key is the pass key. The pass key ..."
@@ -377,25 +381,27 @@ def hit_token_limit(finish_reason: str | None, output_tokens: int = 0, text: str
 
 # ----------------------------------------------------------------------------------- scanning
 
-def _token_count(record: dict) -> int:
-    ids = record.get("token_ids")
-    return len(ids) if ids is not None else int(record.get("output_tokens") or 0)
+def _token_count(record: GenerationRecord) -> int:
+    ids = record.token_ids
+    return len(ids) if ids is not None else int(record.output_tokens or 0)
 
 
-def scan_output(record: dict, baseline_record: dict | None = None) -> list[Finding]:
+def scan_output(record: GenerationRecord | dict | None,
+                baseline_record: GenerationRecord | dict | None = None) -> list[Finding]:
     """Every detector over one accepted record; length_blowup only with an accepted baseline record."""
-    if not record or not record.get("accepted"):
+    record, baseline_record = typed_record(record), typed_record(baseline_record)
+    if not record or not record.accepted:
         return []
-    ids, text, tokens = list(record.get("token_ids") or []), record.get("text") or "", _token_count(record)
-    base_tokens = _token_count(baseline_record) if baseline_record and baseline_record.get("accepted") else None
+    ids, text, tokens = record.token_ids or [], record.text or "", _token_count(record)
+    base_tokens = _token_count(baseline_record) if baseline_record and baseline_record.accepted else None
     found = [ngram_loop_tokens(ids, text), ngram_loop_chars(text), token_run(ids, text),
              alternating_duplication(ids, text), char_run(text), unreadable_text(text), length_blowup(tokens, base_tokens, text),
-             hit_token_limit(record.get("finish_reason"), tokens, text)]
+             hit_token_limit(record.finish_reason, tokens, text)]
     return [finding for finding in found if finding is not None]
 
 
-def _baseline_source(cells: dict[str, dict], name: str, prompt_id: str, baseline_kv: str,
-                     records: dict[str, dict]) -> str | None:
+def _baseline_source(cells: dict[str, CellResult], name: str, prompt_id: str, baseline_kv: str,
+                     records: Records) -> str | None:
     """The baseline cell whose output for this prompt excuses a finding in cell `name`.
 
     The baseline at the same max_model_len; when it did not start or refused the prompt, the
@@ -403,35 +409,40 @@ def _baseline_source(cells: dict[str, dict], name: str, prompt_id: str, baseline
     """
     facts = cells[name]
     same = baseline_for(cells, facts, baseline_kv)
-    candidates = [other for other, f in cells.items() if f.get("kv_cache_dtype") == baseline_kv
-                  and f.get("started") and (records[other].get(prompt_id) or {}).get("accepted")]
+    candidates = [other for other, f in cells.items() if f.kv_cache_dtype == baseline_kv and f.started
+                  and _accepted(records[other].get(prompt_id))]
     for other in candidates:
         if cells[other] is same:
             return other
-    length = facts.get("max_model_len") or 0
-    return min(candidates, key=lambda other: abs((cells[other].get("max_model_len") or 0) - length), default=None)
+    length = facts.max_model_len
+    return min(candidates, key=lambda other: abs(cells[other].max_model_len - length), default=None)
 
 
-def _scanned(workloads: list[dict], cells: dict[str, dict], records: dict[str, dict]):
+def _accepted(record: GenerationRecord | None) -> bool:
+    return bool(record and record.accepted)
+
+
+def _scanned(workloads: list[dict], cells: dict[str, CellResult], records: Records):
     """(cell, prompt spec, record) for every accepted output of a started cell, in workload order."""
     for name, facts in cells.items():
-        if not facts.get("started"):
+        if not facts.started:
             continue
         for prompt in workloads:
             record = records[name].get(prompt["id"])
-            if record and record.get("accepted"):
+            if _accepted(record):
                 yield name, prompt, record
 
 
-def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def scan_cells(workloads: list[dict], cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     """One row per finding; `new_vs_baseline` is False for baseline cells and for findings a baseline
     output for the same prompt also had, at any length (detector by detector)."""
+    cells = typed_cells(cells)
     records = {name: generation_records(facts) for name, facts in cells.items()}
     own: dict[tuple[str, str], list[Finding]] = {}
     sources: dict[tuple[str, str], str | None] = {}
     for name, prompt, record in _scanned(workloads, cells, records):
         key = (name, prompt["id"])
-        is_base = cells[name].get("kv_cache_dtype") == baseline_kv
+        is_base = cells[name].kv_cache_dtype == baseline_kv
         sources[key] = None if is_base else _baseline_source(cells, name, prompt["id"], baseline_kv, records)
         base_record = records[sources[key]].get(prompt["id"]) if sources[key] else None
         own[key] = scan_output(record, base_record)
@@ -439,19 +450,19 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
     for name, prompt, record in _scanned(workloads, cells, records):
         key, facts = (name, prompt["id"]), cells[name]
         source = sources[key]
-        is_base = facts.get("kv_cache_dtype") == baseline_kv
+        is_base = facts.kv_cache_dtype == baseline_kv
         # A finding the baseline also has for this prompt, at this length or at another one, is the
         # model's own habit on that prompt (greedy outputs of a small model loop readily), not new.
         base_hits = set() if not source else {
-            f.detector for other, f_cell in cells.items() if f_cell.get("kv_cache_dtype") == baseline_kv
+            f.detector for other, f_cell in cells.items() if f_cell.kv_cache_dtype == baseline_kv
             for f in own.get((other, prompt["id"]), [])}
         for finding in own[key]:
-            late = (record.get("finish_reason") == "length" and finding.start_share is not None
+            late = (record.finish_reason == "length" and finding.start_share is not None
                     and finding.start_share >= LATE_SHARE)
             detail = finding.detail + (f"; late: starts after {100 * LATE_SHARE:.0f} % of an answer cut at max_tokens, "
                                        "not counted" if late else "")
-            rows.append({"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"),
-                         "max_model_len": facts.get("max_model_len"), "prompt": prompt["id"],
+            rows.append({"cell": name, "kv_cache_dtype": facts.kv_cache_dtype,
+                         "max_model_len": facts.max_model_len, "prompt": prompt["id"],
                          "workload": prompt["workload"], "detector": finding.detector, "detail": detail,
                          "excerpt": finding.excerpt, "late": late,
                          # None: no baseline output for this prompt, so "new" cannot be judged.
@@ -459,8 +470,7 @@ def scan_cells(workloads: list[dict], cells: dict[str, dict], baseline_kv: str =
                                              else finding.detector not in base_hits),
                          "baseline_cell": source,
                          # What the baseline answered instead, for the reader to set beside the excerpt.
-                         "baseline_excerpt": (None if not source else
-                                              (records[source].get(prompt["id"]) or {}).get("text", "")[:EXCERPT_CHARS])})
+                         "baseline_excerpt": None if not source else _text(records[source].get(prompt["id"]))[:EXCERPT_CHARS]})
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
 
@@ -470,8 +480,12 @@ def _counted(findings: pd.DataFrame) -> pd.DataFrame:
                     & ~findings["late"].fillna(False).astype(bool)]
 
 
-def _baseline_only(findings: pd.DataFrame, cells: dict[str, dict], name: str, workloads: list[dict],
-                   records: dict[str, dict], degenerate: set) -> int:
+def _text(record: GenerationRecord | None) -> str:
+    return (record.text or "") if record else ""
+
+
+def _baseline_only(findings: pd.DataFrame, cells: dict[str, CellResult], name: str, workloads: list[dict],
+                   records: Records, degenerate: set) -> int:
     """Prompts this cell answered cleanly whose baseline output (the one that excuses findings) degenerates."""
     failing = _counted(findings)
     count = 0
@@ -493,33 +507,34 @@ def _cumulative(rounds: list[int]) -> list[int]:
     return looks
 
 
-def degeneration_summary(findings: pd.DataFrame, cells: dict[str, dict], workloads: list[dict]) -> pd.DataFrame:
+def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellLike], workloads: list[dict]) -> pd.DataFrame:
     """Per started cell: outputs scanned, outputs with (new) findings, count per detector, token-limit rate.
 
     hit_token_limit is informational: it has its own count and rate, but does not make an output
     count as "with findings".
     """
+    cells = typed_cells(cells)
     records = {name: generation_records(facts) for name, facts in cells.items()}
     rows = []
     for name, facts in cells.items():
-        if not facts.get("started"):
+        if not facts.started:
             continue
         outputs = [record for _, _, record in _scanned(workloads, {name: facts}, {name: records[name]})]
         mine = findings[findings["cell"] == name]
         failures = _counted(mine)
         new = failures[failures["new_vs_baseline"].fillna(False).astype(bool)]
-        is_base = facts.get("kv_cache_dtype") == BASELINE_KV
+        is_base = facts.kv_cache_dtype == BASELINE_KV
         # Outputs with a baseline output for the same prompt: only these can show "new" degeneration.
         judged_rounds = [] if is_base else [
-            int(record.get("round") or 0) for _, prompt, record in _scanned(workloads, {name: facts}, {name: records[name]})
+            int(record.round or 0) for _, prompt, record in _scanned(workloads, {name: facts}, {name: records[name]})
             if _baseline_source(cells, name, prompt["id"], BASELINE_KV, records) is not None]
         judged = None if is_base else len(judged_rounds)
         # The other discordant cell of the paired 2×2 (gate: McNemar's test): prompts whose baseline
         # output degenerates while this cell's does not.
         baseline_only = None if is_base else _baseline_only(findings, cells, name, workloads, records,
                                                             set(failures["prompt"]))
-        limited = sum(1 for record in outputs if record.get("finish_reason") == "length")
-        row = {"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
+        limited = sum(1 for record in outputs if record.finish_reason == "length")
+        row = {"cell": name, "kv_cache_dtype": facts.kv_cache_dtype, "max_model_len": facts.max_model_len,
                "outputs": len(outputs),
                "outputs_with_findings": int(failures["prompt"].nunique()),
                "outputs_with_new_findings": int(new["prompt"].nunique()), "judged_outputs": judged,

@@ -13,7 +13,9 @@ import os
 import pandas as pd
 from rapidfuzz import fuzz
 
-from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
+from kveval.analysis.cell_records import (BASELINE_KV, CellLike, baseline_for, generation_records, typed_cells,
+                                         typed_record)
+from kveval.files.schema import CellResult, GenerationRecord
 
 EXCERPT_BEFORE = 60   # characters of shared text shown before the divergence
 EXCERPT_AFTER = 80    # characters shown from each side after it
@@ -34,8 +36,8 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _tokens(record: dict) -> list[int]:
-    return list(record.get("token_ids") or [])
+def _tokens(record: GenerationRecord) -> list[int]:
+    return record.token_ids or []
 
 
 def divergence_excerpt(candidate_text: str, reference_text: str,
@@ -52,10 +54,11 @@ def divergence_excerpt(candidate_text: str, reference_text: str,
             "char_offset": offset}
 
 
-def compare_outputs(candidate: dict, reference: dict) -> dict:
+def compare_outputs(candidate: GenerationRecord | dict, reference: GenerationRecord | dict) -> dict:
     """Token identity, first divergent token, text similarity, length ratio and an excerpt."""
+    candidate, reference = typed_record(candidate), typed_record(reference)
     mine, theirs = _tokens(candidate), _tokens(reference)
-    text, reference_text = candidate.get("text") or "", reference.get("text") or ""
+    text, reference_text = candidate.text or "", reference.text or ""
     index = first_divergence(mine, theirs)
     return {"identical": index is None,
             "first_divergent_token": index,
@@ -66,35 +69,35 @@ def compare_outputs(candidate: dict, reference: dict) -> dict:
             "excerpt": None if index is None else divergence_excerpt(text, reference_text)}
 
 
-def _accepted(record: dict | None) -> bool:
-    return bool(record and record.get("accepted"))
+def _accepted(record: GenerationRecord | None) -> bool:
+    return bool(record and record.accepted)
 
 
-def _name_of(cells: dict[str, dict], facts: dict) -> str:
+def _name_of(cells: dict[str, CellResult], facts: CellResult) -> str:
     for name, other in cells.items():
         if other is facts:
             return name
-    return facts.get("cell", "?")
+    return facts.cell
 
 
-def _kv_references(cells: dict[str, dict], baseline_kv: str) -> list[tuple[str, str]]:
+def _kv_references(cells: dict[str, CellResult], baseline_kv: str) -> list[tuple[str, str]]:
     """(cell, reference) for every started non-baseline cell whose baseline also started."""
     pairs = []
     for name, facts in cells.items():
         base = baseline_for(cells, facts, baseline_kv)
-        if base is not None and facts.get("started") and base.get("started"):
+        if base is not None and facts.started and base.started:
             pairs.append((name, _name_of(cells, base)))
     return pairs
 
 
-def _started_baselines(cells: dict[str, dict], baseline_kv: str) -> list[str]:
+def _started_baselines(cells: dict[str, CellResult], baseline_kv: str) -> list[str]:
     """Started baseline cells, smallest max_model_len first (the cross-length references)."""
-    names = [name for name, facts in cells.items()
-             if facts.get("kv_cache_dtype") == baseline_kv and facts.get("started")]
-    return sorted(names, key=lambda name: cells[name].get("max_model_len") or 0)
+    names = [name for name, facts in cells.items() if facts.kv_cache_dtype == baseline_kv and facts.started]
+    return sorted(names, key=lambda name: cells[name].max_model_len)
 
 
-def _length_reference(prompt_id: str, name: str, ordered: list[str], records: dict[str, dict]) -> str | None:
+def _length_reference(prompt_id: str, name: str, ordered: list[str],
+                      records: dict[str, dict[str, GenerationRecord]]) -> str | None:
     """The smallest-length baseline cell that accepted this prompt, if it is not `name` itself.
 
     Per prompt, because a long prompt is refused at the smallest length; it is then compared
@@ -106,13 +109,14 @@ def _length_reference(prompt_id: str, name: str, ordered: list[str], records: di
     return None
 
 
-def _row(prompt: dict, cell: str, reference: str, comparison: str, a: dict, b: dict) -> dict:
+def _row(prompt: dict, cell: str, reference: str, comparison: str, a: GenerationRecord, b: GenerationRecord) -> dict:
     return {"workload": prompt["workload"], "prompt": prompt["id"], "cell": cell, "reference": reference,
             "comparison": comparison, **compare_outputs(a, b)}
 
 
-def diff_pairs(workloads: list[dict], cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def diff_pairs(workloads: list[dict], cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     """One row per (prompt, comparison) where both outputs were accepted; see the module doc."""
+    cells = typed_cells(cells)
     records = {name: generation_records(facts) for name, facts in cells.items()}
     kv_pairs = _kv_references(cells, baseline_kv)
     ordered = _started_baselines(cells, baseline_kv)

@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cell, typed_cells
+from kveval.files.schema import CellResult, ScoredPosition, ScoredSequence
 
 # Floor for a candidate probability before taking log(p/q): a token the candidate gives ~0 then
 # costs p·ln(p/1e-10) ≈ 23·p nats instead of infinity.
@@ -57,7 +58,12 @@ def _top1(top: list):
     return max(top, key=lambda pair: pair[1])[0] if top else None
 
 
-def position_divergence(reference_positions: list[dict], candidate_positions: list[dict], start: int = 0) -> pd.DataFrame:
+def _position(position: ScoredPosition | dict) -> ScoredPosition:
+    return position if isinstance(position, ScoredPosition) else ScoredPosition.model_validate(position)
+
+
+def position_divergence(reference_positions: list[ScoredPosition | dict], candidate_positions: list[ScoredPosition | dict],
+                        start: int = 0) -> pd.DataFrame:
     """One row per scored position, aligned by index; `start` is the absolute index of the first.
 
     Columns: position, token, kl (see `position_kl`), k (reference top-k size used), missing
@@ -68,14 +74,15 @@ def position_divergence(reference_positions: list[dict], candidate_positions: li
         raise ValueError(f"position counts differ: {len(reference_positions)} vs {len(candidate_positions)}")
     rows = []
     for offset, (ref, cand) in enumerate(zip(reference_positions, candidate_positions)):
-        if ref["token"] != cand["token"]:
-            raise ValueError(f"token differs at position {start + offset}: {ref['token']} vs {cand['token']}")
-        ref_top, cand_top = ref.get("top") or [], cand.get("top") or []
+        ref, cand = _position(ref), _position(cand)
+        if ref.token != cand.token:
+            raise ValueError(f"token differs at position {start + offset}: {ref.token} vs {cand.token}")
+        ref_top, cand_top = ref.top or [], cand.top or []
         kl, k, missing = position_kl(ref_top, cand_top)
-        both = ref.get("logprob") is not None and cand.get("logprob") is not None
-        dp = math.exp(cand["logprob"]) - math.exp(ref["logprob"]) if both else math.nan
+        both = ref.logprob is not None and cand.logprob is not None
+        dp = math.exp(cand.logprob) - math.exp(ref.logprob) if both else math.nan
         agree = (_top1(ref_top) == _top1(cand_top)) if ref_top and cand_top else None
-        rows.append((start + offset, ref["token"], kl, k, missing, agree, dp, abs(dp)))
+        rows.append((start + offset, ref.token, kl, k, missing, agree, dp, abs(dp)))
     return pd.DataFrame(rows, columns=FRAME_COLUMNS)
 
 
@@ -143,26 +150,25 @@ def by_position_bucket(frame: pd.DataFrame, edges: list[int] | None = None) -> p
 
 # --- across cells -------------------------------------------------------------------------------
 
-def _scored(facts: dict, noise: bool = False) -> dict[str, dict]:
+def _scored(facts: CellResult, noise: bool = False) -> dict[str, ScoredSequence]:
     """Accepted, scored sequences of a cell by id ({} when it did not start or has no scoring)."""
-    if not facts.get("started"):
+    phase = facts.phases.scoring
+    if not facts.started or phase is None:
         return {}
-    phase = (facts.get("phases") or {}).get("scoring") or {}
-    if noise:
-        phase = phase.get("noise") or {}
-    return {s["id"]: s for s in phase.get("sequences", []) if s.get("accepted") and s.get("positions")}
+    sequences = (phase.noise.sequences if phase.noise else []) if noise else (phase.sequences or [])
+    return {s.id: s for s in sequences if s.accepted and s.positions}
 
 
-def scored_sequences(facts: dict) -> dict[str, dict]:
+def scored_sequences(facts: CellLike) -> dict[str, ScoredSequence]:
     """A cell's accepted, scored sequences by id ({} when it did not start or has no scoring)."""
-    return _scored(facts)
+    return _scored(typed_cell(facts))
 
 
-def _align(ref: dict, cand: dict) -> tuple[list, list, int]:
+def _align(ref: ScoredSequence, cand: ScoredSequence) -> tuple[list, list, int]:
     """Both sequences' positions from the later scored_from on, cut to the shorter."""
-    start = max(ref["scored_from"], cand["scored_from"])
-    a = ref["positions"][start - ref["scored_from"]:]
-    b = cand["positions"][start - cand["scored_from"]:]
+    start = max(ref.scored_from, cand.scored_from)
+    a = (ref.positions or [])[start - ref.scored_from:]
+    b = (cand.positions or [])[start - cand.scored_from:]
     n = min(len(a), len(b))
     return a[:n], b[:n], start
 
@@ -173,12 +179,13 @@ def _records(table: pd.DataFrame) -> list[dict]:
              for key, value in row.items()} for row in table.to_dict("records")]
 
 
-def compare_sequences(reference: dict[str, dict], candidate: dict[str, dict]) -> tuple[pd.DataFrame, list[dict], list[dict]]:
+def compare_sequences(reference: dict[str, ScoredSequence],
+                      candidate: dict[str, ScoredSequence]) -> tuple[pd.DataFrame, list[dict], list[dict]]:
     """Pooled position frame, per-sequence summaries and skipped sequences for two scored cells."""
     frames, per_sequence, skipped = [], [], []
     for seq_id in sorted(set(reference) & set(candidate)):
         ref, cand = reference[seq_id], candidate[seq_id]
-        if ref["token_ids"] != cand["token_ids"]:
+        if ref.token_ids != cand.token_ids:
             skipped.append({"id": seq_id, "reason": "token ids differ between the cells"})
             continue
         a, b, start = _align(ref, cand)
@@ -186,9 +193,9 @@ def compare_sequences(reference: dict[str, dict], candidate: dict[str, dict]) ->
         if frame.empty:
             continue
         frame.insert(0, "sequence", seq_id)
-        frame.insert(1, "sequence_kind", ref.get("kind"))
+        frame.insert(1, "sequence_kind", ref.kind)
         frames.append(frame)
-        per_sequence.append({"id": seq_id, "kind": ref.get("kind"), "scored_from": start, **divergence_summary(frame)})
+        per_sequence.append({"id": seq_id, "kind": ref.kind, "scored_from": start, **divergence_summary(frame)})
     pooled = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["sequence", "sequence_kind"] + FRAME_COLUMNS)
     return pooled, per_sequence, skipped
 
@@ -218,15 +225,14 @@ def _comparison(kind: str, cell: str, reference: str, ref_seqs: dict, cand_seqs:
     return out
 
 
-def _nearest_baseline(facts: dict, bases: dict[str, dict]) -> str | None:
+def _nearest_baseline(facts: CellResult, bases: dict[str, CellResult]) -> str | None:
     """Same-length baseline if any, else the nearest length (ties -> the longer one)."""
-    length = facts.get("max_model_len") or 0
-    ranked = sorted(bases, key=lambda name: (abs((bases[name].get("max_model_len") or 0) - length),
-                                              -(bases[name].get("max_model_len") or 0)))
+    length = facts.max_model_len
+    ranked = sorted(bases, key=lambda name: (abs(bases[name].max_model_len - length), -bases[name].max_model_len))
     return ranked[0] if ranked else None
 
 
-def cell_divergence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV, model_limit: int | None = None) -> dict:
+def cell_divergence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV, model_limit: int | None = None) -> dict:
     """Every non-baseline cell against its baseline, plus the baseline's own noise floor.
 
     kind "kv": cell vs the started, scored baseline at the same max_model_len. When that baseline
@@ -238,14 +244,15 @@ def cell_divergence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV, mode
     noise_floor takes the max of each figure over the noise comparisons (None when there are none).
     kv comparisons also carry `late`: the summary over positions from `late_start` of the cell on.
     """
-    order = sorted(cells, key=lambda name: (cells[name].get("max_model_len") or 0, str(cells[name].get("kv_cache_dtype")), name))
-    bases = {n: cells[n] for n in order if cells[n].get("kv_cache_dtype") == baseline_kv and _scored(cells[n])}
+    cells = typed_cells(cells)
+    order = sorted(cells, key=lambda name: (cells[name].max_model_len, cells[name].kv_cache_dtype, name))
+    bases = {n: cells[n] for n in order if cells[n].kv_cache_dtype == baseline_kv and _scored(cells[n])}
     comparisons, unmatched = [], []
     for name in order:
         facts = cells[name]
-        if facts.get("kv_cache_dtype") == baseline_kv:
+        if facts.kv_cache_dtype == baseline_kv:
             continue
-        if not facts.get("started"):
+        if not facts.started:
             unmatched.append({"cell": name, "reason": "did not start"})
             continue
         if not _scored(facts):
@@ -255,12 +262,12 @@ def cell_divergence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV, mode
         if ref is None:
             unmatched.append({"cell": name, "reason": f"no started, scored {baseline_kv} cell to compare with"})
             continue
-        same = cells[ref].get("max_model_len") == facts.get("max_model_len")
+        same = cells[ref].max_model_len == facts.max_model_len
         comparisons.append(_comparison("kv", name, ref, _scored(cells[ref]), _scored(facts), same_length=same,
-                                       late_from=late_start(facts.get("max_model_len"), model_limit),
-                                       kv_cache_dtype=facts.get("kv_cache_dtype"), max_model_len=facts.get("max_model_len")))
+                                       late_from=late_start(facts.max_model_len, model_limit),
+                                       kv_cache_dtype=facts.kv_cache_dtype, max_model_len=facts.max_model_len))
     for shorter, longer in itertools.combinations(bases, 2):
-        if cells[shorter].get("max_model_len") != cells[longer].get("max_model_len"):
+        if cells[shorter].max_model_len != cells[longer].max_model_len:
             comparisons.append(_comparison("noise_length", longer, shorter, _scored(cells[shorter]), _scored(cells[longer])))
     for name in bases:
         again = _scored(cells[name], noise=True)

@@ -4,28 +4,33 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cells
+from kveval.files.schema import Spread
 
 
-def speed_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def _spread(summary: Spread | None, part: str):
+    return getattr(summary, part) if summary is not None else None
+
+
+def speed_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     rows = []
-    for name, facts in cells.items():
-        phase = (facts.get("phases") or {}).get("speed") or {}
-        for entry in phase.get("workloads", []):
+    for name, facts in typed_cells(cells).items():
+        phase = facts.phases.speed
+        for entry in (phase.workloads or []) if phase else []:
             rows.append({
-                "workload": entry["workload"], "cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"),
-                "max_model_len": facts.get("max_model_len"), "prompt_tokens": entry.get("prompt_tokens"),
-                "max_tokens": entry.get("max_tokens"), "runs": (entry.get("ttft_s") or {}).get("n", 0),
-                "ttft_ms": _ms((entry.get("ttft_s") or {}).get("median")),
-                "ttft_ms_min": _ms((entry.get("ttft_s") or {}).get("min")),
-                "ttft_ms_max": _ms((entry.get("ttft_s") or {}).get("max")),
-                "decode_tok_s": (entry.get("decode_tok_s") or {}).get("median"),
-                "decode_tok_s_min": (entry.get("decode_tok_s") or {}).get("min"),
-                "decode_tok_s_max": (entry.get("decode_tok_s") or {}).get("max"),
-                "throughput_tok_s": (entry.get("throughput_tok_s") or {}).get("median"),
+                "workload": entry.workload, "cell": name, "kv_cache_dtype": facts.kv_cache_dtype,
+                "max_model_len": facts.max_model_len, "prompt_tokens": entry.prompt_tokens,
+                "max_tokens": entry.max_tokens, "runs": _spread(entry.ttft_s, "n") or 0,
+                "ttft_ms": _ms(_spread(entry.ttft_s, "median")),
+                "ttft_ms_min": _ms(_spread(entry.ttft_s, "min")),
+                "ttft_ms_max": _ms(_spread(entry.ttft_s, "max")),
+                "decode_tok_s": _spread(entry.decode_tok_s, "median"),
+                "decode_tok_s_min": _spread(entry.decode_tok_s, "min"),
+                "decode_tok_s_max": _spread(entry.decode_tok_s, "max"),
+                "throughput_tok_s": _spread(entry.throughput_tok_s, "median"),
                 # What was really decoded: fewer than max_tokens when the prompt nearly fills max_model_len.
-                "decoded_tokens": _median([r.get("output_tokens") for r in entry.get("runs", [])]),
-                "rejected": entry.get("rejection"),
+                "decoded_tokens": _median([run.output_tokens for run in entry.runs]),
+                "rejected": entry.rejection,
             })
     table = pd.DataFrame(rows)
     if table.empty:

@@ -21,8 +21,10 @@ import math
 
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cell, typed_cells
 from kveval.analysis.json_values import json_safe, records
+from kveval.files import schema
+from kveval.files.schema import TasksPhase
 
 ALL_TASKS = "ALL"
 CONFIDENCE = 0.95
@@ -90,11 +92,12 @@ def _present(series: pd.Series) -> pd.Series:
     return series.map(lambda v: v is not None and not (isinstance(v, float) and math.isnan(v)) and v != "").astype(bool)
 
 
-def tasks_phase(facts: dict) -> dict:
-    return ((facts or {}).get("phases") or {}).get("tasks") or {}
+def tasks_phase(facts: CellLike | None) -> TasksPhase | None:
+    """A cell's tasks phase, or None when it ran none."""
+    return typed_cell(facts).phases.tasks if facts else None
 
 
-def task_samples(cells: dict[str, dict]) -> pd.DataFrame:
+def task_samples(cells: dict[str, CellLike]) -> pd.DataFrame:
     """One row per stored sample of every cell: the cell, its KV dtype and max_model_len, then every
     record field (fields a record adds beyond the known ones are kept, after them). Rejected and
     errored samples are kept. Derived: `status` ("scored"; "error": the engine or lm-eval failed on
@@ -102,10 +105,12 @@ def task_samples(cells: dict[str, dict]) -> pd.DataFrame:
     `scored` (status "scored": accepted and a score) and `scored_correct` (scored and correct;
     `correct` as stored, else score >= 1)."""
     rows, extra = [], []
-    for name, facts in cells.items():
-        for sample in tasks_phase(facts).get("samples") or []:
-            rows.append({"cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"),
-                         "max_model_len": facts.get("max_model_len"), **sample})
+    for name, facts in typed_cells(cells).items():
+        phase = facts.phases.tasks
+        for stored in (phase.samples or []) if phase else []:
+            sample = schema.dump(stored)   # the keys the sample holds, in its order (absent ones stay absent)
+            rows.append({"cell": name, "kv_cache_dtype": facts.kv_cache_dtype,
+                         "max_model_len": facts.max_model_len, **sample})
             extra.extend(k for k in sample if k not in RECORD_FIELDS and k not in extra and k not in CELL_KEYS)
     columns = [c for c in SAMPLE_COLUMNS if c not in ("scored", "scored_correct")] + extra
     frame = pd.DataFrame(rows, columns=columns)
@@ -274,7 +279,7 @@ def depth_length_grid(samples: pd.DataFrame) -> pd.DataFrame:
 
 # --- evidence ------------------------------------------------------------------------------------
 
-def task_evidence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dict:
+def task_evidence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> dict:
     """JSON-safe task evidence; {} when no cell has a tasks phase with samples or an error.
 
     samples: number of stored samples; sample_rows: every sample (tables/task_samples.csv);
@@ -287,10 +292,11 @@ def task_evidence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dic
     cells[*].n_max / final and design: the sequential design of a run with task rounds (absent otherwise).
     """
 
-    phases = {name: tasks_phase(facts) for name, facts in cells.items()}
-    errors = {name: str(phase["error"]) for name, phase in phases.items() if phase.get("error")}
-    task_errors = {name: {str(task): str(text) for task, text in phase["task_errors"].items()}
-                   for name, phase in phases.items() if phase.get("task_errors")}
+    cells = typed_cells(cells)
+    phases = {name: facts.phases.tasks for name, facts in cells.items()}
+    errors = {name: str(phase.error) for name, phase in phases.items() if phase and phase.error}
+    task_errors = {name: {str(task): str(text) for task, text in phase.task_errors.items()}
+                   for name, phase in phases.items() if phase and phase.task_errors}
     samples = task_samples(cells)
     if samples.empty and not errors and not task_errors:
         return {}
@@ -310,23 +316,22 @@ def task_evidence(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> dic
                                           f"{samples.loc[samples['cell'] == cell, 'max_model_len'].iloc[0]}"}
                  for cell in _cell_order(samples)
                  if cell not in matched and samples.loc[samples["cell"] == cell, "kv_cache_dtype"].iloc[0] != baseline_kv]
-    runs = {name: {"tasks": phase.get("tasks"), "lm_eval_version": phase.get("lm_eval_version"),
-                   "limit": phase.get("limit"), "data_dir": phase.get("data_dir"),
-                   "lm_eval_results": phase.get("lm_eval_results")}
-            for name, phase in phases.items() if phase and not phase.get("error")}
+    runs = {name: {"tasks": phase.tasks, "lm_eval_version": phase.lm_eval_version, "limit": phase.limit,
+                   "data_dir": phase.data_dir, "lm_eval_results": phase.lm_eval_results}
+            for name, phase in phases.items() if phase and not phase.error}
     order = list(dict.fromkeys(samples["task"]))
-    designs = [phase["design"] for phase in phases.values() if (phase or {}).get("design")]
+    designs = [phase.design for phase in phases.values() if phase and phase.design]
     return json_safe({
         "baseline_kv": baseline_kv, "tasks": order, "samples": int(len(samples)),
         "sample_rows": records(samples), "accuracy": records(task_accuracy(samples)),
         "comparisons": records(comparisons), "grid": records(depth_length_grid(samples)),
         "cells": per_cell, "unmatched": unmatched, "errors": errors, "task_errors": task_errors, "runs": runs,
-        **({"design": {"n_max": designs[0]["n_max"], "stopped": designs[0].get("stopped"),
+        **({"design": {"n_max": designs[0].n_max, "stopped": designs[0].stopped,
                        "spending": "Pocock-type alpha spending (Lan & DeMets 1983)"}} if designs else {}),
     })
 
 
-def _design(phase: dict | None) -> dict:
+def _design(phase: TasksPhase | None) -> dict:
     """The sequential design a cell's tasks phase carries (files/task_rounds.py): n_max and final."""
-    design = (phase or {}).get("design") or {}
-    return {"n_max": design["n_max"], "final": bool(design.get("final"))} if design.get("n_max") else {}
+    design = phase.design if phase else None
+    return {"n_max": design.n_max, "final": design.final} if design and design.n_max else {}

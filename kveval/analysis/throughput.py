@@ -2,10 +2,14 @@
 inter-token latency percentiles, preemptions; and each non-baseline cell against the baseline."""
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cells
+from kveval.files.schema import ThroughputRow
 
 COLUMNS = ["cell", "kv_cache_dtype", "max_model_len", "concurrency", "requests", "prompt_tokens", "wall_s",
            "requests_per_s", "output_tok_s", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p90",
@@ -17,32 +21,32 @@ def _percentile(values: list, q: float) -> float | None:
     return float(np.percentile(clean, q)) * 1000.0 if clean else None
 
 
-def throughput_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def throughput_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     rows = []
-    for name, facts in cells.items():
-        phase = (facts.get("phases") or {}).get("throughput") or {}
-        for run in phase.get("runs", []):
-            requests = run.get("requests") or []
-            tokens = sum(r.get("output_tokens") or 0 for r in requests)
-            wall = run.get("wall_seconds")
+    for name, facts in typed_cells(cells).items():
+        phase = facts.phases.throughput
+        for run in (phase.runs or []) if phase else []:
+            requests = run.requests or []
+            tokens = sum(r.output_tokens or 0 for r in requests)
+            wall = run.wall_seconds
             # The level's count from vLLM's engine counter; older runs kept a per-request field (always None).
-            preemptions = [run["preemptions"]] if run.get("preemptions") is not None else \
-                [r.get("preemptions") for r in requests if r.get("preemptions") is not None]
+            preemptions = [run.preemptions] if run.preemptions is not None else \
+                [r.preemptions for r in requests if r.preemptions is not None]
             rows.append({
-                "cell": name, "kv_cache_dtype": facts.get("kv_cache_dtype"), "max_model_len": facts.get("max_model_len"),
-                "concurrency": run.get("concurrency"), "requests": len(requests),
-                "prompt_tokens": phase.get("prompt_tokens"), "wall_s": wall,
+                "cell": name, "kv_cache_dtype": facts.kv_cache_dtype, "max_model_len": facts.max_model_len,
+                "concurrency": run.concurrency, "requests": len(requests),
+                "prompt_tokens": phase.prompt_tokens, "wall_s": wall,
                 "requests_per_s": len(requests) / wall if wall and requests else None,
                 "output_tok_s": tokens / wall if wall and requests else None,
-                "ttft_ms_p50": _percentile([r.get("ttft_s") for r in requests], 50),
-                "ttft_ms_p90": _percentile([r.get("ttft_s") for r in requests], 90),
-                "ttft_ms_p99": _percentile([r.get("ttft_s") for r in requests], 99),
-                "itl_ms_p50": _percentile([r.get("itl_s") for r in requests], 50),
-                "itl_ms_p90": _percentile([r.get("itl_s") for r in requests], 90),
-                "itl_ms_p99": _percentile([r.get("itl_s") for r in requests], 99),
+                "ttft_ms_p50": _percentile([r.ttft_s for r in requests], 50),
+                "ttft_ms_p90": _percentile([r.ttft_s for r in requests], 90),
+                "ttft_ms_p99": _percentile([r.ttft_s for r in requests], 99),
+                "itl_ms_p50": _percentile([r.itl_s for r in requests], 50),
+                "itl_ms_p90": _percentile([r.itl_s for r in requests], 90),
+                "itl_ms_p99": _percentile([r.itl_s for r in requests], 99),
                 "preemptions": sum(preemptions) if preemptions else None,
-                "error": run.get("error"), "output_tok_s_vs_baseline": None,
-                "max_concurrency": phase.get("max_concurrency"),
+                "error": run.error, "output_tok_s_vs_baseline": None,
+                "max_concurrency": phase.max_concurrency,
             })
     table = pd.DataFrame(rows, columns=COLUMNS)
     if table.empty:
@@ -55,3 +59,30 @@ def throughput_table(cells: dict[str, dict], baseline_kv: str = BASELINE_KV) -> 
         return row.output_tok_s / base[key]
     table["output_tok_s_vs_baseline"] = table.apply(ratio, axis=1)
     return table
+
+
+# Output tokens/s beyond ±10 % of the baseline's at the same length and level is worth a sentence;
+# one run per level, so smaller differences are not told apart from noise.
+AHEAD_RATIO, BEHIND_RATIO = 1.10, 0.90
+
+
+class ThroughputFinding(NamedTuple):
+    """One tested cell against the baseline: the levels where it outran or trailed it by more than 10 %."""
+
+    cell: str
+    ahead: list[int]
+    behind: list[int]
+    max_concurrency: float | None     # requests of max_model_len its pool holds (its first compared row's)
+
+
+def throughput_findings(rows: list[ThroughputRow]) -> list[ThroughputFinding]:
+    """Per cell with a baseline to compare with (in row order): the concurrency levels beyond ±10 %."""
+    compared: dict[str, list[ThroughputRow]] = {}
+    for row in rows or []:
+        ratio = row.output_tok_s_vs_baseline
+        if ratio is not None and not math.isnan(ratio):
+            compared.setdefault(row.cell, []).append(row)
+    return [ThroughputFinding(cell, [int(r.concurrency) for r in mine if r.output_tok_s_vs_baseline > AHEAD_RATIO],
+                              [int(r.concurrency) for r in mine if r.output_tok_s_vs_baseline < BEHIND_RATIO],
+                              mine[0].max_concurrency)
+            for cell, mine in compared.items()]

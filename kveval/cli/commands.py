@@ -1,7 +1,8 @@
 """The `kveval` command: a thin click shell over kveval.api. User errors print one clean line.
 
 Exit codes (kveval.gate): 0 PASS, 1 FAIL, 2 usage error or unusable input, 3 INCONCLUSIVE;
-4 an internal error of kveval (never read as a verdict); 130 when a compare is interrupted.
+4 an internal error of kveval (never read as a verdict); 5 `kveval diff`: run B got worse than run A
+(kveval.api.EXIT_WORSE); 130 when a compare is interrupted.
 """
 from __future__ import annotations
 
@@ -310,6 +311,35 @@ def _echo_verdict(verdict) -> None:
 
 def _short(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run_a", type=click.Path(file_okay=False))
+@click.argument("run_b", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the comparison as JSON (per matched cell: verdict, KL, top-1, task accuracy with its "
+                   "interval, KV pool; speed; cells of one run only; `worse`) instead of markdown.")
+def diff(run_a, run_b, as_json) -> None:
+    """What changed from RUN_A to RUN_B, two runs of the same model (a vLLM upgrade, another GPU, another
+    revision): verdict, divergence, task accuracy, KV pool and speed per cell (same KV spec and
+    max_model_len), each change judged against the runs' own noise. Reads results.json; writes nothing.
+
+    Exits 5 when B got worse (a cell's verdict rose: PASS < INCONCLUSIVE < FAIL, or its KL mean, top-1
+    agreement or task accuracy changed beyond noise the harmful way), 0 when not, 2 on a usage error
+    (missing run, no results.json, runs of different models)."""
+    from kveval.api import EXIT_WORSE, KvevalError, diff_markdown, diff_runs
+
+    try:
+        result = diff_runs(run_a, run_b)
+    except KvevalError as error:
+        raise UsageFailure(str(error)) from None
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result.model_dump(mode="json"), indent=1))
+    else:
+        click.echo(diff_markdown(result), nl=False)
+    sys.exit(EXIT_WORSE if result.worse else 0)
 
 
 @cli.command("schema", context_settings=CONTEXT)

@@ -116,9 +116,12 @@ def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
 
 
 def _validated(kind: str, path: Path) -> dict:
-    """One run file, checked against its schema; the plain dict as it was read."""
+    """One run file, checked against its schema; the plain dict as it was read (what its model dumps
+    to, without walking a 30 MB cell twice)."""
     try:
-        return schema.dump(schema.load(kind, path))
+        data = schema.read(path)
+        schema.parse(kind, data, str(path))
+        return data
     except schema.FileError as error:
         raise StoreError(str(error)) from None
 
@@ -237,6 +240,17 @@ class RunDir:
             raise StoreError(f"{self.path} is not a kveval run directory (no manifest.json)")
         return _validated("manifest", self.manifest_path)
 
+    def manifest(self) -> schema.Manifest:
+        """manifest.json as the typed model (what run/ reads by attribute); StoreError as load_manifest."""
+        if not self.path.is_dir():
+            raise StoreError(f"{self.path}: no such run directory")
+        if not self.manifest_path.is_file():
+            raise StoreError(f"{self.path} is not a kveval run directory (no manifest.json)")
+        try:
+            return schema.load(schema.Manifest, self.manifest_path)
+        except schema.FileError as error:
+            raise StoreError(str(error)) from None
+
     def write_manifest(self, manifest: dict) -> None:
         """The manifest, checked against its schema first: kveval never writes a file it would refuse."""
         schema.parse("manifest", json.loads(json.dumps(manifest, default=str)), str(self.manifest_path))
@@ -298,16 +312,49 @@ class RunDir:
             return None
         return _validated("cell", path) if validate else read_json(path)
 
-    def load_cells(self, manifest: dict | None = None) -> dict[str, dict]:
-        """Cells in the manifest's planned order; a planned cell with no file yet is left out. A cell
-        with later rounds (manifest `task_rounds`) carries their task samples and probe outputs too
-        (files/task_rounds.py)."""
+    def cell_result(self, cell: str, manifest: dict | None = None) -> schema.CellResult | None:
+        """One cell's result as the typed model, its later rounds merged in (files/task_rounds.py);
+        None before it has a result file. Each file is validated once (errors name the file)."""
+        path = self.cell_path(cell)
+        if not path.is_file():
+            return None
+        rounds, design = rounds_of(manifest, cell), design_of(manifest, cell)
+        try:
+            result = schema.load(schema.CellResult, path)
+            if not (rounds or design):
+                return result
+            records = []
+            for number in rounds:
+                round_path = self.cell_path(round_cell_id(cell, number))
+                records.append((number, schema.load(schema.CellResult, round_path) if round_path.is_file() else None))
+        except schema.FileError as error:
+            raise StoreError(str(error)) from None
+        return merge_rounds(result, records, design, streams_of(manifest, cell))
+
+    def cell_results(self, manifest: dict | None = None) -> dict[str, schema.CellResult]:
+        """The typed cells in the manifest's planned order, rounds merged (`cell_result`); a planned cell
+        with no file yet is left out. What the analyses read (evidence.build_evidence)."""
         manifest = manifest or self.load_manifest()
         cells = {}
         for planned in manifest.get("cells", []):
-            data = self.load_cell(planned["id"])
-            if data is not None:
-                rounds = [(k, self.load_cell(round_cell_id(planned["id"], k))) for k in rounds_of(manifest, planned["id"])]
-                cells[planned["id"]] = merge_rounds(data, rounds, design_of(manifest, planned["id"]),
-                                                    streams_of(manifest, planned["id"]))
+            result = self.cell_result(planned["id"], manifest)
+            if result is not None:
+                cells[planned["id"]] = result
+        return cells
+
+    def load_cells(self, manifest: dict | None = None) -> dict[str, dict]:
+        """Cells in the manifest's planned order, as plain dicts (for the run/ modules that still read
+        them by key; the analyses read `cell_results`); a planned cell with no file yet is left out. A
+        cell with later rounds (manifest `task_rounds`) carries their task samples and probe outputs
+        too (files/task_rounds.py)."""
+        manifest = manifest or self.load_manifest()
+        cells = {}
+        for planned in manifest.get("cells", []):
+            cell = planned["id"]
+            if rounds_of(manifest, cell) or design_of(manifest, cell):
+                merged = self.cell_result(cell, manifest)
+                if merged is not None:
+                    cells[cell] = schema.dump(merged)
+            elif (data := self.load_cell(cell)) is not None:
+                cells[cell] = data   # as read (validated): no model to dump back
         return cells

@@ -6,9 +6,19 @@ validates one file and raises `FileError` with a message that names the file and
 `dump(model)` gives back exactly the dict that was read (same keys, key order, ints, floats, NaN),
 so a file re-written from a model stays byte-identical.
 
-Models type what kveval's code reads by key; bulky tables (diff pairs, task sample rows, phase
-records...) stay `list[dict[str, Any]]`. Every model allows extra keys (a newer kveval may add
-optional ones); required keys are required and strictly typed (no "5" for 5), so damage is caught.
+Models type what kveval's code reads, the evidence's tables row by row included (diff pairs, task
+sample rows, start-up, speed, throughput...); rows keyed by cell id (the acceptance matrix) stay dicts.
+Required keys are required and strictly typed (no "5" for 5), so damage is caught.
+
+Versions and unknown fields. A cell file (`CellResult` and every part of it, `CellModel`) declares
+every key kveval writes, and a key it does not declare is refused with a FileError naming the field:
+a file from a newer kveval that added a field is never half-read with the new field silently kept.
+Each file kind has a `schema_version` (cell files write none yet: missing means CELL_VERSION); a
+kveval that changes what a file holds raises that kind's version, and a file of another version is
+refused before anything else is checked, with what to do (`_REDO`: re-run with the kveval that wrote
+it, or re-run the cell). Two parts of a cell stay open: `engine_settings` (the user's --engine-arg
+values for vLLM, as given) and a task sample's row (`TaskSample`: extra per-sample fields reach the
+samples table). Manifest, results and kv_ranges models still keep extra keys.
 Only pydantic and the standard library are imported: the files are the layer everything else stands on.
 """
 from __future__ import annotations
@@ -209,6 +219,14 @@ class Remedy(FileModel):
     cells: list[str]
 
 
+class RoundProbes(FileModel):
+    """A round's new degeneration probes: questions start .. start+count of the round pool, in `file`."""
+
+    file: str                     # relative to the run (rounds/probes-r<k>.json)
+    start: int
+    count: int
+
+
 class TaskRound(FileModel):
     """One more round of evidence at one length (run/rounds.py): its cells (the baseline first) each ran,
     in a process of its own stored as cells/<cell>.tasks-r<round>.json, the tasks phase on new samples in
@@ -224,7 +242,7 @@ class TaskRound(FileModel):
     target: int                   # paired task samples per cell this round aims to reach
     task_cells: Optional[list[str]] = None
     probe_cells: Optional[list[str]] = None
-    probes: Optional[dict[str, Any]] = None   # {"file": relative path, "start": n, "count": n}
+    probes: Optional[RoundProbes] = None
     probe_target: Optional[int] = None        # judged outputs per cell this round aims to reach
 
 
@@ -239,6 +257,14 @@ class TaskRounds(FileModel):
     stopped: Optional[str]
     notes: list[str]
     final_degeneration: list[str] = []   # cells whose degeneration comparison is still open at the end
+
+
+class ReferenceCell(FileModel):
+    """run/reference.py: an `auto` cell started for quality only, in place of the baseline `for`."""
+
+    for_: str = Field(alias="for")        # the baseline cell it stands in for
+    kv_cache_memory_bytes: Optional[int]
+    why: str
 
 
 class Manifest(FileModel):
@@ -259,6 +285,7 @@ class Manifest(FileModel):
     task_data: TaskData
     remedy: Optional[Remedy] = None               # only after a remedy was planned
     task_rounds: Optional[TaskRounds] = None      # only after task rounds were planned (issue 23)
+    quality_references: Optional[dict[str, ReferenceCell]] = None  # only after one was planned (run/reference.py)
 
 
 # --- cells/<cell>.json (worker/cell_main.py, worker/phases/*.py, run/cell_process._finish) ---------
@@ -272,7 +299,20 @@ class Manifest(FileModel):
 #   Files written before that record was shared lack engine_settings and startup_seconds when
 #   the parent wrote them, so those keys stay optional.
 
-class Failure(FileModel):
+class CellModel(FileModel):
+    """Base of every part of a cell file: a key this kveval does not declare is refused (see the module
+    doc on versions), never silently kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# Bulk numbers (a logprob per scored position: hundreds of thousands in a long run): checked in
+# pydantic's core, not in Python per value as `Number` is; in strict mode ints stay ints and floats
+# floats, so files round-trip alike.
+_Bulk = Union[int, float]
+
+
+class Failure(CellModel):
     """failures.StartupFailure.to_dict(): why the engine did not start."""
 
     reason: Literal["kv_capacity", "model_limit", "unsupported_dtype", "oom", "shared_device", "interrupted", "executor_lost", "other"]
@@ -281,7 +321,7 @@ class Failure(FileModel):
     backend: Optional[str]
 
 
-class Capacity(FileModel):
+class Capacity(CellModel):
     """engine.Engine.capacity(): the KV pool vLLM allocated."""
 
     kv_pool_tokens: Optional[int]
@@ -294,14 +334,14 @@ class Capacity(FileModel):
     hybrid_kv_cache_manager: Optional[bool] = None   # ditto; None: this vLLM has no such setting
 
 
-class LoggedCapacity(FileModel):
+class LoggedCapacity(CellModel):
     """logfacts.kv_pool_from_log(): the pool vLLM logged (may exist for a cell that then failed)."""
 
     kv_pool_tokens: Optional[int]
     max_concurrency: Optional[Number]
 
 
-class CellInfo(FileModel):
+class CellInfo(CellModel):
     attention_backend: Optional[str]
     vllm_version: Optional[str] = None   # absent in the parent's "did not start" record
     platform: Optional[str] = None       # ditto
@@ -310,15 +350,24 @@ class CellInfo(FileModel):
 
 
 class EngineSettings(FileModel):
-    """engine.EngineSettings.llm_kwargs(): what the engine was started with (plus any --engine-arg)."""
+    """engine.EngineSettings.llm_kwargs(): what the engine was started with. An open record (like
+    `TaskSample`): any --engine-arg the user gave passes through to `vllm.LLM` and is stored here as
+    given, so keys beyond the declared ones are kept (they are vLLM's, not kveval's schema)."""
 
     model: str
     kv_cache_dtype: str
     max_model_len: int
     seed: int
+    enforce_eager: Optional[bool] = None
+    disable_log_stats: Optional[bool] = None
+    enable_prefix_caching: Optional[bool] = None
+    kv_cache_memory_bytes: Optional[int] = None
+    gpu_memory_utilization: Optional[Number] = None
+    kv_cache_dtype_skip_layers: Optional[list[str]] = None
+    attention_backend: Optional[str] = None   # chosen for a cell that keeps layers on a GPU (issue 23)
 
 
-class Process(FileModel):
+class Process(CellModel):
     exit_code: Optional[int]
     seconds: Number
     timed_out: Optional[bool] = None     # only in records the parent wrote for a dead child
@@ -327,16 +376,209 @@ class Process(FileModel):
     node: Optional[str] = None           # --executor ray: the node's IP that ran the cell (issue 12)
 
 
-class Crash(FileModel):
+class Stalled(CellModel):
+    """run/cell_process: where a stalled cell stood when the parent gave up on it (issue 23)."""
+
+    phase: Optional[str] = None
+    seconds: Optional[Number] = None
+    done: Optional[int] = None
+    total: Optional[int] = None
+    item: Optional[str] = None
+
+
+class Crash(CellModel):
     message: str
     last_log_line: str
     cause: Optional[str] = None          # run/death.py, from issue 11 on
     advice: Optional[str] = None
     log_tail: Optional[str] = None
-    stalled: Optional[dict] = None       # cause "stalled": phase, seconds, done, total, item (issue 23)
+    stalled: Optional[Stalled] = None    # cause "stalled": phase, seconds, done, total, item (issue 23)
 
 
-class Phase(FileModel):
+class Timing(CellModel):
+    """engine._timing: one request's timing from vLLM's per-request stats."""
+
+    ttft_s: Optional[Number] = None
+    decode_tok_s: Optional[Number] = None
+    itl_s: Optional[Number] = None
+    queue_s: Optional[Number] = None
+    generation_tokens: Optional[int] = None
+    preemptions: Optional[int] = None
+    source: Optional[str] = None
+
+
+class GenerationRecord(CellModel):
+    """One prompt's greedy output (worker/phases/generation.py, engine.generate): the text and token ids
+    when accepted; vLLM's refusal (`rejection`) or another `error` when not."""
+
+    prompt_id: str
+    workload: Optional[str] = None
+    accepted: bool
+    rejection: Optional[str] = None
+    error: Optional[str] = None
+    text: Optional[str] = None
+    token_ids: Optional[list[int]] = None
+    finish_reason: Optional[str] = None
+    prompt_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    wall_seconds: Optional[Number] = None
+    timing: Optional[Timing] = None
+    round: Optional[int] = None          # files/task_rounds: the round that generated it (0: the first)
+
+
+class Sampling(CellModel):
+    temperature: Optional[Number] = None
+    seed: Optional[int] = None
+    one_request_at_a_time: Optional[bool] = None
+    probes_in_one_batch: Optional[int] = None
+
+
+class GenerationDesign(CellModel):
+    """files/task_rounds: the sequential design of the cell's degeneration comparison (not stored)."""
+
+    n_max: int
+    final: bool
+
+
+class ProbeRound(CellModel):
+    """files/task_rounds: what one round of probes added to the generation phase (not stored)."""
+
+    round: int
+    outputs: int
+    started: bool
+    error: Optional[str]
+
+
+class ScoredPosition(CellModel):
+    """One teacher-forced position: the actual token, its logprob and the top-k [token, logprob] pairs.
+    There are hundreds of thousands in a long run, so the pairs are kept as read (not checked one by
+    one) and the key order is not recorded: every writer (engine._positions) writes the declared order."""
+
+    token: int
+    logprob: Optional[_Bulk] = None
+    top: Optional[list[Any]] = None   # [token, logprob] pairs, best first
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_key_order(cls, data: Any, handler):
+        return handler(data)
+
+
+class ScoredSequence(CellModel):
+    """worker/phases/scoring: one sequence scored teacher-forced; positions from `scored_from` on."""
+
+    id: str
+    kind: Optional[str] = None
+    token_ids: list[int]
+    scored_from: int
+    accepted: bool
+    rejection: Optional[str] = None
+    error: Optional[str] = None
+    positions: Optional[list[ScoredPosition]] = None
+
+
+class ScoringNoise(CellModel):
+    """The same sequences re-scored in one batch (auto cells): the noise floor of batch composition."""
+
+    method: Optional[str] = None
+    sequences: list[ScoredSequence]
+
+
+class TaskSample(FileModel):
+    """worker/phases/tasks: one lm-eval sample as the cell answered it. An open row, like
+    `engine_settings`: a field a sample adds beyond these is kept and reaches tables/task_samples.csv
+    (analysis/task_accuracy.task_samples), so a task can report more without a schema change."""
+
+    task: str
+    doc_id: Optional[Union[int, str]] = None
+    sample_id: Optional[str] = None
+    length_fraction: Optional[Number] = None
+    depth: Optional[Number] = None
+    target_tokens: Optional[int] = None
+    needle_depths: Optional[list[Number]] = None
+    prompt_tokens: Optional[int] = None
+    max_gen_toks: Optional[int] = None
+    requests: Optional[int] = None
+    accepted: bool
+    rejection: Optional[str] = None
+    error: Optional[str] = None
+    response: Optional[str] = None
+    expected: Optional[list[Any]] = None   # the answers that count, as the task gives them (text as a rule)
+    metric: Optional[str] = None
+    score: Optional[Number] = None
+    correct: Optional[bool] = None
+    partial: Optional[Number] = None
+    finish_reason: Optional[str] = None
+    output_tokens: Optional[int] = None
+    seconds: Optional[Number] = None
+    round: Optional[int] = None          # files/task_rounds: the round that sampled it (0: the first)
+
+
+class TasksDesign(CellModel):
+    """files/task_rounds.design_of, as the tasks phase carries it (not stored)."""
+
+    n_max: int
+    final: bool
+    stopped: Optional[str] = None
+
+
+class TaskRoundOutcome(CellModel):
+    """files/task_rounds: what one task round added to the tasks phase (not stored)."""
+
+    round: int
+    samples: int
+    started: bool
+    error: Optional[str]
+    task_errors: dict[str, str]
+    seconds: Optional[Number]
+
+
+class Spread(CellModel):
+    """worker/phases/speed._summary: median, min, max, stdev and n of the measured runs."""
+
+    median: Optional[Number] = None
+    min: Optional[Number] = None
+    max: Optional[Number] = None
+    stdev: Optional[Number] = None
+    n: Optional[int] = None
+
+
+class SpeedRun(Timing):
+    output_tokens: Optional[int] = None
+    wall_seconds: Optional[Number] = None
+    throughput_tok_s: Optional[Number] = None
+
+
+class SpeedWorkload(CellModel):
+    """worker/phases/speed: one workload's representative prompt timed at concurrency 1."""
+
+    workload: str
+    prompt_id: Optional[str] = None
+    prompt_tokens: Optional[int] = None
+    max_tokens: Optional[int] = None
+    runs: list[SpeedRun] = []
+    rejection: Optional[str] = None
+    ttft_s: Optional[Spread] = None
+    decode_tok_s: Optional[Spread] = None
+    throughput_tok_s: Optional[Spread] = None
+
+
+class ThroughputRequest(Timing):
+    output_tokens: Optional[int] = None
+
+
+class ThroughputRun(CellModel):
+    """worker/phases/throughput: one concurrency level (engine.generate_concurrent)."""
+
+    concurrency: int
+    accepted: Optional[bool] = None
+    error: Optional[str] = None
+    wall_seconds: Optional[Number] = None
+    requests: Optional[list[ThroughputRequest]] = None
+    preemptions: Optional[int] = None    # the engine counter's growth over the level
+
+
+class Phase(CellModel):
     """One phase's record. A phase that raised keeps what it had stored plus `error`, so its own
     keys are required only when there is no error; `seconds` is missing while a phase checkpoints."""
 
@@ -354,16 +596,18 @@ class Phase(FileModel):
 
 
 class GenerationPhase(Phase):
-    sampling: Optional[dict[str, Any]] = None
-    records: Optional[list[dict[str, Any]]] = None   # one per prompt: text, token_ids, timing...
+    sampling: Optional[Sampling] = None
+    records: Optional[list[GenerationRecord]] = None   # one per prompt: text, token_ids, timing...
+    design: Optional[GenerationDesign] = None          # files/task_rounds, in memory only
+    rounds: Optional[list[ProbeRound]] = None          # ditto
     _needs: ClassVar[tuple[str, ...]] = ("sampling", "records")
 
 
 class ScoringPhase(Phase):
     top_k: Optional[int] = None
     reference_cell: Optional[str] = None
-    sequences: Optional[list[dict[str, Any]]] = None  # per sequence: positions with top-k logprobs
-    noise: Optional[dict[str, Any]] = None            # auto cells: the re-scoring in one batch
+    sequences: Optional[list[ScoredSequence]] = None   # per sequence: positions with top-k logprobs
+    noise: Optional[ScoringNoise] = None               # auto cells: the re-scoring in one batch
     _needs: ClassVar[tuple[str, ...]] = ("top_k", "sequences")
 
 
@@ -372,9 +616,11 @@ class TasksPhase(Phase):
     lm_eval_version: Optional[str] = None
     data_dir: Optional[str] = None
     limit: Optional[int] = None
-    lm_eval_results: Optional[dict[str, Any]] = None
+    lm_eval_results: Optional[dict[str, Any]] = None   # lm-eval's own aggregates, as it gave them
     task_errors: Optional[dict[str, str]] = None
-    samples: Optional[list[dict[str, Any]]] = None
+    samples: Optional[list[TaskSample]] = None
+    design: Optional[TasksDesign] = None               # files/task_rounds, in memory only
+    rounds: Optional[list[TaskRoundOutcome]] = None    # ditto
     _needs: ClassVar[tuple[str, ...]] = ("tasks", "data_dir", "lm_eval_results", "task_errors", "samples")
 
 
@@ -382,20 +628,22 @@ class SpeedPhase(Phase):
     concurrency: Optional[int] = None
     warmup_runs: Optional[int] = None
     measured_runs: Optional[int] = None
-    workloads: Optional[list[dict[str, Any]]] = None
+    workloads: Optional[list[SpeedWorkload]] = None
     _needs: ClassVar[tuple[str, ...]] = ("concurrency", "warmup_runs", "measured_runs", "workloads")
 
 
 class ThroughputPhase(Phase):
     prompt_tokens: Optional[int] = None
     max_tokens: Optional[int] = None
+    prompt_share: Optional[Number] = None
     levels: Optional[list[int]] = None
-    runs: Optional[list[dict[str, Any]]] = None       # per level: concurrency, wall_seconds, requests' timing
+    max_concurrency: Optional[Number] = None          # the cell's own, from its capacity
+    runs: Optional[list[ThroughputRun]] = None        # per level: concurrency, wall_seconds, requests' timing
     _needs: ClassVar[tuple[str, ...]] = ("prompt_tokens", "max_tokens", "levels", "runs")
 
 
-class Phases(FileModel):
-    """Phase name -> record; a phase added later is kept as an extra key."""
+class Phases(CellModel):
+    """Phase name -> record; a phase this kveval does not know is refused (a newer kveval's file)."""
 
     generation: Optional[GenerationPhase] = None
     scoring: Optional[ScoringPhase] = None
@@ -404,7 +652,7 @@ class Phases(FileModel):
     throughput: Optional[ThroughputPhase] = None
 
 
-class CellResult(FileModel):
+class CellResult(CellModel):
     schema_version: int = CELL_VERSION    # not written yet; see CELL_VERSION
     cell: str
     kv_cache_dtype: str
@@ -530,6 +778,7 @@ class EvidenceCell(FileModel):
     failure_reason: Optional[str]
     kv_pool_tokens: Optional[int]
     attention_backend_flag: Optional[str] = None   # a backend chosen for the cell, not the default (issue 23)
+    reference_for: Optional[str] = None   # a quality reference: the baseline cell it stands in for (no capacity)
 
 
 class PoolRow(FileModel):
@@ -537,8 +786,14 @@ class PoolRow(FileModel):
 
     max_model_len: int
     kv_cache_dtype: Optional[str]       # None: only the baseline ran at this length
+    baseline_pool_tokens: Optional[Number]
+    pool_tokens: Optional[Number]
     ratio: Optional[Number]
-    fallback_ratio: Optional[Number]
+    fallback_ratio: Optional[Number]    # from a cell that did not start: vLLM's logged pool or estimate
+    fallback_sources: str
+    baseline_fallback_tokens: Optional[Number]
+    fallback_tokens: Optional[Number]
+    not_started: str                    # "cell (reason), ..." of the cells at this length that did not start
 
 
 class DivergenceSummary(FileModel):
@@ -549,10 +804,29 @@ class DivergenceSummary(FileModel):
     kl_p99: Optional[Number]
     top1_n: int
     top1_agreement: Optional[Number]
+    # The review's and tables' other figures (always written; default None only so a summary built by
+    # hand with the gate's figures alone still reads).
+    kl_median: Optional[Number] = None
+    kl_p90: Optional[Number] = None
+    kl_max: Optional[Number] = None
+    top1_agreement_se: Optional[Number] = None
+    dp_mean: Optional[Number] = None
+    abs_dp_mean: Optional[Number] = None
+    abs_dp_p99: Optional[Number] = None
+    abs_dp_max: Optional[Number] = None
+    dp_rms: Optional[Number] = None
 
 
 class LateSummary(DivergenceSummary):
     start: int
+
+
+class DivergenceBucket(DivergenceSummary):
+    """analysis.divergence.by_position_bucket row: the figures over positions [start, end)."""
+
+    bucket: str                           # "start-(end-1)", or "start+" for the open last bucket
+    start: int
+    end: Optional[int]                    # None: open
 
 
 class Comparison(FileModel):
@@ -560,13 +834,15 @@ class Comparison(FileModel):
     reference: str
     kind: Literal["kv", "noise_length", "noise_batch"]
     summary: DivergenceSummary
-    buckets: list[dict[str, Any]]
+    buckets: list[DivergenceBucket]
     max_position: Optional[int]
     by_sequence_kind: dict[str, dict[str, Any]]
     per_sequence: list[dict[str, Any]]
     skipped: list[dict[str, Any]]
     same_length: Optional[bool] = None    # kv comparisons only
     late: Optional[LateSummary] = None    # kv comparisons only
+    kv_cache_dtype: Optional[str] = None  # kv comparisons only: the cell's
+    max_model_len: Optional[int] = None   # kv comparisons only: the cell's
 
 
 class Unmatched(FileModel):
@@ -597,17 +873,93 @@ class DegenerationCell(FileModel):
     final: Optional[bool] = None          # the last look spends the alpha left
 
 
+class Finding(FileModel):
+    """analysis.degeneration.scan_cells row (FINDING_COLUMNS): one detector firing on one output."""
+
+    cell: str
+    kv_cache_dtype: Optional[str]
+    max_model_len: Optional[Number]
+    prompt: str
+    workload: Optional[str]
+    detector: str
+    detail: Optional[str]
+    excerpt: Optional[str]
+    new_vs_baseline: Optional[bool]       # None: no baseline output for the prompt (not judged)
+    baseline_cell: Optional[str]
+    baseline_excerpt: Optional[str] = None   # the baseline's output beside it (issue 22); absent before
+    late: Optional[bool] = None              # a loop after the answer (issue 22); absent before
+
+
 class Degeneration(FileModel):
     detectors: list[str]
     informational: list[str]
     cells: dict[str, DegenerationCell]
-    findings: list[dict[str, Any]]
+    findings: list[Finding]
+
+
+# Evidence rows below come from pandas tables (analysis.json_values.records): an int column with a gap
+# turns float there, so figures are `Number`; a key only newer kveval writes defaults to None (absent).
+
+class DiffExcerpt(FileModel):
+    """analysis.diff.divergence_excerpt: the text around the first differing character."""
+
+    char_offset: Optional[int]
+    before: Optional[str]
+    candidate: Optional[str]
+    reference: Optional[str]
+
+
+class DiffPair(FileModel):
+    """analysis.diff.diff_pairs row (PAIR_COLUMNS): one prompt's output against its reference cell's."""
+
+    workload: str
+    prompt: str
+    cell: str
+    reference: str
+    comparison: Literal["kv", "length"]
+    identical: bool
+    first_divergent_token: Optional[int]
+    similarity: Optional[Number]
+    length_ratio: Optional[Number]
+    tokens: Optional[Number]
+    reference_tokens: Optional[Number]
+    excerpt: Optional[DiffExcerpt]
+    prefix_only: Optional[bool] = None    # identical until one stopped early; absent before it was counted
+
+
+class DiffSummary(FileModel):
+    """analysis.diff.diff_summary row (SUMMARY_COLUMNS): per workload, cell and reference."""
+
+    workload: str
+    cell: str
+    reference: str
+    comparison: Literal["kv", "length"]
+    identical: int
+    compared: int
+    exact_match_rate: Optional[Number]
+    median_similarity: Optional[Number]
+    median_length_ratio: Optional[Number]
+    earliest_divergence: Optional[Number]
+    prefix_only: Optional[int] = None     # absent before it was counted
+
+
+class DiffExample(FileModel):
+    """analysis.diff.first_diverging_examples row (EXAMPLE_COLUMNS): the first diverging pair per workload and cell."""
+
+    workload: str
+    cell: str
+    reference: str
+    comparison: Literal["kv", "length"]
+    prompt: str
+    first_divergent_token: Optional[int]
+    similarity: Optional[Number]
+    excerpt: Optional[DiffExcerpt]
 
 
 class Diff(FileModel):
-    pairs: list[dict[str, Any]]
-    summary: list[dict[str, Any]]
-    examples: list[dict[str, Any]]
+    pairs: list[DiffPair]
+    summary: list[DiffSummary]
+    examples: list[DiffExample]
 
 
 class TaskCell(FileModel):
@@ -634,21 +986,214 @@ class Pace(FileModel):
     cells: int
 
 
+class TaskSampleRow(FileModel):
+    """analysis.task_accuracy sample row (SAMPLE_COLUMNS, then the sample's other keys): one task sample."""
+
+    cell: str
+    kv_cache_dtype: Optional[str]
+    max_model_len: Optional[Number]
+    task: str
+    doc_id: Optional[Union[Number, str]]
+    sample_id: Optional[str]
+    length_fraction: Optional[Number]
+    depth: Optional[Number]
+    target_tokens: Optional[Number]
+    prompt_tokens: Optional[Number]
+    max_gen_toks: Optional[Number]
+    accepted: bool
+    rejection: Optional[str]
+    error: Optional[str]
+    response: Optional[str]
+    expected: Optional[list[Any]]
+    score: Optional[Number]
+    correct: Optional[bool]
+    partial: Optional[Number]
+    finish_reason: Optional[str]
+    output_tokens: Optional[Number]
+    seconds: Optional[Number]
+    status: str                           # scored / rejected / error ...
+    scored: bool
+    scored_correct: bool
+    needle_depths: Optional[list[Any]] = None   # the sample's own keys, where its task wrote them
+    requests: Optional[Number] = None
+    metric: Optional[str] = None
+    round: Optional[Number] = None        # the round that sampled it (task rounds only)
+
+
+class TaskCounts(FileModel):
+    """analysis.task_accuracy._counts: scored samples and the Wilson 95 % interval of their accuracy."""
+
+    samples: int
+    n: int
+    correct: int
+    rejected: int
+    errors: int
+    accuracy: Optional[Number]
+    wilson_low: Optional[Number]
+    wilson_high: Optional[Number]
+    prompt_tokens_mean: Optional[Number]
+
+
+class TaskAccuracyRow(TaskCounts):
+    """analysis.task_accuracy.task_accuracy row (ACCURACY_COLUMNS): per cell, level and task (or point)."""
+
+    cell: str
+    kv_cache_dtype: Optional[str]
+    max_model_len: Optional[Number]
+    level: str
+    task: str
+    length_fraction: Optional[Number]
+    depth: Optional[Number]
+    target_tokens: Optional[Number]
+
+
+class TaskGridRow(TaskCounts):
+    """analysis.task_accuracy.depth_length_grid row (GRID_COLUMNS): per cell, needle depth and prompt length."""
+
+    cell: str
+    kv_cache_dtype: Optional[str]
+    max_model_len: Optional[Number]
+    depth: Optional[Number]
+    target_tokens: Optional[Number]
+    length_fraction: Optional[Number]
+
+
+class TaskComparisonRow(FileModel):
+    """analysis.task_accuracy.task_comparisons row (COMPARISON_COLUMNS): a cell against its baseline, paired."""
+
+    cell: str
+    reference: str
+    kv_cache_dtype: Optional[str]
+    max_model_len: Optional[Number]
+    task: str
+    n_paired: Number
+    baseline_correct: Number
+    cell_correct: Number
+    both: Number
+    baseline_only: Number
+    cell_only: Number
+    neither: Number
+    baseline_accuracy: Optional[Number]
+    cell_accuracy: Optional[Number]
+    recovery: Optional[Number]
+    mcnemar_p: Optional[Number]
+    cell_rejected: Number
+    baseline_rejected: Number
+    cell_errors: Number
+    baseline_errors: Number
+
+
+class TaskRun(FileModel):
+    """What one cell's tasks phase was asked, and lm-eval's own aggregates."""
+
+    tasks: Optional[list[str]]
+    lm_eval_version: Optional[str]
+    limit: Optional[Number]
+    data_dir: Optional[str]
+    lm_eval_results: Optional[dict[str, Any]]
+
+
+class TaskDesign(FileModel):
+    """The sequential design of a run with task rounds (analysis/sequential.py)."""
+
+    n_max: int
+    stopped: Optional[str]
+    spending: str
+
+
 class TaskEvidence(FileModel):
     baseline_kv: str
     tasks: list[str]
     samples: int
-    sample_rows: list[dict[str, Any]]
-    accuracy: list[dict[str, Any]]
-    comparisons: list[dict[str, Any]]
-    grid: list[dict[str, Any]]
+    sample_rows: list[TaskSampleRow]
+    accuracy: list[TaskAccuracyRow]
+    comparisons: list[TaskComparisonRow]
+    grid: list[TaskGridRow]
     cells: dict[str, TaskCell]
     unmatched: list[Unmatched]
     errors: dict[str, str]
     task_errors: dict[str, dict[str, str]]
-    runs: dict[str, dict[str, Any]]
+    runs: dict[str, TaskRun]
     pace: Optional[Pace] = None
-    design: Optional[dict[str, Any]] = None   # the sequential design (analysis/sequential.attach_design)
+    design: Optional[TaskDesign] = None   # the sequential design (analysis/sequential.attach_design)
+
+
+class DiagnosedModel(FileModel):
+    """kv_ranges.json's `model` as the diagnosis keeps it ({} when the ranges did not say)."""
+
+    path: Optional[str] = None
+    model_type: Optional[str] = None
+    num_layers: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    dtype: Optional[str] = None
+    layer_types: Optional[list[Any]] = None
+
+
+class RangeRow(FileModel):
+    """analysis.kv_range._row: one layer's K, V (or Q) against the FP8 limit at its scale."""
+
+    layer: int
+    attention_type: Optional[str]
+    tensor: str                           # "k", "v" ("q" in `query`)
+    count: int
+    absmax: Optional[Number]
+    p99_9: Optional[Number]
+    p99_99: Optional[Number]
+    scale: Number
+    limit: Optional[Number]               # None: the dtype is not FP8
+    ratio: Optional[Number]
+    over: Optional[int]
+    share_over: Optional[Number]
+    share_exact: bool
+    saturates: bool
+    nonfinite: int
+
+
+class OffendingRange(FileModel):
+    """A layer and tensor that leaves the FP8 range, most over first."""
+
+    layer: int
+    tensor: str
+    absmax: Optional[Number]
+    p99_9: Optional[Number]
+    limit: Optional[Number]
+    ratio: Optional[Number]
+    share_over: Optional[Number]
+    share_exact: bool
+
+
+class WorstRange(FileModel):
+    layer: int
+    tensor: str
+    absmax: Optional[Number]
+    limit: Optional[Number]
+    ratio: Optional[Number]
+
+
+class LargestRange(FileModel):
+    """analysis.kv_range._largest: the layer nearest its limit (largest |x| without one)."""
+
+    layer: int
+    absmax: Optional[Number]
+    limit: Optional[Number]
+    ratio: Optional[Number]
+    headroom: Optional[Number]            # limit / absmax
+
+
+class LargestRanges(FileModel):
+    k: Optional[LargestRange]
+    v: Optional[LargestRange]
+
+
+class QueryRanges(FileModel):
+    """analysis.kv_range._query_summary: the query's range, which FlashAttention-3 quantises to FP8 too."""
+
+    rows: list[RangeRow]
+    largest: Optional[LargestRange]
+    median_absmax: Number
+    over_layers: list[int]
 
 
 class Diagnosis(FileModel):
@@ -660,15 +1205,17 @@ class Diagnosis(FileModel):
     scale_note: str
     tokens: Optional[int]
     documents: Optional[int]
-    model: dict[str, Any]
-    rows: list[dict[str, Any]]
+    model: DiagnosedModel
+    rows: list[RangeRow]
     offending_layers: list[int]
-    offending: list[dict[str, Any]]
+    offending: list[OffendingRange]
     worst_ratio: Optional[Number]
-    worst: Optional[dict[str, Any]]
-    largest: dict[str, Optional[dict[str, Any]]]
+    worst: Optional[WorstRange]
+    largest: LargestRanges
     outlier_layers: Optional[list[int]] = None   # absent when the ranges themselves failed
     error: Optional[str] = None
+    note: Optional[str] = None                   # the cache dtype is not FP8: no limit applies
+    query: Optional[QueryRanges] = None          # where the query was measured too
 
 
 class DiagnosisFailed(FileModel):
@@ -683,9 +1230,18 @@ DiagnosisOrFailed = _either(Diagnosis, DiagnosisFailed, "<failed>",
                             lambda v: isinstance(v, dict) and "kv_cache_dtype" not in v)
 
 
+class Rejection(FileModel):
+    """analysis.acceptance.rejections row: a refused or failed prompt with the engine's own message."""
+
+    cell: str
+    prompt: str
+    kind: Literal["rejected", "error"]
+    message: Optional[str]
+
+
 class Acceptance(FileModel):
     matrix: list[dict[str, Any]]       # per prompt: prompt, prompt_tokens, then cell id -> accepted/rejected/...
-    rejections: list[dict[str, Any]]   # per refused prompt: cell, prompt, kind, the engine's message
+    rejections: list[Rejection]        # per refused prompt: cell, prompt, kind, the engine's message
 
 
 class SampleRow(FileModel):
@@ -704,6 +1260,147 @@ class SpeedSettings(FileModel):
     enforce_eager: Optional[bool]
 
 
+class StartupRow(FileModel):
+    """analysis.capacity.startup_table row: one cell's start-up, its KV pool, or why it did not start."""
+
+    cell: str
+    kv_cache_dtype: Optional[str]
+    max_model_len: Optional[Number]
+    started: bool
+    startup_s: Optional[Number]
+    kv_pool_tokens: Optional[Number]
+    max_concurrency: Optional[Number]
+    num_blocks: Optional[Number] = None        # absent before the block count was kept
+    logged_pool_tokens: Optional[Number]       # sized by vLLM before a cell that did not start gave up
+    reason: Optional[str]
+    message: Optional[str]
+    estimated_max_model_len: Optional[Number]
+    attention_backend: Optional[str]
+    crash: Optional[str]
+    crash_advice: Optional[str] = None         # only where a crashed cell has advice
+    crash_cause: Optional[str] = None          # only "stalled"
+
+
+class SpeedRow(FileModel):
+    """analysis.speed.speed_table row: one workload in one cell at concurrency 1, and its change vs the baseline."""
+
+    workload: str
+    cell: str
+    kv_cache_dtype: Optional[str]
+    max_model_len: Optional[Number]
+    prompt_tokens: Optional[Number]
+    max_tokens: Optional[Number]
+    runs: Number
+    ttft_ms: Optional[Number]
+    ttft_ms_min: Optional[Number]
+    ttft_ms_max: Optional[Number]
+    decode_tok_s: Optional[Number]
+    decode_tok_s_min: Optional[Number]
+    decode_tok_s_max: Optional[Number]
+    throughput_tok_s: Optional[Number]
+    decoded_tokens: Optional[Number]
+    rejected: Optional[str]
+    ttft_delta_pct: Optional[Number]
+    decode_delta_pct: Optional[Number]
+    ttft_vs_noise: Optional[Literal["beyond", "within", "too few runs"]] = None   # absent before issue 10
+    decode_vs_noise: Optional[Literal["beyond", "within", "too few runs"]] = None
+
+
+class ThroughputRow(FileModel):
+    """analysis.throughput.throughput_table row: one cell at one concurrency level."""
+
+    cell: str
+    kv_cache_dtype: Optional[str]
+    max_model_len: Optional[Number]
+    concurrency: Optional[Number]
+    requests: int
+    prompt_tokens: Optional[Number]
+    wall_s: Optional[Number]
+    requests_per_s: Optional[Number]
+    output_tok_s: Optional[Number]
+    ttft_ms_p50: Optional[Number]
+    ttft_ms_p90: Optional[Number]
+    ttft_ms_p99: Optional[Number]
+    itl_ms_p50: Optional[Number]
+    itl_ms_p90: Optional[Number]
+    itl_ms_p99: Optional[Number]
+    preemptions: Optional[Number]
+    error: Optional[str]
+    output_tok_s_vs_baseline: Optional[Number]   # None for the baseline, or without a baseline run
+    max_concurrency: Optional[Number]
+
+
+class CapacityRow(FileModel):
+    """analysis.capacity_model.capacity_rows row: one cell's KV pool predicted from the layout, and measured."""
+
+    cell: str
+    kv_cache_dtype: str
+    max_model_len: Number
+    bytes_per_token: Optional[Number]
+    block_size: Optional[Number]
+    budget_bytes: Optional[Number]
+    budget_source: Optional[str]
+    predicted_tokens: Optional[Number]
+    predicted_blocks: Optional[Number] = None    # absent before blocks were predicted
+    measured_tokens: Optional[Number]
+    measured_blocks: Optional[Number] = None
+    deviation: Optional[Number]
+    flag: Optional[str]
+    predicted_max_model_len: Optional[Number]
+    layout_model: Optional[Literal["plain", "hybrid"]] = None   # absent before the hybrid model
+    started: bool
+    measured_ratio: Optional[Number] = None      # against the baseline row at the same length;
+    predicted_ratio: Optional[Number] = None     # absent in evidence from before (pipeline adds them)
+
+
+class AttributionBucket(FileModel):
+    """analysis.attribution.pair_figures bucket: plain FP8 against its remedy in one position range."""
+
+    bucket: str
+    start: int
+    n: int
+    n_blocks: int
+    plain_kl_mean: Optional[Number]
+    remedy_kl_mean: Optional[Number]
+    p_remedy_worse: Optional[Number]
+
+
+class Attribution(FileModel):
+    """analysis.attribution.remedy_attribution: plain FP8 against its remedy cell on the same positions."""
+
+    plain: str
+    remedy: str
+    reference: str
+    kept: list[str]
+    max_model_len: Optional[int]
+    n_positions: int
+    n_blocks: int
+    plain_kl_mean: Optional[Number]
+    remedy_kl_mean: Optional[Number]
+    reduction: Optional[Number]           # share of plain FP8's KL mean the kept layers remove
+    p_plain_worse: Optional[Number]
+    p_remedy_worse: Optional[Number]
+    identical: bool
+    buckets: list[AttributionBucket]
+
+
+class IdenticalSpecs(FileModel):
+    """analysis.attribution.identical_specs: two specs whose per-position KL is identical."""
+
+    cells: list[str]                      # [first, second]
+    max_model_len: Optional[int]
+    n_positions: int
+    kl_mean: Optional[Number]
+
+
+class QualityReference(FileModel):
+    """run/reference.py: an `auto` cell started for quality only, in place of the baseline `for`."""
+
+    for_: str = Field(alias="for")        # the baseline cell it stands in for
+    kv_cache_memory_bytes: Optional[int]
+    why: str
+
+
 class Evidence(FileModel):
     schema_version: int
     baseline_kv: str
@@ -714,17 +1411,20 @@ class Evidence(FileModel):
     divergence: Divergence
     degeneration: Degeneration
     diff: Diff
-    startup: list[dict[str, Any]]
-    speed: list[dict[str, Any]]
+    startup: list[StartupRow]
+    speed: list[SpeedRow]
     speed_settings: SpeedSettings
-    capacity_model: Optional[list[dict[str, Any]]] = None  # predicted vs measured pool per cell (issue 10)
-    throughput: Optional[list[dict[str, Any]]] = None      # per cell and concurrency level (issue 10)
+    capacity_model: Optional[list[CapacityRow]] = None  # predicted vs measured pool per cell (issue 10)
+    throughput: Optional[list[ThroughputRow]] = None    # per cell and concurrency level (issue 10)
     acceptance: Acceptance
     sample_outputs: Optional[SampleOutputs]
     tasks: TasksOrNone
     diagnosis: dict[str, DiagnosisOrFailed]       # FP8 dtype -> diagnosis; {} when none ran
     kv_scales: Optional[KvScales]
     remedy: Optional[Remedy]
+    quality_references: Optional[dict[str, QualityReference]] = None  # reference cell -> what it stands in for
+    attribution: Optional[list[Attribution]] = None        # absent in evidence from before remedies
+    identical_specs: Optional[list[IdenticalSpecs]] = None  # ditto
 
 
 class Results(FileModel):
@@ -822,6 +1522,9 @@ def _problem(error: dict) -> tuple[tuple, str]:
     loc, kind, ctx = tuple(error["loc"]), error["type"], error.get("ctx") or {}
     if kind == "missing":
         return loc, "missing (required)"
+    if kind == "extra_forbidden":
+        return loc, ("not a field this kveval knows (a file from a newer kveval? its schema_version says "
+                     "which kveval reads it)")
     if kind == "missing_when":
         return loc + (ctx["field"],), f"missing ({ctx['why']})"
     if kind in _EXPECTED:
@@ -868,6 +1571,12 @@ def parse(kind_or_model: str | type[FileModel], data: Any, name: str = "<data>")
 
 def load(kind_or_model: str | type[FileModel], path: str | Path) -> FileModel:
     """Read and validate one run file: kind "manifest", "cell", "results", "kv_ranges", or a model."""
+    return parse(kind_or_model, read(path), str(Path(path)))
+
+
+def read(path: str | Path) -> Any:
+    """The JSON of one run file (.gz too), not yet validated; FileError when missing, unreadable or not
+    JSON. `parse` it; a valid file's data is what `dump` of its model gives back."""
     path = Path(path)
     try:
         # A published report keeps its results compressed (results.json.gz).
@@ -880,7 +1589,7 @@ def load(kind_or_model: str | type[FileModel], path: str | Path) -> FileModel:
         data = json.loads(text)  # NaN is allowed: kveval's own writer emits it for NaN logprobs
     except json.JSONDecodeError as error:
         raise FileError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
-    return parse(kind_or_model, data, str(path))
+    return data
 
 
 def dump(model: FileModel) -> dict:
@@ -888,14 +1597,13 @@ def dump(model: FileModel) -> dict:
     NaN as NaN). Same result as `model.model_dump(exclude_unset=True)`, without pydantic walking
     every token id of a 30 MB cell file: the untyped parts are returned as the model holds them
     (not copied), so copy before changing them."""
-    fields, extra, typed = type(model).model_fields, model.__pydantic_extra__ or {}, _typed_fields(type(model))
-    present = [key for key in fields if key in model.model_fields_set] + list(extra)
-    order = [key for key in model._keys if key in present] + [key for key in present if key not in model._keys]
-    out = {}
-    for key in order:
-        value = getattr(model, key) if key in fields else extra[key]
-        out[key] = _plain(value) if key in typed else value
-    return out
+    fields, typed = type(model).model_fields, _typed_fields(type(model))
+    # Keys as the file spells them: a field named `for_` (a Python keyword) is the file's "for".
+    values = {(field.alias or name): _plain(getattr(model, name)) if name in typed else getattr(model, name)
+              for name, field in fields.items() if name in model.model_fields_set}
+    values.update(model.__pydantic_extra__ or {})
+    order = [key for key in model._keys if key in values] + [key for key in values if key not in model._keys]
+    return {key: values[key] for key in order}
 
 
 def _plain(value: Any) -> Any:

@@ -10,8 +10,11 @@ looks apart.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
+
+from kveval.files import schema
+from kveval.files.schema import (CellResult, GenerationDesign, GenerationPhase, ProbeRound, TaskRoundOutcome,
+                                 TasksDesign, TasksPhase)
 
 
 def round_cell_id(cell: str, round_number: int) -> str:
@@ -61,62 +64,90 @@ def design_of(manifest: dict | None, cell: str) -> dict | None:
             "final_degeneration": cell in (rounds.get("final_degeneration") or []), "stopped": rounds.get("stopped")}
 
 
-def _round_failure(record: dict | None, phase: dict) -> str | None:
-    return (phase.get("error") or ((record or {}).get("crash") or {}).get("message")
-            or ((record or {}).get("failure") or {}).get("message") or (None if record else "no result file"))
+def _round_failure(record: CellResult | None, error: str | None) -> str | None:
+    """What went wrong in a round: its phase's error, the crash, the start-up failure, or no file at all."""
+    if record is None:
+        return error or "no result file"
+    return (error or (record.crash.message if record.crash else None)
+            or (record.failure.message if record.failure else None))
 
 
-def _merge_generation(merged: dict, rounds: list[tuple[int, dict | None]], design: dict | None) -> None:
-    """Append every round's probe outputs to the cell's generation phase (tagged with the round)."""
-    phase = (merged.get("phases") or {}).get("generation")
-    if not isinstance(phase, dict) or phase.get("error"):
-        return
+def _merged_generation(phase: GenerationPhase | None, rounds: list[tuple[int, CellResult | None]],
+                       design: dict | None) -> GenerationPhase | None:
+    """The cell's generation phase with every round's probe outputs appended (tagged with the round)."""
+    if phase is None or phase.error:
+        return phase
+    update: dict = {}
     if design:
-        phase["design"] = {"n_max": design["n_max"], "final": bool(design.get("final_degeneration"))}
-    if not rounds:
-        return
-    phase["records"] = [{**record, "round": record.get("round", 0)} for record in phase.get("records") or []]
-    phase["rounds"] = []
-    for number, record in rounds:
-        extra = ((record or {}).get("phases") or {}).get("generation") or {}
-        added = [{**out, "round": number} for out in extra.get("records") or []]
-        phase["records"] += added
-        phase["rounds"].append({"round": number, "outputs": len(added), "started": bool((record or {}).get("started")),
-                                "error": _round_failure(record, extra)})
+        update["design"] = GenerationDesign(n_max=design["n_max"], final=bool(design.get("final_degeneration")))
+    if rounds:
+        records = [record if "round" in record.model_fields_set else record.model_copy(update={"round": 0})
+                   for record in phase.records or []]
+        outcomes = []
+        for number, record in rounds:
+            extra = record.phases.generation if record else None
+            added = [out.model_copy(update={"round": number}) for out in (extra.records or [] if extra else [])]
+            records += added
+            outcomes.append(ProbeRound(round=number, outputs=len(added), started=bool(record and record.started),
+                                       error=_round_failure(record, extra.error if extra else None)))
+        update.update(records=records, rounds=outcomes)
+    return phase.model_copy(update=update) if update else phase
 
 
-def merge_rounds(facts: dict, rounds: list[tuple[int, dict | None]], design: dict | None = None,
-                 streams: RoundStreams | None = None) -> dict:
+def _merged_tasks(phase: TasksPhase | None, rounds: list[tuple[int, CellResult | None]],
+                  design: dict | None) -> TasksPhase | None:
+    """The cell's tasks phase with every round's samples appended (tagged with the round) and the design."""
+    if phase is None or phase.error:
+        return phase
+    update: dict = {}
+    if design:
+        update["design"] = TasksDesign.model_validate({k: v for k, v in design.items() if k != "final_degeneration"})
+    if rounds:
+        samples = [sample.model_copy(update={"round": 0}) for sample in phase.samples or []]
+        seconds, outcomes = phase.seconds, []
+        for number, record in rounds:
+            extra = record.phases.tasks if record else None
+            added = [sample.model_copy(update={"round": number}) for sample in (extra.samples or [] if extra else [])]
+            samples += added
+            if extra is not None and extra.seconds:
+                seconds = (seconds or 0.0) + extra.seconds
+            outcomes.append(TaskRoundOutcome(
+                round=number, samples=len(added), started=bool(record and record.started),
+                error=_round_failure(record, extra.error if extra else None),
+                task_errors=dict(extra.task_errors or {}) if extra else {},
+                seconds=record.process.seconds if record and record.process else None))
+        update.update(samples=samples, rounds=outcomes)
+        if seconds != phase.seconds:
+            update["seconds"] = seconds
+    return phase.model_copy(update=update) if update else phase
+
+
+def merge_rounds(facts: CellResult | dict, rounds: list[tuple[int, CellResult | dict | None]],
+                 design: dict | None = None, streams: RoundStreams | None = None) -> CellResult | dict:
     """`facts` with the task samples and probe outputs of every round appended and the design noted (a
-    copy; facts with neither rounds nor a design come back as they are). `rounds`: the cell's rounds with
-    their records; `streams`: which of them sampled tasks and which probes (None: all tasks, as before
-    probe rounds existed). A round that did not start, crashed or failed adds nothing; it is listed under
-    the phase's `rounds` with what happened, never as the phase's own error (the first round's samples
-    still stand)."""
+    new cell: `facts` is left as it was; facts with neither rounds nor a design come back as they are).
+    `rounds`: the cell's rounds with their records; `streams`: which of them sampled tasks and which
+    probes (None: all tasks, as before probe rounds existed). A round that did not start, crashed or
+    failed adds nothing; it is listed under the phase's `rounds` with what happened, never as the
+    phase's own error (the first round's samples still stand). Typed cells in, a typed cell out; plain
+    dicts (as read from the files) are validated and a plain dict comes back."""
     if not (rounds or design):
         return facts
+    if isinstance(facts, dict):
+        typed = [(number, None if record is None else _typed(record, f"round {number} of {facts.get('cell')}"))
+                 for number, record in rounds]
+        return schema.dump(merge_rounds(_typed(facts, str(facts.get("cell"))), typed, design, streams))
     streams = streams or RoundStreams([n for n, _ in rounds], [])
-    merged = copy.deepcopy(facts)
-    _merge_generation(merged, [(n, r) for n, r in rounds if n in streams.probes], design)
-    tasks = (merged.get("phases") or {}).get("tasks")
-    if not isinstance(tasks, dict) or tasks.get("error"):
-        return merged
-    if design:
-        tasks["design"] = {k: v for k, v in design.items() if k != "final_degeneration"}
-    task_rounds = [(n, r) for n, r in rounds if n in streams.tasks]
-    if not task_rounds:
-        return merged
-    tasks["samples"] = [{**sample, "round": 0} for sample in tasks.get("samples") or []]
-    tasks["rounds"] = []
-    for number, record in task_rounds:
-        extra = ((record or {}).get("phases") or {}).get("tasks") or {}
-        samples = [{**sample, "round": number} for sample in extra.get("samples") or []]
-        tasks["samples"] += samples
-        if extra.get("seconds"):
-            tasks["seconds"] = (tasks.get("seconds") or 0.0) + extra["seconds"]
-        tasks["rounds"].append({
-            "round": number, "samples": len(samples), "started": bool((record or {}).get("started")),
-            "error": _round_failure(record, extra),
-            "task_errors": dict(extra.get("task_errors") or {}),
-            "seconds": ((record or {}).get("process") or {}).get("seconds")})
-    return merged
+    records = [(number, None if record is None else _typed(record, f"round {number} of {facts.cell}"))
+               for number, record in rounds]
+    phases = facts.phases
+    merged = {"generation": _merged_generation(phases.generation, [(n, r) for n, r in records if n in streams.probes],
+                                               design),
+              "tasks": _merged_tasks(phases.tasks, [(n, r) for n, r in records if n in streams.tasks], design)}
+    # Only the phases the cell has: a phase it never ran stays absent.
+    update = {name: phase for name, phase in merged.items() if phase is not getattr(phases, name)}
+    return facts.model_copy(update={"phases": phases.model_copy(update=update)}) if update else facts
+
+
+def _typed(record: CellResult | dict, name: str) -> CellResult:
+    return record if isinstance(record, CellResult) else schema.parse(CellResult, record, name)

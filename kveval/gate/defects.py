@@ -4,6 +4,7 @@ INCONCLUSIVE."""
 from __future__ import annotations
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files import schema
 from kveval.gate.collector import _Collector, _g
 from kveval.gate.thresholds import Budget, Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE
@@ -13,45 +14,44 @@ def _layers(kept: list[str]) -> str:
     return ("layer " if len(kept) == 1 else "layers ") + ", ".join(str(k) for k in kept)
 
 
-def _remedy_defect(pair: dict, budget: Budget, t: Thresholds) -> str | None:
+def _remedy_defect(pair: schema.Attribution, budget: Budget, t: Thresholds) -> str | None:
     """Why the remedy cell of `pair` cannot be sound, or None. Keeping layers in the model dtype can
     only remove quantization error; a remedy much worse than plain FP8 is a broken engine path."""
-    plain, remedy = pair.get("plain_kl_mean"), pair.get("remedy_kl_mean")
+    plain, remedy = pair.plain_kl_mean, pair.remedy_kl_mean
     if plain is None or remedy is None:
         return None
     sound_before = False  # a position range where the remedy is not worse: the breakage starts later
-    for bucket in pair.get("buckets") or []:
-        b_plain, b_remedy, b_p = bucket.get("plain_kl_mean"), bucket.get("remedy_kl_mean"), bucket.get("p_remedy_worse")
+    for bucket in pair.buckets:
+        b_plain, b_remedy, b_p = bucket.plain_kl_mean, bucket.remedy_kl_mean, bucket.p_remedy_worse
         if b_plain is None or b_remedy is None:
             continue
         worse = (b_remedy >= t.defect_factor * b_plain and b_remedy > budget.kl_late_max
-                 and (bucket.get("n") or 0) >= t.min_late_tokens and b_p is not None and b_p < t.alpha)
+                 and bucket.n >= t.min_late_tokens and b_p is not None and b_p < t.alpha)
         if worse and sound_before:
-            return (f"at positions {bucket['bucket']} its KL mean is {_g(b_remedy)} against plain FP8's {_g(b_plain)} "
+            return (f"at positions {bucket.bucket} its KL mean is {_g(b_remedy)} against plain FP8's {_g(b_plain)} "
                     f"(paired block test p {_g(b_p)}), while earlier positions are sound: the kept-layer cache breaks "
                     "with position")
         sound_before = sound_before or b_remedy <= max(t.defect_factor * b_plain, budget.kl_mean_max)
-    p = pair.get("p_remedy_worse")
+    p = pair.p_remedy_worse
     if remedy >= t.defect_factor * plain and remedy > budget.kl_mean_max and p is not None and p < t.alpha:
         return (f"its KL mean {_g(remedy)} is {remedy / plain:.1f}× plain FP8's {_g(plain)} on the same positions "
                 f"(paired block test p {_g(p)})")
     return None
 
 
-def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> list[dict]:
+def _defects(out: _Collector, evidence: schema.Evidence, budget: Budget, t: Thresholds) -> list[dict]:
     """Engine-path defects: a remedy far worse than plain FP8, two specs with identical figures, or a cell
     whose engine stopped making progress (run/cell_process.py stops it as stalled).
     The defective cell's FAIL reasons become INCONCLUSIVE: its figures do not measure FP8 quality."""
     defects: list[dict] = []
-    for pair in evidence.get("attribution") or []:
+    for pair in evidence.attribution or []:
         why = _remedy_defect(pair, budget, t)
         if why:
-            defects.append({"cell": pair["remedy"], "message": f"{pair['remedy']} looks broken, not FP8-damaged: "
-                                                               f"{why}. Keeping {_layers(pair['kept'])} in the model "
-                                                               f"dtype cannot do that in a correct engine"})
+            defects.append({"cell": pair.remedy, "message": f"{pair.remedy} looks broken, not FP8-damaged: "
+                                                             f"{why}. Keeping {_layers(pair.kept)} in the model "
+                                                             f"dtype cannot do that in a correct engine"})
     errors = _engine_errors(evidence)
-    stalled = {row["cell"]: row.get("crash") for row in evidence.get("startup") or []
-               if row.get("crash_cause") == "stalled"}
+    stalled = {row.cell: row.crash for row in evidence.startup if row.crash_cause == "stalled"}
     for cell, crash in stalled.items():
         defects.append({"cell": cell, "message": f"{cell}: {crash}; an engine that hangs is broken on this "
                                                  "configuration, which says nothing of FP8 quality"
@@ -60,10 +60,10 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
         defects.append({"cell": cell, "message": f"{cell}: the engine failed requests that `{BASELINE_KV}` served"
                                                  f"{said}: a configuration the engine cannot serve reliably is not one "
                                                  "to deploy, whatever its quality figures"})
-    for same in evidence.get("identical_specs") or []:
-        first, second = same["cells"]
+    for same in evidence.identical_specs or []:
+        first, second = same.cells
         defects.append({"cell": second, "message": f"{first} and {second} have identical per-position figures on "
-                                                   f"{same['n_positions']} positions: the kept-layer setting did not "
+                                                   f"{same.n_positions} positions: the kept-layer setting did not "
                                                    "reach the engine (vLLM ignored it, or kveval did not pass it)"})
     defects += _kept_layers_on_fa3(out, evidence, {d["cell"] for d in defects})
     # A stalled cell's missing phases are explained by the stall: their "not measured" reasons would
@@ -85,15 +85,15 @@ def _defects(out: _Collector, evidence: dict, budget: Budget, t: Thresholds) -> 
 KEPT_LAYERS_DEFECTIVE_BACKEND = "FLASH_ATTN"
 
 
-def _kept_layers_on_fa3(out: _Collector, evidence: dict, known: set[str]) -> list[dict]:
+def _kept_layers_on_fa3(out: _Collector, evidence: schema.Evidence, known: set[str]) -> list[dict]:
     """A cell that keeps layers, ran them on FlashAttention and FAILs: that path is known to turn the
     kept layers to garbage (it did so on the H200 with --gpu-memory-utilization 0.5 --enforce-eager, KL
     13.8, and served them well with defaults), so its failure is not evidence about FP8."""
     defects = []
-    for row in evidence.get("startup") or []:
-        cell = row.get("cell")
-        if (cell in known or row.get("attention_backend") != KEPT_LAYERS_DEFECTIVE_BACKEND
-                or ":keep=" not in str(row.get("kv_cache_dtype") or "") or FAIL not in out.levels(cell)):
+    for row in evidence.startup:
+        cell = row.cell
+        if (cell in known or row.attention_backend != KEPT_LAYERS_DEFECTIVE_BACKEND
+                or ":keep=" not in (row.kv_cache_dtype or "") or FAIL not in out.levels(cell)):
             continue
         defects.append({"cell": cell, "message": f"{cell}: its kept layers ran on FlashAttention (FA3), whose "
                                                  "ahead-of-time schedule vLLM 0.26 builds with the global fp8 dtype "
@@ -105,16 +105,16 @@ def _kept_layers_on_fa3(out: _Collector, evidence: dict, known: set[str]) -> lis
     return defects
 
 
-def _engine_errors(evidence: dict) -> dict[str, str]:
+def _engine_errors(evidence: schema.Evidence) -> dict[str, str]:
     """Tested cells whose engine raised errors on requests (not refusals of over-long prompts) while the
     `auto` cells raised none: cell -> a clause quoting vLLM's first message, e.g. FA3's
     "scheduler_metadata must have shape (metadata_size)" on layers kept in bf16 (vLLM 0.26)."""
-    rows = [r for r in ((evidence.get("acceptance") or {}).get("rejections") or []) if r.get("kind") == "error"]
-    if any(str(r.get("cell", "")).startswith(f"{BASELINE_KV}-") for r in rows):
+    rows = [r for r in evidence.acceptance.rejections if r.kind == "error"]
+    if any(r.cell.startswith(f"{BASELINE_KV}-") for r in rows):
         return {}
     found: dict[str, list[str]] = {}
     for row in rows:
-        found.setdefault(row["cell"], []).append(" ".join(str(row.get("message") or "").split())[:200])
+        found.setdefault(row.cell, []).append(" ".join((row.message or "").split())[:200])
     return {cell: f" (vLLM raised `{messages[0]}` on {len(messages)} request{'s' if len(messages) > 1 else ''}, the "
                   f"{BASELINE_KV} cells on none{_known_cause(messages[0])})" for cell, messages in found.items()}
 

@@ -7,12 +7,13 @@ from scipy.stats import binomtest
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.paired_difference import excess_lower_bound, excess_upper_bound
 from kveval.analysis.sequential import look_alpha
+from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOTE
 
 
-def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds) -> None:
+def _degeneration(out: _Collector, cell: str, entry: schema.DegenerationCell | None, t: Thresholds) -> None:
     """Degeneration as paired evidence (issue 22): per prompt, does the cell's output degenerate, and the
     baseline's? The excess is (cell-only − baseline-only) / judged outputs, bounded both ways by Tango's
     score interval for the difference of paired proportions (analysis/paired_difference.py).
@@ -24,15 +25,15 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
       and the lower bound above `max_new_degenerate_share`.
     - Otherwise undecided, with the counts: a handful of loops (2 of 9 against 0), or an excess that is
       neither shown small nor shown large (12 vs 4 of 109: 7.3 %, bounds 1.4 % and 13.3 %)."""
-    if not entry or not entry.get("outputs"):
+    if entry is None or not entry.outputs:
         return
-    judged, new = entry.get("judged_outputs"), entry.get("new_degenerate") or 0
-    judged = entry["outputs"] if judged is None else judged
+    judged, new = entry.judged_outputs, entry.new_degenerate
+    judged = entry.outputs if judged is None else judged
     if not judged:
         out.reason(NOTE, cell, f"{cell}: degeneration not judged: no {BASELINE_KV} output for the same prompts",
                    code="degeneration_not_judged")
         return
-    base_only = entry.get("baseline_only_degenerate") or 0  # None in evidence from before the paired test
+    base_only = entry.baseline_only_degenerate or 0  # None in evidence from before the paired test
     excess = (new - base_only) / judged
     p = float(binomtest(new, new + base_only, 0.5, alternative="greater").pvalue) if new else 1.0
     detail = (f"{new} of {judged} outputs degenerate only here, {base_only} only in {BASELINE_KV}; excess "
@@ -44,13 +45,13 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
         return
     # Rounds of new probes are judged at every round, like task samples: each look tests at the alpha
     # it may spend (analysis/sequential.py); without rounds, the fixed-sample test at t.alpha.
-    look = look_alpha(entry.get("looks") or [judged], entry.get("n_max"), t.alpha, bool(entry.get("final", True)))
+    look = look_alpha(entry.looks or [judged], entry.n_max, t.alpha, entry.final is not False)
     level = look.alpha
     lower = excess_lower_bound(judged, new, base_only, level) if level > 0 else -1.0
     upper = excess_upper_bound(judged, new, base_only, level) if level > 0 else 1.0
     detail += f", {_pct(1 - 2 * level)} interval {_pct(lower)} to {_pct(upper)} (Tango score)"
     if look.sequential:
-        detail += (f"; look {look.number} of a sequential design over at most {entry.get('n_max')} outputs, "
+        detail += (f"; look {look.number} of a sequential design over at most {entry.n_max} outputs, "
                    f"alpha {_g(level)} of {t.alpha:g} spent here{' (the final look)' if look.final else ''}")
     # Both: the exact test keeps a few outputs (3 of 3: p 0.125) from deciding, where the asymptotic
     # bound alone would; the bound keeps a significant but small excess (12 vs 4 of 109) from it.
@@ -73,9 +74,9 @@ def _degeneration(out: _Collector, cell: str, entry: dict | None, t: Thresholds)
                _more_probes_hint(entry, look), code="degeneration_undecided")
 
 
-def _more_probes_hint(entry: dict, look) -> str:
+def _more_probes_hint(entry: schema.DegenerationCell, look) -> str:
     """What would decide an open degeneration comparison, in the run's own terms."""
-    n_max = entry.get("n_max")
+    n_max = entry.n_max
     if n_max and not look.final:
         return (f"more probe outputs: rounds of new probes continue up to {n_max} per cell within --budget "
                 "(a larger --budget allows more)")

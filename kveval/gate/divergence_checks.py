@@ -3,6 +3,7 @@ budget and harm limits (widened by the baseline's noise floor), and the state it
 from __future__ import annotations
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Budget, Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOTE
@@ -12,36 +13,37 @@ def _widen(limit: float, multiplier: float, floor: float | None) -> float:
     return limit if floor is None else max(limit, multiplier * floor)
 
 
-def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str, floor: dict | None,
-                budget: Budget, t: Thresholds) -> None:
+def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_missing: str,
+                floor: schema.NoiseFloor | None, budget: Budget, t: Thresholds) -> None:
     """Healthy inside every budget -> positive evidence; beyond a harm limit -> FAIL; else undecided."""
     if comp is None:
         out.reason(INCONCLUSIVE, cell, f"{cell}: no teacher-forced divergence ({why_missing})",
                    "run the scoring phase (it is in the default --phases) with a started baseline at this length",
                    code="divergence_missing")
         return
-    s, late = comp["summary"], comp.get("late") or {}
-    floor = floor or {}
-    reference = comp.get("reference")
-    if not comp.get("same_length", True):
-        own = f"{BASELINE_KV}-{comp['max_model_len']}" if comp.get("max_model_len") else f"the {BASELINE_KV} cell"
+    s, late = comp.summary, comp.late
+    late_start = late.start if late else "?"
+    floor_kl_mean, floor_kl_p99 = (floor.kl_mean, floor.kl_p99) if floor else (None, None)
+    reference = comp.reference
+    other_length = comp.same_length is False   # None: not a kv comparison, or from before the field
+    if other_length:
+        own = f"{BASELINE_KV}-{comp.max_model_len}" if comp.max_model_len else f"the {BASELINE_KV} cell"
         out.reason(NOTE, cell, f"{cell}: its own-length baseline {own} did not start; divergence is measured "
                                f"against {reference} on the sequences both scored", code="baseline_other_length")
     mult = t.noise_multiplier
     figures = [  # name, label, value, healthy limit, harm limit, higher is worse
-        ("kl_mean", "KL mean", s.get("kl_mean"), _widen(budget.kl_mean_max, mult, floor.get("kl_mean")),
-         _widen(budget.kl_mean_fail, mult, floor.get("kl_mean")), True, s.get("n") or 0),
-        ("kl_p99", "KL p99", s.get("kl_p99"), _widen(budget.kl_p99_max, mult, floor.get("kl_p99")),
-         _widen(budget.kl_p99_fail, mult, floor.get("kl_p99")), True, s.get("n") or 0),
-        ("kl_late_mean", f"KL mean at positions ≥ {late.get('start', '?')}", late.get("kl_mean"),
-         _widen(budget.kl_late_max, mult, floor.get("kl_mean")), _widen(budget.kl_late_fail, mult, floor.get("kl_mean")),
-         True, late.get("n") or 0),
+        ("kl_mean", "KL mean", s.kl_mean, _widen(budget.kl_mean_max, mult, floor_kl_mean),
+         _widen(budget.kl_mean_fail, mult, floor_kl_mean), True, s.n),
+        ("kl_p99", "KL p99", s.kl_p99, _widen(budget.kl_p99_max, mult, floor_kl_p99),
+         _widen(budget.kl_p99_fail, mult, floor_kl_p99), True, s.n),
+        ("kl_late_mean", f"KL mean at positions ≥ {late_start}", late.kl_mean if late else None,
+         _widen(budget.kl_late_max, mult, floor_kl_mean), _widen(budget.kl_late_fail, mult, floor_kl_mean),
+         True, late.n if late else 0),
     ]
-    disagreement = floor.get("top1_disagreement")
+    disagreement = floor.top1_disagreement if floor else None
     top1_ok = budget.top1_agreement_min if disagreement is None else min(budget.top1_agreement_min, 1 - mult * disagreement)
     top1_bad = budget.top1_agreement_fail if disagreement is None else min(budget.top1_agreement_fail, 1 - 2 * mult * disagreement)
-    figures.append(("top1_agreement", "top-1 agreement", s.get("top1_agreement"), top1_ok, top1_bad, False,
-                    s.get("top1_n") or 0))
+    figures.append(("top1_agreement", "top-1 agreement", s.top1_agreement, top1_ok, top1_bad, False, s.top1_n))
     harmed, undecided = [], []
     for name, label, value, ok, bad, higher_worse, n in figures:
         if value is None or not n:
@@ -65,19 +67,19 @@ def _divergence(out: _Collector, cell: str, comp: dict | None, why_missing: str,
         out.reason(INCONCLUSIVE, cell, f"{cell}: {'; '.join(undecided)}",
                    "task accuracy decides it: more paired samples (--full, or --task-samples N) show whether the "
                    "drift costs answers", code="divergence_undecided")
-    n, n_late = s.get("n") or 0, late.get("n") or 0
+    n, n_late = s.n, late.n if late else 0
     if n < t.min_scored_tokens:
         out.reason(INCONCLUSIVE, cell, f"{cell}: only {n} scored positions vs {reference} (PASS needs "
                                        f"{t.min_scored_tokens})", "score longer documents: --suite standard",
                    code="divergence_too_few_positions")
     elif n_late < t.min_late_tokens:
-        reach = comp.get("max_position")
+        reach = comp.max_position
         out.reason(INCONCLUSIVE, cell,
-                   f"{cell}: only {n_late} scored positions at or beyond position {late.get('start', '?')} (the late half "
+                   f"{cell}: only {n_late} scored positions at or beyond position {late_start} (the late half "
                    f"of its context; scoring reached position {reach if reach is not None else '?'}); PASS needs "
                    f"{t.min_late_tokens} there, so damage that grows with position could go unseen",
                    "score documents that reach the late half: --suite standard (documents at 90 % of max_model_len)"
-                   + ("" if comp.get("same_length", True) else f", with the {BASELINE_KV} cell started at this length "
+                   + ("" if not other_length else f", with the {BASELINE_KV} cell started at this length "
                                                                  "(raise --kv-cache-memory)"),
                    code="divergence_too_few_late_positions")
 

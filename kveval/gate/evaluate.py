@@ -21,7 +21,7 @@ is missing, a phase that did not run — each is INCONCLUSIVE with its reason.
 
 Healthy FP8 divergence differs by platform (vLLM's CPU FP8 path drifts about four times more than
 FA3 on the same model, and more with position), so the budgets come from a platform profile chosen
-from what the run recorded (`evidence["platform"]`); the review names the profile. A threshold set by
+from what the run recorded (`evidence.platform`); the review names the profile. A threshold set by
 the user (`--threshold`, YAML) overrides the profile on every platform.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _cell_status(out: _Collector, cell: str) -> str:
     return FAIL if FAIL in levels else INCONCLUSIVE if INCONCLUSIVE in levels else PASS
 
 
-def evaluate(evidence: schema.Evidence | dict, thresholds: Thresholds | None = None,
+def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
              baseline_kv: str = BASELINE_KV) -> Verdict:
     """PASS / FAIL / INCONCLUSIVE from evidence (rules: module docstring), with a status per tested cell.
 
@@ -53,40 +53,39 @@ def evaluate(evidence: schema.Evidence | dict, thresholds: Thresholds | None = N
     least one did and none is missing), else INCONCLUSIVE. A cell that did not start is a capacity
     finding (NOT STARTED), not a quality failure.
     """
-    evidence = schema.plain(evidence)  # transitional (issue 17): the checks still read by key
     t = thresholds or Thresholds()
     out = _Collector()
-    cells = evidence.get("cells") or {}
-    platform = evidence.get("platform") or {}
-    profile = platform.get("profile") if platform.get("profile") in PROFILES else DEFAULT_PROFILE
+    cells = evidence.cells
+    platform = evidence.platform
+    profile = platform.profile if platform.profile in PROFILES else DEFAULT_PROFILE
     budget = t.budget(profile)
-    divergence = evidence.get("divergence") or {}
-    floor = divergence.get("noise_floor")
-    comparisons = {c["cell"]: c for c in divergence.get("comparisons", []) if c.get("kind") == "kv"}
-    unmatched_div = {u["cell"]: u.get("reason") for u in divergence.get("unmatched", [])}
-    degeneration = (evidence.get("degeneration") or {}).get("cells") or {}
-    tasks = evidence.get("tasks") or {}
-    task_cells = tasks.get("cells") or {}
-    task_unmatched = {u.get("cell"): u.get("reason") for u in tasks.get("unmatched") or []}
-    task_errors = tasks.get("errors") or {}
-    tasks_planned = bool(evidence.get("tasks_planned", bool(tasks)))
-    pace = tasks.get("pace")
+    divergence = evidence.divergence
+    floor = divergence.noise_floor
+    comparisons = {c.cell: c for c in divergence.comparisons if c.kind == "kv"}
+    unmatched_div = {u.cell: u.reason for u in divergence.unmatched}
+    degeneration = evidence.degeneration.cells
+    tasks = evidence.tasks if isinstance(evidence.tasks, schema.TaskEvidence) else None  # {}: no cell ran tasks
+    task_cells = tasks.cells if tasks else {}
+    task_unmatched = {u.cell: u.reason for u in tasks.unmatched} if tasks else {}
+    task_errors = tasks.errors if tasks else {}
+    tasks_planned = evidence.tasks_planned
+    pace = tasks.pace if tasks else None
 
-    missing = [name for name, c in cells.items() if c.get("missing")]
+    missing = [name for name, c in cells.items() if c.missing]
     statuses: dict[str, str] = {}
     for name in missing:
         statuses[name] = "MISSING"
-        out.reason(INCONCLUSIVE, None if cells[name].get("kv_cache_dtype") == baseline_kv else name,
+        out.reason(INCONCLUSIVE, None if cells[name].kv_cache_dtype == baseline_kv else name,
                    f"{name}: planned but has no result file (deleted, or the run stopped before it finished); "
                    "nothing it would have measured is judged",
                    "run the same command again with the same --out: finished cells are kept, missing ones are measured",
                    code="missing_result")
-    candidates = [n for n, c in cells.items() if c.get("kv_cache_dtype") != baseline_kv and not c.get("missing")]
-    started = [n for n in candidates if cells[n].get("started")]
-    bases = [n for n, c in cells.items() if c.get("kv_cache_dtype") == baseline_kv and c.get("started")]
+    candidates = [n for n, c in cells.items() if c.kv_cache_dtype != baseline_kv and not c.missing]
+    started = [n for n in candidates if cells[n].started]
+    bases = [n for n, c in cells.items() if c.kv_cache_dtype == baseline_kv and c.started]
     for name in candidates:
-        if not cells[name].get("started"):
-            reason = cells[name].get("failure_reason") or "unknown reason"
+        if not cells[name].started:
+            reason = cells[name].failure_reason or "unknown reason"
             out.check("started", name, None, None, None, f"did not start ({reason})")
             out.reason(NOTE, name, f"{name}: did not start ({reason}: a start-up finding, not a quality failure); "
                                    "its quality was not measured", code="not_started")
@@ -100,22 +99,23 @@ def evaluate(evidence: schema.Evidence | dict, thresholds: Thresholds | None = N
     if started and not bases:
         out.reason(INCONCLUSIVE, None, f"no {baseline_kv} baseline cell started: nothing to compare with",
                    f"let a {baseline_kv} cell start (the start-up section says why it did not)", code="no_baseline")
-    if floor and floor.get("kl_mean") is not None and t.noise_multiplier * floor["kl_mean"] > budget.kl_mean_max:
-        out.reason(NOTE, None, f"baseline noise floor KL mean {_g(floor['kl_mean'])} widens the KL mean budget to "
-                               f"{_g(t.noise_multiplier * floor['kl_mean'])}", code="noise_floor_widens_budget")
+    if floor and floor.kl_mean is not None and t.noise_multiplier * floor.kl_mean > budget.kl_mean_max:
+        out.reason(NOTE, None, f"baseline noise floor KL mean {_g(floor.kl_mean)} widens the KL mean budget to "
+                               f"{_g(t.noise_multiplier * floor.kl_mean)}", code="noise_floor_widens_budget")
 
-    references = evidence.get("quality_references") or {}
+    references = evidence.quality_references or {}
     for name in started:
-        reference = (comparisons.get(name) or {}).get("reference")
-        if reference in references:
-            out.reason(NOTE, name, f"{name} is judged against {reference}: {references[reference].get('for')} did not "
+        comparison = comparisons.get(name)
+        reference = references.get(comparison.reference) if comparison else None
+        if reference is not None:
+            out.reason(NOTE, name, f"{name} is judged against {comparison.reference}: {reference.for_} did not "
                                    f"start on the run's KV budget, so kveval started `{baseline_kv}` at this length with "
-                                   f"{(references[reference].get('kv_cache_memory_bytes') or 0) / 2 ** 20:,.0f} MiB "
+                                   f"{(reference.kv_cache_memory_bytes or 0) / 2 ** 20:,.0f} MiB "
                                    "for quality only (not a capacity figure)", code="quality_reference")
-        _divergence(out, name, comparisons.get(name), unmatched_div.get(name) or "no divergence data", floor, budget, t)
+        _divergence(out, name, comparison, unmatched_div.get(name) or "no divergence data", floor, budget, t)
         _degeneration(out, name, degeneration.get(name), t)
         _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace, t)
-        for task_name in sorted((tasks.get("task_errors") or {}).get(name) or {}):
+        for task_name in sorted((tasks.task_errors.get(name) or {}) if tasks else {}):
             out.reason(NOTE, name, f"{name}: task {task_name} failed and is left out of its task accuracy",
                        code="task_left_out")
         statuses[name] = _cell_status(out, name)
@@ -134,6 +134,6 @@ def evaluate(evidence: schema.Evidence | dict, thresholds: Thresholds | None = N
     else:
         status = PASS
     budget_dict = dataclasses.asdict(budget)
-    return Verdict(status, out.reasons, out.checks, t.to_dict(), floor, statuses,
-                   {"name": profile, "why": platform.get("why") or PROFILES[profile][1],
+    return Verdict(status, out.reasons, out.checks, t.to_dict(), schema.dump(floor) if floor else None, statuses,
+                   {"name": profile, "why": platform.why or PROFILES[profile][1],
                     "calibration": PROFILES[profile][1], "budget": budget_dict}, defects, attributed)

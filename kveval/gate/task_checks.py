@@ -7,13 +7,14 @@ import math
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
 from kveval.analysis.sequential import final_look_alpha, look_alpha, samples_to_show_drop
+from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOTE
 
 
-def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool, unmatched: str | None,
-           error: str | None, pace: dict | None, t: Thresholds) -> None:
+def _tasks(out: _Collector, cell: str, result: schema.TaskCell | None, tasks_planned: bool, unmatched: str | None,
+           error: str | None, pace: schema.Pace | None, t: Thresholds) -> None:
     """Non-inferiority of paired task recovery; see the rules in gate/evaluate.py's docstring."""
     if not tasks_planned:
         out.reason(NOTE, cell, f"{cell}: long-context task accuracy not measured (tasks turned off); a PASS rests on "
@@ -23,14 +24,14 @@ def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool,
         out.reason(INCONCLUSIVE, cell, f"{cell}: the long-context tasks phase failed ({' '.join(error.split())[:200]})",
                    "fix the cause and run the same command again (finished cells are kept)", code="task_phase_failed")
         return
-    if result is None or not result.get("n"):
+    if result is None or not result.n:
         why = unmatched or f"no paired task sample (no started {BASELINE_KV} cell with task results at this length)"
         out.reason(INCONCLUSIVE, cell, f"{cell}: task accuracy not judged: {why}",
                    f"a started {BASELINE_KV} cell at the same max_model_len with task results", code="task_not_judged")
         return
-    n, b, c = int(result["n"]), int(result.get("b") or 0), int(result.get("c") or 0)
-    base_acc, rec, p = result.get("baseline_accuracy"), result.get("recovery"), result.get("mcnemar_p")
-    detail = (f"accuracy {_pct(result.get('cell_accuracy'))} vs {_pct(base_acc)} on {n} paired samples "
+    n, b, c = result.n, result.b, result.c
+    base_acc, rec, p = result.baseline_accuracy, result.recovery, result.mcnemar_p
+    detail = (f"accuracy {_pct(result.cell_accuracy)} vs {_pct(base_acc)} on {n} paired samples "
               f"({b} only {BASELINE_KV} right, {c} only this cell), McNemar p {_g(p)}")
     if rec is None or not base_acc:
         out.check("task_recovery", cell, None, t.task_noninferiority_margin, None, detail)
@@ -41,14 +42,14 @@ def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool,
         return
     # Rounds of task samples are judged at every round: each look tests at the alpha it may spend
     # (analysis/sequential.py); no design, or one final look: the fixed-sample test at t.alpha.
-    look = look_alpha(result.get("looks") or [n], result.get("n_max"), t.alpha, bool(result.get("final", True)))
+    look = look_alpha(result.looks or [n], result.n_max, t.alpha, result.final is not False)
     level = look.alpha
     # The bound of a recovery is never below 0; at a tiny alpha (an early look) the exact bound of b / n
     # nears 1 and the formula would go negative, which says nothing more than 0 does.
     bound = max(0.0, paired_recovery_bound(n, b, c, base_acc, level)) if level > 0 else 0.0
     detail += f", recovery {_pct(rec)}, {_confidence(level)} lower bound {_pct(bound)}"
     if look.sequential:
-        detail += (f"; look {look.number} of a sequential design over at most {result.get('n_max')} samples, "
+        detail += (f"; look {look.number} of a sequential design over at most {result.n_max} samples, "
                    f"alpha {_g(level)} of {t.alpha:g} spent here{' (the final look)' if look.final else ''}")
     if rec < t.task_recovery_min and p is not None and p < level:
         out.check("task_recovery", cell, rec, t.task_recovery_min, False, detail)
@@ -62,7 +63,7 @@ def _tasks(out: _Collector, cell: str, result: dict | None, tasks_planned: bool,
         out.reason(INCONCLUSIVE, cell,
                    f"{cell}: task accuracy not shown non-inferior: recovery {_pct(rec)}, lower bound {_pct(bound)} < "
                    f"margin {_pct(t.task_noninferiority_margin)} ({n} paired samples)",
-                   _more_samples_hint(n, b, c, base_acc, rec, look, result.get("n_max"), pace, t),
+                   _more_samples_hint(n, b, c, base_acc, rec, look, result.n_max, pace, t),
                    code="task_undecided")
 
 
@@ -73,7 +74,7 @@ def _confidence(level: float) -> str:
 
 
 def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look, n_max: int | None,
-                       pace: dict | None, t: Thresholds) -> str:
+                       pace: schema.Pace | None, t: Thresholds) -> str:
     """What would decide an undecided task comparison, never contradicting itself: a sample count when
     more samples could show non-inferiority (or a significant drop), else that the observed recovery
     at or under the margin is the finding."""
@@ -95,12 +96,12 @@ def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look
     hint = f"about {need:,} paired samples per cell (now {n})"
     if sequential:
         hint += f"; this run's rounds stopped short of them: --budget {need} gives a run that many"
-    per_point = (pace or {}).get("samples_per_unit")
+    per_point = pace.samples_per_unit if pace else None
     if per_point and not sequential:
         k = max(1, math.ceil(need / per_point))
         hint += f": --task-samples {k} ({per_point} samples per step)"
-    seconds = (pace or {}).get("seconds_per_sample")
+    seconds = pace.seconds_per_sample if pace else None
     if seconds:
-        minutes = need * seconds * max(1, (pace or {}).get("cells", 1)) / 60
+        minutes = need * seconds * max(1, pace.cells) / 60
         hint += f", roughly {minutes:.0f} min of task time at this run's pace"
     return hint

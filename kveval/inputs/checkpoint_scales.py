@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
 
 UNCALIBRATED_NOTE = "no KV scales in the checkpoint: vLLM runs the FP8 cache at scale 1.0"
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -45,36 +48,82 @@ def _read_json(path: Path, notes: list[str]) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+class _Fields(BaseModel):
+    """The few fields kveval reads of a checkpoint's quantization config, as the file gives them (any
+    value: vLLM, not kveval, decides what is valid); other keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @classmethod
+    def of(cls, value: Any) -> Optional["_Fields"]:
+        """The fields of a JSON object; None for anything else (a config without that part)."""
+        return cls.model_validate(value) if isinstance(value, dict) else None
+
+
+class _ConfigJson(_Fields):
+    """config.json: where the quantization config is (transformers' name, or compressed-tensors' older one)."""
+
+    quantization_config: Any = None
+    compression_config: Any = None
+
+
+class _QuantConfig(_Fields):
+    quant_method: Any = None
+    kv_cache_scheme: Any = None       # compressed-tensors: an object (_KvScheme); ModelOpt: a string
+    kv_cache_quant_algo: Any = None   # ModelOpt
+
+
+class _KvScheme(_Fields):
+    """compressed-tensors' kv_cache_scheme."""
+
+    type: Any = None
+    num_bits: Any = None
+    dynamic: Any = None
+    strategy: Any = None
+
+
+class _HfQuantConfig(_Fields):
+    """hf_quant_config.json (ModelOpt): the fields at the top or under `quantization`."""
+
+    quantization: Any = None
+    kv_cache_quant_algo: Any = None
+    kv_cache_scheme: Any = None
+
+
 def _kv_fp8(scheme) -> bool:
     """A kv_cache_scheme dict / kv_cache_quant_algo string that means an FP8 cache."""
-    if isinstance(scheme, dict):
-        return scheme.get("type") == "float" and scheme.get("num_bits") == 8
+    fields = _KvScheme.of(scheme)
+    if fields is not None:
+        return fields.type == "float" and fields.num_bits == 8
     return isinstance(scheme, str) and scheme.lower() in ("fp8", "fp8_e4m3")
 
 
 def _quant_facts(config: dict | None, hf_quant: dict | None) -> tuple[str | None, bool, bool, list[str]]:
     """(source, declares a KV scheme, vLLM resolves kv_cache_dtype auto to FP8, notes)."""
     notes: list[str] = []
-    quant = (config or {}).get("quantization_config") or (config or {}).get("compression_config")
-    if isinstance(quant, dict):
-        method = str(quant.get("quant_method") or "")
-        scheme = quant.get("kv_cache_scheme")
+    where = _ConfigJson.of(config) or _ConfigJson()
+    quant = _QuantConfig.of(where.quantization_config or where.compression_config)
+    if quant is not None:
+        method = str(quant.quant_method or "")
+        scheme = quant.kv_cache_scheme
         if method.startswith("modelopt"):
-            algo = scheme or quant.get("kv_cache_quant_algo")
+            algo = scheme or quant.kv_cache_quant_algo
             if algo:
                 # vLLM's resolve_kv_cache_dtype_string: ModelOpt KV quantisation makes `auto` FP8.
                 return "modelopt quantization_config", True, _kv_fp8(algo), notes
         elif scheme:
-            if isinstance(scheme, dict) and scheme.get("dynamic"):
+            details = _KvScheme.of(scheme)
+            if details is not None and details.dynamic:
                 notes.append("kv_cache_scheme is dynamic: scales are computed at run time, not read from the checkpoint")
-            if isinstance(scheme, dict) and scheme.get("strategy") == "attn_head":
+            if details is not None and details.strategy == "attn_head":
                 notes.append("kv_cache_scheme strategy attn_head: per-head scales")
             return f"{method or 'compressed-tensors'} kv_cache_scheme", True, False, notes
         elif method:
             return f"{method} quantization_config", False, False, notes
-    if isinstance(hf_quant, dict):
-        inner = hf_quant.get("quantization") if isinstance(hf_quant.get("quantization"), dict) else hf_quant
-        algo = inner.get("kv_cache_quant_algo") or inner.get("kv_cache_scheme")
+    hf = _HfQuantConfig.of(hf_quant)
+    if hf is not None:
+        inner = _HfQuantConfig.of(hf.quantization) or hf
+        algo = inner.kv_cache_quant_algo or inner.kv_cache_scheme
         if algo:
             return "modelopt hf_quant_config.json", True, _kv_fp8(algo), notes
         return "modelopt hf_quant_config.json (no KV quantisation)", False, False, notes

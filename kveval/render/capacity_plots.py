@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kveval.files import schema
 from kveval.render.plots import DPI, save_png
 
 
@@ -14,26 +15,26 @@ def _figure(width: float, height: float, panels: int):
     return fig, fig.subplots(1, panels, squeeze=False)[0]
 
 
-def capacity_plot(rows: list[dict], path: str | Path) -> Path | None:
+def capacity_plot(rows: list[schema.CapacityRow] | None, path: str | Path) -> Path | None:
     """KV pool tokens (log) per max_model_len: measured points and predicted lines per KV configuration;
     a cell that did not start is an open marker at its predicted pool. None when nothing was predicted."""
-    rows = [r for r in rows or [] if r.get("predicted_tokens")]
+    rows = [r for r in rows or [] if r.predicted_tokens]
     if not rows:
         return None
     fig, (ax,) = _figure(5.5, 3.4, 1)
-    for kv in dict.fromkeys(r["kv_cache_dtype"] for r in rows):
-        mine = sorted((r for r in rows if r["kv_cache_dtype"] == kv), key=lambda r: r["max_model_len"])
-        lengths = [r["max_model_len"] for r in mine]
-        line, = ax.plot(lengths, [r["predicted_tokens"] for r in mine], linestyle="--", linewidth=1, marker="x",
+    for kv in dict.fromkeys(r.kv_cache_dtype for r in rows):
+        mine = sorted((r for r in rows if r.kv_cache_dtype == kv), key=lambda r: r.max_model_len)
+        lengths = [r.max_model_len for r in mine]
+        line, = ax.plot(lengths, [r.predicted_tokens for r in mine], linestyle="--", linewidth=1, marker="x",
                         markersize=9, label=f"{kv} predicted")
-        measured = [(r["max_model_len"], r["measured_tokens"]) for r in mine if r.get("measured_tokens")]
+        measured = [(r.max_model_len, r.measured_tokens) for r in mine if r.measured_tokens]
         if measured:
             ax.plot(*zip(*measured), marker="o", linestyle="none", color=line.get_color(), label=f"{kv} measured")
-        failed = [(r["max_model_len"], r["predicted_tokens"]) for r in mine if not r.get("started")]
+        failed = [(r.max_model_len, r.predicted_tokens) for r in mine if not r.started]
         if failed:
             ax.plot(*zip(*failed), marker="o", markerfacecolor="none", linestyle="none", color=line.get_color(),
                     label=f"{kv} did not start")
-    lengths = sorted({r["max_model_len"] for r in rows})
+    lengths = sorted({r.max_model_len for r in rows})
     ax.plot(lengths, lengths, color="grey", linewidth=0.8, marker="_", markersize=14,
             label="one request of max_model_len")
     ax.set_xscale("log", base=2)
@@ -47,18 +48,18 @@ def capacity_plot(rows: list[dict], path: str | Path) -> Path | None:
     return save_png(fig, path)
 
 
-def throughput_plot(rows: list[dict], path: str | Path) -> Path | None:
+def throughput_plot(rows: list[schema.ThroughputRow] | None, path: str | Path) -> Path | None:
     """Output tokens/s and TTFT p50 against concurrency, one line per cell. None without a sweep."""
-    rows = [r for r in rows or [] if r.get("output_tok_s")]
+    rows = [r for r in rows or [] if r.output_tok_s]
     if not rows:
         return None
     fig, (speed, ttft) = _figure(8.5, 3.2, 2)
-    for cell in dict.fromkeys(r["cell"] for r in rows):
-        mine = sorted((r for r in rows if r["cell"] == cell), key=lambda r: r["concurrency"])
-        levels = [r["concurrency"] for r in mine]
-        speed.plot(levels, [r["output_tok_s"] for r in mine], marker="o", label=cell)
-        ttft.plot(levels, [r.get("ttft_ms_p50") for r in mine], marker="o", label=cell)
-    levels = sorted({r["concurrency"] for r in rows})
+    for cell in dict.fromkeys(r.cell for r in rows):
+        mine = sorted((r for r in rows if r.cell == cell), key=lambda r: r.concurrency)
+        levels = [r.concurrency for r in mine]
+        speed.plot(levels, [r.output_tok_s for r in mine], marker="o", label=cell)
+        ttft.plot(levels, [r.ttft_ms_p50 for r in mine], marker="o", label=cell)
+    levels = sorted({r.concurrency for r in rows})
     for ax, label in ((speed, "output tokens/s"), (ttft, "TTFT p50 (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(levels, [str(level) for level in levels])

@@ -5,59 +5,60 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kveval.files import schema
 from kveval.files.rundir import RunDir
 from kveval.render.markdown import fmt_int, fmt_pct, table
 
 
-def capacity_section(evidence: dict) -> str:
+def capacity_section(evidence: schema.Evidence) -> str:
     """Predicted next to measured pools, so a pool that departs from the model's own arithmetic is seen."""
-    rows = evidence.get("capacity_model")
+    rows = evidence.capacity_model
     if not rows:
         return ""  # runs that did not record the model's KV layout
-    predicted = [r for r in rows if r.get("predicted_tokens")]
+    predicted = [r for r in rows if r.predicted_tokens]
     out = ["## KV capacity: predicted vs measured", ""]
     if not predicted:
-        reasons = sorted({r["flag"] for r in rows if r.get("flag")})
+        reasons = sorted({r.flag for r in rows if r.flag})
         return "\n".join(out + [f"_Not predicted: {'; '.join(reasons) or 'no budget known'}._"])
-    sources = sorted({r["budget_source"] for r in predicted if r.get("budget_source")})
+    sources = sorted({r.budget_source for r in predicted if r.budget_source})
     out += ["Each pool predicted from the model's KV layout and the budget: bytes per token = layers × KV heads × "
             "head dim × 2 (K and V) × bytes per element (1 for FP8; layers kept in the model dtype cost their full "
             "bytes), pool = ⌊budget ÷ (block size × bytes per token)⌋ × block size, as vLLM allocates whole blocks. "
             f"Budget: {', '.join(sources)}. A measured pool more than 3 % off the prediction is flagged.", ""]
-    if any(r.get("layout_model") == "hybrid" for r in rows):
+    if any(r.layout_model == "hybrid" for r in rows):
         out[-1:] = [" Sliding-window layers follow vLLM's hybrid allocator: layers form groups that share one block's "
                     "tensors; a request takes ⌈L ÷ block⌉ blocks in each full-attention group and "
                     "⌈min(window − 1 + batched tokens, L) ÷ block⌉ + 1 in each sliding group; the pool is "
                     "blocks ÷ blocks per request × L tokens, as vLLM reports it.", ""]
     view = pd.DataFrame({
-        "cell": [r["cell"] for r in rows],
-        "bytes per token": [fmt_int(r.get("bytes_per_token")) for r in rows],
-        "budget": [_mib(r.get("budget_bytes")) for r in rows],
-        "predicted tokens": [fmt_int(r.get("predicted_tokens")) for r in rows],
-        "measured tokens": [fmt_int(r.get("measured_tokens")) if r.get("started") else "did not start" for r in rows],
-        "Δ": [fmt_pct(100 * r["deviation"]) if r.get("deviation") is not None else "" for r in rows],
-        "longest max_model_len it holds": [fmt_int(r.get("predicted_max_model_len")) for r in rows],
+        "cell": [r.cell for r in rows],
+        "bytes per token": [fmt_int(r.bytes_per_token) for r in rows],
+        "budget": [_mib(r.budget_bytes) for r in rows],
+        "predicted tokens": [fmt_int(r.predicted_tokens) for r in rows],
+        "measured tokens": [fmt_int(r.measured_tokens) if r.started else "did not start" for r in rows],
+        "Δ": [fmt_pct(100 * r.deviation) if r.deviation is not None else "" for r in rows],
+        "longest max_model_len it holds": [fmt_int(r.predicted_max_model_len) for r in rows],
     })
     out.append(table(view))
-    flagged = [r for r in rows if r.get("flag") and r.get("predicted_tokens")]
+    flagged = [r for r in rows if r.flag and r.predicted_tokens]
     if flagged:
-        out += ["", *(f"- **{r['cell']}**: {fmt_pct(100 * r['deviation'])} — {r['flag']}." for r in flagged)]
+        out += ["", *(f"- **{r.cell}**: {fmt_pct(100 * r.deviation)} — {r.flag}." for r in flagged)]
     out += ["", *_pool_ratio_lines(rows),
             "", f"![KV pool per max_model_len, measured and predicted]({RunDir.CAPACITY_PLOT})"]
     return "\n".join(out)
 
 
-def _pool_ratio_lines(rows: list[dict]) -> list[str]:
+def _pool_ratio_lines(rows: list[schema.CapacityRow]) -> list[str]:
     """What the FP8 / baseline pool ratio is at each length, and why it is what it is."""
-    pairs = [r for r in rows if r.get("measured_ratio") or r.get("predicted_ratio")]
+    pairs = [r for r in rows if r.measured_ratio or r.predicted_ratio]
     lines = []
     if pairs:
         lines += ["Pool against the baseline at the same max_model_len:", ""]
-        for r in sorted(pairs, key=lambda r: (r["max_model_len"], r["cell"])):
-            measured = (f"measured {r['measured_ratio']:.2f}×" if r.get("measured_ratio")
+        for r in sorted(pairs, key=lambda r: (r.max_model_len, r.cell)):
+            measured = (f"measured {r.measured_ratio:.2f}×" if r.measured_ratio
                         else "not measured (a cell did not start)")
-            predicted = f"predicted {r['predicted_ratio']:.2f}×" if r.get("predicted_ratio") else "not predicted"
-            lines.append(f"- {r['cell']}: {measured}, {predicted}")
+            predicted = f"predicted {r.predicted_ratio:.2f}×" if r.predicted_ratio else "not predicted"
+            lines.append(f"- {r.cell}: {measured}, {predicted}")
         lines.append("")
     lines.append(
         "Why the ratio is what it is: on one budget every cached token of every layer costs half as much in FP8, "

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
-from kveval.analysis.degeneration import DETECTORS, FINDING_COLUMNS, INFORMATIONAL_DETECTORS
-from kveval.render.markdown import fmt_int, fmt_share, shorten, table
+from kveval.analysis.degeneration import FINDING_COLUMNS, INFORMATIONAL_DETECTORS
+from kveval.files import schema
+from kveval.render.markdown import fmt_int, fmt_share, rows_frame, shorten, table
 
 MAX_FINDING_ROWS = 30
 
@@ -38,37 +39,37 @@ def _already_section(old: pd.DataFrame, nothing_new: bool) -> str:
             "same prompt shows too (not counted against the cell), as outputs per detector:\n\n" + _already_table(old))
 
 
-def _degeneration_cells_table(cells: dict) -> str:
+def _degeneration_cells_table(cells: dict[str, schema.DegenerationCell]) -> str:
     rows = []
     for cell, entry in cells.items():
-        fired = ", ".join(f"{d} {n}" for d, n in entry["detectors"].items() if n and d not in INFORMATIONAL_DETECTORS)
-        rows.append({"cell": cell, "outputs": fmt_int(entry["outputs"]),
-                     "with findings": fmt_int(entry["outputs_with_findings"]),
-                     f"new vs {BASELINE_KV}": "—" if entry["kv_cache_dtype"] == BASELINE_KV else
-                     "not judged: no baseline" if entry.get("judged_outputs") == 0 else fmt_int(entry["new_degenerate"]),
+        fired = ", ".join(f"{d} {n}" for d, n in entry.detectors.items() if n and d not in INFORMATIONAL_DETECTORS)
+        rows.append({"cell": cell, "outputs": fmt_int(entry.outputs),
+                     "with findings": fmt_int(entry.outputs_with_findings),
+                     f"new vs {BASELINE_KV}": "—" if entry.kv_cache_dtype == BASELINE_KV else
+                     "not judged: no baseline" if entry.judged_outputs == 0 else fmt_int(entry.new_degenerate),
                      "findings by detector": fired or "none",
-                     "stopped at the token limit": fmt_share(entry["token_limit_rate"])})
+                     "stopped at the token limit": fmt_share(entry.token_limit_rate)})
     return table(pd.DataFrame(rows))
 
 
-def degeneration_section(evidence: dict) -> str:
-    degeneration = evidence["degeneration"]
-    findings = pd.DataFrame(degeneration["findings"], columns=FINDING_COLUMNS)
+def degeneration_section(evidence: schema.Evidence) -> str:
+    degeneration = evidence.degeneration
+    findings = rows_frame(degeneration.findings, columns=FINDING_COLUMNS)
     failing = findings[~findings.detector.isin(INFORMATIONAL_DETECTORS)]
     judged = failing[failing.new_vs_baseline.notna()]
     new = judged[judged.new_vs_baseline.astype(bool)]
     old = judged[~judged.new_vs_baseline.astype(bool)]
     unjudged = failing[failing.new_vs_baseline.isna()]
     # The detectors of the run that made the evidence: a re-render names what was scanned then.
-    detectors = ", ".join(d for d in degeneration.get("detectors", DETECTORS) if d not in INFORMATIONAL_DETECTORS)
+    detectors = ", ".join(d for d in degeneration.detectors if d not in INFORMATIONAL_DETECTORS)
     out = ["## Degeneration", "",
            f"Every accepted output is scanned by: {detectors} (hit_token_limit is informational). A finding counts "
            f"against a cell only when the `{BASELINE_KV}` output for the same prompt does not show the same detector.",
            "", f"### New in non-`{BASELINE_KV}` cells", ""]
-    if not degeneration["cells"]:
+    if not degeneration.cells:
         out.append("_No started cell produced an output to scan._")
         return "\n".join(out)
-    scanned = any(e["outputs"] for e in degeneration["cells"].values() if e["kv_cache_dtype"] != BASELINE_KV)
+    scanned = any(e.outputs for e in degeneration.cells.values() if e.kv_cache_dtype != BASELINE_KV)
     out.append(_new_findings_table(new) if not new.empty else
                f"Nothing new: no detector fired on a non-`{BASELINE_KV}` output that the `{BASELINE_KV}` output for "
                "the same prompt does not also show." if scanned else
@@ -78,5 +79,5 @@ def degeneration_section(evidence: dict) -> str:
         out += ["", f"Not judged (no `{BASELINE_KV}` output for the same prompt, so nothing says whether it is new): "
                 + ", ".join(f"{cell} {n} output{'s' if n != 1 else ''}" for cell, n in counts.items()) + "."]
     out += ["", "### Already in the baseline", "", _already_section(old, nothing_new=new.empty)]
-    out += ["", "### Per cell", "", _degeneration_cells_table(degeneration["cells"])]
+    out += ["", "### Per cell", "", _degeneration_cells_table(degeneration.cells)]
     return "\n".join(out)

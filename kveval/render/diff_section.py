@@ -8,9 +8,11 @@ import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
-from kveval.render.markdown import escape_cell, fmt_float, fmt_int, fmt_share, table
+from kveval.files import schema
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, fmt_share, rows_frame, table
 
 MAX_EXAMPLES = 24
+_NO_EXCERPT = schema.DiffExcerpt(char_offset=None, before=None, candidate=None, reference=None)
 
 
 def _diff_view(summary: pd.DataFrame) -> pd.DataFrame:
@@ -34,17 +36,17 @@ def _identical_sentence(pairs: pd.DataFrame) -> str:
     return sentence
 
 
-def diff_section(evidence: dict) -> str:
-    summary = pd.DataFrame(evidence["diff"]["summary"], columns=SUMMARY_COLUMNS)
-    pairs = pd.DataFrame(evidence["diff"]["pairs"], columns=PAIR_COLUMNS)
+def diff_section(evidence: schema.Evidence) -> str:
+    summary = rows_frame(evidence.diff.summary, columns=SUMMARY_COLUMNS)
+    pairs = rows_frame(evidence.diff.pairs, columns=PAIR_COLUMNS)
     out = [f"## Output diff vs `{BASELINE_KV}`", "",
            f"Greedy outputs compared token by token with the `{BASELINE_KV}` cell at the same max_model_len. "
            "Similarity: character-level ratio of the two texts (1 = same text); length ratio: output tokens / "
            "reference output tokens; earliest divergent token: the first differing token index in the workload."]
     kv = summary[summary.comparison == "kv"]
     compared = set(kv.cell)
-    unjudged = [name for name, cell in (evidence.get("cells") or {}).items()
-                if cell.get("started") and cell.get("kv_cache_dtype") != BASELINE_KV and name not in compared]
+    unjudged = [name for name, cell in evidence.cells.items()
+                if cell.started and cell.kv_cache_dtype != BASELINE_KV and name not in compared]
     if unjudged:
         out += ["", "Not judged (no started `auto` cell at the same max_model_len): " + ", ".join(unjudged) + "."]
     if kv.empty:
@@ -64,28 +66,28 @@ def diff_section(evidence: dict) -> str:
     return "\n".join(out)
 
 
-def _excerpt_rows(example: dict) -> pd.DataFrame:
-    excerpt = example.get("excerpt") or {}
-    before = excerpt.get("before") or ""
-    lead = "…" if (excerpt.get("char_offset") or 0) > len(before) else ""
+def _excerpt_rows(example: schema.DiffExample) -> pd.DataFrame:
+    excerpt = example.excerpt or _NO_EXCERPT
+    before = excerpt.before or ""
+    lead = "…" if (excerpt.char_offset or 0) > len(before) else ""
     column = "text around the divergence (▸ marks where the outputs part)"
     return pd.DataFrame([
-        {"cell": example["reference"], column: f"{lead}{before} ▸ {excerpt.get('reference') or '(ends)'}"},
-        {"cell": example["cell"], column: f"{lead}{before} ▸ {excerpt.get('candidate') or '(ends)'}"},
+        {"cell": example.reference, column: f"{lead}{before} ▸ {excerpt.reference or '(ends)'}"},
+        {"cell": example.cell, column: f"{lead}{before} ▸ {excerpt.candidate or '(ends)'}"},
     ])
 
 
-def diff_examples_section(evidence: dict) -> str:
-    examples = [e for e in evidence["diff"]["examples"] if e.get("comparison") == "kv"]
+def diff_examples_section(evidence: schema.Evidence) -> str:
+    examples = [e for e in evidence.diff.examples if e.comparison == "kv"]
     if not examples:
         return ""
     out = [f"### First diverging output per workload and cell (vs `{BASELINE_KV}`)"]
     for example in examples[:MAX_EXAMPLES]:
-        excerpt = example.get("excerpt") or {}
-        out += ["", f"**{escape_cell(example['workload'], None)} · {example['cell']} vs {example['reference']}** — "
-                    f"prompt {escape_cell(example['prompt'], None)}, first differing token "
-                    f"{fmt_int(example.get('first_divergent_token'))}, character {fmt_int(excerpt.get('char_offset'))}, "
-                    f"similarity {fmt_float(example.get('similarity'), 3)}",
+        excerpt = example.excerpt or _NO_EXCERPT
+        out += ["", f"**{escape_cell(example.workload, None)} · {example.cell} vs {example.reference}** — "
+                    f"prompt {escape_cell(example.prompt, None)}, first differing token "
+                    f"{fmt_int(example.first_divergent_token)}, character {fmt_int(excerpt.char_offset)}, "
+                    f"similarity {fmt_float(example.similarity, 3)}",
                 "", table(_excerpt_rows(example), untrusted=tuple(_excerpt_rows(example).columns))]
     if len(examples) > MAX_EXAMPLES:
         out += ["", f"_{len(examples) - MAX_EXAMPLES} more in `tables/diff_examples.csv`._"]

@@ -7,43 +7,44 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kveval.files import schema
 from kveval.render.plots import DPI, save_png
 
 NOISE_KINDS = ("noise_batch", "noise_length")
 
 
-def kl_position_plot(divergence: dict, path: str | Path) -> Path | None:
+def kl_position_plot(divergence: schema.Divergence | None, path: str | Path) -> Path | None:
     """Mean KL (solid) and p99 (dotted), and top-1 agreement, per position bucket.
     None when no KV comparison has position buckets (a noise-only run has nothing to show)."""
-    comparisons = [c for c in (divergence or {}).get("comparisons") or [] if c.get("buckets")]
-    if not any(c.get("kind") not in NOISE_KINDS for c in comparisons):
+    comparisons = [c for c in (divergence.comparisons if divergence else []) if c.buckets]
+    if not any(c.kind not in NOISE_KINDS for c in comparisons):
         return None
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8.5, 3.2), dpi=DPI, layout="constrained")
     kl_ax, top1_ax = fig.subplots(1, 2)
     # Buckets are the same edges in every comparison: one categorical x axis, ordered by position.
-    labels = sorted({b["bucket"]: b["start"] for c in comparisons for b in c["buckets"]}.items(), key=lambda kv: kv[1])
+    labels = sorted({b.bucket: b.start for c in comparisons for b in c.buckets}.items(), key=lambda kv: kv[1])
     where = {label: i for i, (label, _) in enumerate(labels)}
     noise_labelled = False
     for comp in comparisons:
-        noise = comp.get("kind") in NOISE_KINDS
-        buckets = [b for b in comp["buckets"] if b.get("n")]
-        x = [where[b["bucket"]] for b in buckets]
+        noise = comp.kind in NOISE_KINDS
+        buckets = [b for b in comp.buckets if b.n]
+        x = [where[b.bucket] for b in buckets]
         if noise:
             style = {"color": "grey", "alpha": 0.6, "linewidth": 0.8,
-                     "label": None if noise_labelled else f"noise ({comp['reference'].split('-')[0]} vs itself)"}
+                     "label": None if noise_labelled else f"noise ({comp.reference.split('-')[0]} vs itself)"}
             noise_labelled = True
         else:
-            style = {"label": f"{comp['cell']} vs {comp['reference']}"}
+            style = {"label": f"{comp.cell} vs {comp.reference}"}
         # A log axis cannot show KL 0 (identical distributions): those points are left out.
-        mean = [(i, b["kl_mean"]) for i, b in zip(x, buckets) if b.get("kl_mean")]
+        mean = [(i, b.kl_mean) for i, b in zip(x, buckets) if b.kl_mean]
         line, = kl_ax.plot(*zip(*mean), marker="o", markersize=3, **style) if mean else kl_ax.plot([], [], **style)
         if not noise:
-            p99 = [(i, b["kl_p99"]) for i, b in zip(x, buckets) if b.get("kl_p99")]
+            p99 = [(i, b.kl_p99) for i, b in zip(x, buckets) if b.kl_p99]
             if p99:
                 kl_ax.plot(*zip(*p99), linestyle=":", color=line.get_color())
-        top1_ax.plot(x, [b["top1_agreement"] for b in buckets], marker="o", markersize=3,
+        top1_ax.plot(x, [b.top1_agreement for b in buckets], marker="o", markersize=3,
                      **{k: v for k, v in style.items() if k != "label"}, **({} if noise else {"color": line.get_color()}))
     kl_ax.set_yscale("log")
     kl_ax.set_ylabel("KL nats: mean (solid), p99 (dotted)", fontsize=8)

@@ -16,42 +16,41 @@ def _lengths(values: list[int]) -> str:
     return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
 
 
-def _pool_ratio(pools: list[dict], spec: str, lengths: list[int]) -> tuple[float | None, bool]:
+def _pool_ratio(pools: list[schema.PoolRow], spec: str, lengths: list[int]) -> tuple[float | None, bool]:
     """Smallest pool ratio spec / auto over `lengths` (measured, else from vLLM's estimate)."""
     ratios, estimated = [], False
     for row in pools:
-        if row.get("kv_cache_dtype") == spec and row.get("max_model_len") in lengths:
-            ratio = row.get("ratio")
-            if ratio is None and row.get("fallback_ratio") is not None:
-                ratio, estimated = row["fallback_ratio"], True
+        if row.kv_cache_dtype == spec and row.max_model_len in lengths:
+            ratio = row.ratio
+            if ratio is None and row.fallback_ratio is not None:
+                ratio, estimated = row.fallback_ratio, True
             if ratio is not None:
                 ratios.append(ratio)
     return (min(ratios) if ratios else None), estimated
 
 
-def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: dict) -> str | None:
+def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence) -> str | None:
     """The passing spec that holds the most KV (largest pool ratio to `auto`), if any passes."""
     passing = [kv for kv, statuses in by_spec.items() if statuses.get(PASS)]
     if not passing:
         return None
-    ratio = lambda kv: _pool_ratio(evidence.get("pools") or [], kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
+    ratio = lambda kv: _pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
     return max(passing, key=lambda kv: (ratio(kv), -len(stored_spec(kv).keep)))
 
 
-def _specs_by_status(verdict, evidence: dict) -> dict[str, dict[str, list[int]]]:
-    cells = evidence.get("cells") or {}
+def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, list[int]]]:
+    """Per tested KV configuration: status -> the max_model_len values where its cells got it."""
     by_spec: dict[str, dict[str, list[int]]] = {}
     for name, status in verdict.cells.items():
-        facts = cells.get(name) or {}
-        kv = facts.get("kv_cache_dtype")
+        facts = evidence.cells.get(name)
+        kv = facts.kv_cache_dtype if facts else None
         if kv and kv != BASELINE_KV:
-            by_spec.setdefault(kv, {}).setdefault(status, []).append(int(facts.get("max_model_len") or 0))
+            by_spec.setdefault(kv, {}).setdefault(status, []).append(int(facts.max_model_len or 0))
     return by_spec
 
 
-def deploy_line(verdict, evidence: dict) -> str | None:
+def deploy_line(verdict, evidence: schema.Evidence) -> str | None:
     """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV."""
-    evidence = schema.plain(evidence)  # transitional (issue 17)
     spec = _deployable(_specs_by_status(verdict, evidence), evidence)
     if spec is None:
         return None
@@ -59,24 +58,16 @@ def deploy_line(verdict, evidence: dict) -> str | None:
     return f"Deploy (passes at {lengths}): `vllm serve MODEL {stored_spec(spec).vllm_flags()}{_backend_flag(spec, evidence)}`"
 
 
-def _backend_flag(spec: str, evidence: dict) -> str:
+def _backend_flag(spec: str, evidence: schema.Evidence) -> str:
     """The attention backend the spec's cells ran on when it was not the default (worker/engine.py
     moves cells with kept layers off FlashAttention on a GPU): what passed is what is deployed."""
-    backends = sorted({str(facts["attention_backend_flag"]) for facts in (evidence.get("cells") or {}).values()
-                       if facts.get("kv_cache_dtype") == spec and facts.get("attention_backend_flag")})
+    backends = sorted({str(facts.attention_backend_flag) for facts in evidence.cells.values()
+                       if facts.kv_cache_dtype == spec and facts.attention_backend_flag})
     return f" --attention-backend {backends[0]}" if len(backends) == 1 else ""
 
 
-def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> str:
-    evidence = schema.plain(evidence)  # transitional (issue 17)
-    cells = evidence.get("cells") or {}
-    by_spec: dict[str, dict[str, list[int]]] = {}
-    for name, status in verdict.cells.items():
-        facts = cells.get(name) or {}
-        kv = facts.get("kv_cache_dtype")
-        if not kv or kv == BASELINE_KV:
-            continue
-        by_spec.setdefault(kv, {}).setdefault(status, []).append(int(facts.get("max_model_len") or 0))
+def headline(verdict, evidence: schema.Evidence, model_dtype: str = "the model dtype") -> str:
+    by_spec = _specs_by_status(verdict, evidence)
     if not by_spec:
         return f"Nothing was judged: no tested cell besides `{BASELINE_KV}`."
     sentences = []
@@ -86,7 +77,7 @@ def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> s
                  if statuses.get(s)]
         sentence = f"{spec.label(model_dtype)} " + ", ".join(parts)
         if statuses.get(PASS):
-            ratio, estimated = _pool_ratio(evidence.get("pools") or [], kv, statuses[PASS])
+            ratio, estimated = _pool_ratio(evidence.pools, kv, statuses[PASS])
             if ratio is not None:
                 sentence += (f" and holds {'at least ' if len(statuses[PASS]) > 1 else ''}{ratio:.2g}× the "
                              f"`{BASELINE_KV}` pool" + (" (from vLLM's estimate)" if estimated else ""))
@@ -102,7 +93,7 @@ def headline(verdict, evidence: dict, model_dtype: str = "the model dtype") -> s
     judged = {s for s in statuses if s != NOT_STARTED}
     if not _deployable(by_spec, evidence) and judged == {FAIL} and len(by_spec) > 1 and not defects:
         text += " Nothing tried passes."
-    for note in (evidence.get("remedy") or {}).get("notes", []):
+    for note in (evidence.remedy.notes if evidence.remedy else []):
         if note.startswith("No remedy"):
             text += f" {note}."
     return text

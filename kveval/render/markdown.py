@@ -5,6 +5,8 @@ import math
 
 import pandas as pd
 
+from kveval.files import schema
+
 _ESCAPES = {"|": "\\|", "`": "\\`", "<": "&lt;", ">": "&gt;", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]",
             "#": "\\#"}
 
@@ -58,6 +60,12 @@ def fmt_pct(value, digits: int = 1) -> str:
 def _plain(value) -> str:
     """Our own labels: keep markdown (bold, code) but never let a value break the table row."""
     return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def rows_frame(rows, columns: list[str] | None = None) -> pd.DataFrame:
+    """A pandas table of typed evidence rows (schema models), one column per key as results.json
+    stores them (a key an older kveval did not write is no column, as in the stored file)."""
+    return pd.DataFrame([schema.dump(row) for row in rows or []], columns=columns)
 
 
 def table(frame: pd.DataFrame, untrusted: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> str:

@@ -27,37 +27,50 @@ DIVERGENCE_COLUMNS = ["kind", "cell", "reference", "same_length", "bucket", "sta
 
 # --- tables --------------------------------------------------------------------------------------
 
-def divergence_rows(divergence: dict) -> list[dict]:
+def divergence_rows(divergence: schema.Divergence) -> list[dict]:
     """One row per comparison over all positions (bucket "all"), then one per position bucket."""
     rows = []
-    for comp in divergence.get("comparisons", []):
-        head = {"kind": comp["kind"], "cell": comp["cell"], "reference": comp["reference"],
-                "same_length": comp.get("same_length")}
-        rows.append({**head, "bucket": "all", "start": None, "end": None,
-                     **{k: comp["summary"].get(k) for k in SUMMARY_FIGURES}})
-        for bucket in comp.get("buckets", []):
-            rows.append({**head, "bucket": bucket["bucket"], "start": bucket.get("start"), "end": bucket.get("end"),
-                         **{k: bucket.get(k) for k in SUMMARY_FIGURES}})
+    for comp in divergence.comparisons:
+        head = {"kind": comp.kind, "cell": comp.cell, "reference": comp.reference, "same_length": comp.same_length}
+        rows.append({**head, "bucket": "all", "start": None, "end": None, **_summary_figures(comp.summary)})
+        for bucket in comp.buckets:
+            rows.append({**head, "bucket": bucket.bucket, "start": bucket.start, "end": bucket.end,
+                         **_summary_figures(bucket)})
     return rows
+
+
+def _summary_figures(summary: schema.DivergenceSummary) -> dict:
+    """The SUMMARY_FIGURES columns of one summary (each a field of schema.DivergenceSummary)."""
+    return {name: getattr(summary, name) for name in SUMMARY_FIGURES}
 
 
 EXCERPT_FIELDS = ["excerpt_char_offset", "excerpt_before", "excerpt_candidate", "excerpt_reference"]
 
 
-def _flat_excerpts(rows: list[dict], columns: list[str]) -> pd.DataFrame:
-    """Diff rows with their `excerpt` dict spread into excerpt_* columns (CSV has no nesting)."""
+def _flat_excerpts(rows: list[schema.DiffPair] | list[schema.DiffExample], columns: list[str]) -> pd.DataFrame:
+    """Diff rows with their `excerpt` spread into excerpt_* columns (CSV has no nesting)."""
     flat = []
     for row in rows:
-        excerpt = row.get("excerpt") or {}
-        flat.append({**{k: v for k, v in row.items() if k != "excerpt"},
-                     **{name: excerpt.get(name[len("excerpt_"):]) for name in EXCERPT_FIELDS}})
-    return pd.DataFrame(flat, columns=[c for c in columns if c != "excerpt"] + EXCERPT_FIELDS)
+        excerpt = row.excerpt
+        flat.append({**{k: v for k, v in schema.dump(row).items() if k != "excerpt"},
+                     "excerpt_char_offset": excerpt.char_offset if excerpt else None,
+                     "excerpt_before": excerpt.before if excerpt else None,
+                     "excerpt_candidate": excerpt.candidate if excerpt else None,
+                     "excerpt_reference": excerpt.reference if excerpt else None})
+    return pd.DataFrame(flat, columns=[c for c in columns if c != "excerpt"] + EXCERPT_FIELDS, dtype=object)
 
 
 def _frame(rows: list[dict], columns: list[str] | None = None) -> pd.DataFrame:
+    """Columns keep each value's own type (dtype object): a count stays 1792 in the CSV where a column
+    with a missing value would make pandas write 1792.0."""
     if columns is None and rows:
         columns = list(dict.fromkeys(key for row in rows for key in row))
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=columns, dtype=object)
+
+
+def _rows(models) -> list[dict]:
+    """Typed evidence rows as results.json stores them (the CSV has the same columns)."""
+    return [schema.dump(model) for model in models or []]
 
 
 def _task_sample_frame(rows: list[dict]) -> pd.DataFrame:
@@ -69,31 +82,31 @@ def _task_sample_frame(rows: list[dict]) -> pd.DataFrame:
     return frame
 
 
-def evidence_tables(evidence: schema.Evidence | dict, verdict=None) -> dict[str, pd.DataFrame]:
+def evidence_tables(evidence: schema.Evidence, verdict=None) -> dict[str, pd.DataFrame]:
     """name -> table, one CSV each under tables/."""
-    evidence = schema.plain(evidence)  # transitional (issue 17)
-    tasks = evidence.get("tasks") or {}
-    degeneration = evidence.get("degeneration") or {}
-    summary_rows = [{"cell": cell, **{k: v for k, v in entry.items() if k != "detectors"}, **entry.get("detectors", {})}
-                    for cell, entry in (degeneration.get("cells") or {}).items()]
+    tasks = evidence.tasks if isinstance(evidence.tasks, schema.TaskEvidence) else None   # {}: no cell ran tasks
+    degeneration = evidence.degeneration
+    summary_rows = [{"cell": cell, **{k: v for k, v in schema.dump(entry).items() if k != "detectors"}, **entry.detectors}
+                    for cell, entry in degeneration.cells.items()]
+    findings = degeneration.findings
     tables = {
-        "diff_pairs": _flat_excerpts(evidence["diff"]["pairs"], PAIR_COLUMNS),
-        "diff_summary": _frame(evidence["diff"]["summary"], SUMMARY_COLUMNS),
-        "diff_examples": _flat_excerpts(evidence["diff"]["examples"], EXAMPLE_COLUMNS),
+        "diff_pairs": _flat_excerpts(evidence.diff.pairs, PAIR_COLUMNS),
+        "diff_summary": _frame(_rows(evidence.diff.summary), SUMMARY_COLUMNS),
+        "diff_examples": _flat_excerpts(evidence.diff.examples, EXAMPLE_COLUMNS),
         # Evidence from before the baseline's excerpt was kept writes the table it always wrote.
-        "degeneration_findings": _frame(degeneration.get("findings", []), [
+        "degeneration_findings": _frame(_rows(findings), [
             c for c in FINDING_COLUMNS if c not in ("baseline_excerpt", "late")
-            or any(c in row for row in degeneration.get("findings", []))]),
+            or any(c in row.model_fields_set for row in findings)]),
         "degeneration_summary": _frame(summary_rows),
-        "divergence": _frame(divergence_rows(evidence.get("divergence") or {}), DIVERGENCE_COLUMNS),
-        "startup": _frame(evidence.get("startup", [])),
-        "speed": _frame(evidence.get("speed", [])),
-        "throughput": _frame(evidence.get("throughput") or []),
-        "capacity_model": _frame(evidence.get("capacity_model") or []),
-        "task_samples": _task_sample_frame(tasks.get("sample_rows") or []),
-        "task_accuracy": _frame(tasks.get("accuracy") or [], ACCURACY_COLUMNS),
-        "task_comparisons": _frame(tasks.get("comparisons") or [], COMPARISON_COLUMNS),
-        "task_grid": _frame(tasks.get("grid") or [], GRID_COLUMNS),
+        "divergence": _frame(divergence_rows(evidence.divergence), DIVERGENCE_COLUMNS),
+        "startup": _frame(_rows(evidence.startup)),
+        "speed": _frame(_rows(evidence.speed)),
+        "throughput": _frame(_rows(evidence.throughput)),
+        "capacity_model": _frame(_rows(evidence.capacity_model)),
+        "task_samples": _task_sample_frame(_rows(tasks.sample_rows if tasks else [])),
+        "task_accuracy": _frame(_rows(tasks.accuracy if tasks else []), ACCURACY_COLUMNS),
+        "task_comparisons": _frame(_rows(tasks.comparisons if tasks else []), COMPARISON_COLUMNS),
+        "task_grid": _frame(_rows(tasks.grid if tasks else []), GRID_COLUMNS),
     }
     if verdict is not None:
         tables["checks"] = _frame(verdict.to_dict()["checks"], ["name", "cell", "value", "limit", "passed", "detail"])
@@ -102,37 +115,36 @@ def evidence_tables(evidence: schema.Evidence | dict, verdict=None) -> dict[str,
 
 # --- writing -------------------------------------------------------------------------------------
 
-def results_document(evidence: schema.Evidence | dict, verdict, manifest: dict | None = None) -> dict:
-    manifest, evidence = manifest or {}, schema.plain(evidence)
+def results_document(evidence: schema.Evidence, verdict, manifest: dict | None = None) -> dict:
+    manifest = manifest or {}
     return json_safe({
         "schema_version": schema.RESULTS_VERSION,
         "kveval_version": __version__,
         "model": (manifest.get("model") or {}).get("name"),
         "command": manifest.get("command"),
         "verdict": verdict.to_dict() if verdict is not None else None,
-        "evidence": evidence,
+        "evidence": schema.dump(evidence),
     })
 
 
-def write_results(run_dir: RunDir | str | Path, evidence: schema.Evidence | dict, verdict,
+def write_results(run_dir: RunDir | str | Path, evidence: schema.Evidence, verdict,
                   manifest: dict | None = None) -> Path:
     """RUN_DIR/results.json (every figure, the verdict and its checks), RUN_DIR/tables/*.csv and
     RUN_DIR/tasks_heatmap.png (only when tasks have a depth × length grid; a stale one is removed)."""
-    evidence = schema.plain(evidence)  # transitional (issue 17)
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     for name, frame in evidence_tables(evidence, verdict).items():
         write_text_atomic(run_dir.table_path(name), frame.to_csv(index=False))
     heatmap = run_dir.task_heatmap_path
-    grid = (evidence.get("tasks") or {}).get("grid") or []
-    if not (grid and task_heatmap(grid, heatmap, evidence.get("baseline_kv") or BASELINE_KV)):
+    grid = evidence.tasks.grid if isinstance(evidence.tasks, schema.TaskEvidence) else []
+    if not (grid and task_heatmap(grid, heatmap, evidence.baseline_kv or BASELINE_KV)):
         heatmap.unlink(missing_ok=True)
     plot = run_dir.kv_range_plot_path
-    diagnoses = [d for d in (evidence.get("diagnosis") or {}).values() if not d.get("error")]
+    diagnoses = [d for d in evidence.diagnosis.values() if not d.error]
     if not (diagnoses and kv_range_plot(diagnoses[0], plot)):
         plot.unlink(missing_ok=True)
-    for name, draw, rows in ((RunDir.CAPACITY_PLOT, capacity_plot, evidence.get("capacity_model")),
-                             (RunDir.THROUGHPUT_PLOT, throughput_plot, evidence.get("throughput")),
-                             (RunDir.KL_POSITION_PLOT, kl_position_plot, evidence.get("divergence"))):
+    for name, draw, rows in ((RunDir.CAPACITY_PLOT, capacity_plot, evidence.capacity_model),
+                             (RunDir.THROUGHPUT_PLOT, throughput_plot, evidence.throughput),
+                             (RunDir.KL_POSITION_PLOT, kl_position_plot, evidence.divergence)):
         figure = run_dir.path / name
         if not (rows and draw(rows, figure)):
             figure.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ import io
 import math
 from pathlib import Path
 
+from kveval.files import schema
 from kveval.files.rundir import write_bytes_atomic
 
 DPI = 90
@@ -52,13 +53,13 @@ def _png(fig) -> bytes:
     return out.getvalue()
 
 
-def task_heatmap(grid_rows, path: str | Path, baseline_kv: str = "auto") -> Path | None:
+def task_heatmap(grid_rows: list[schema.TaskGridRow], path: str | Path, baseline_kv: str = "auto") -> Path | None:
     """Accuracy per needle depth (y) × prompt length in tokens (x), one panel per cell: a row of
     panels per max_model_len with the baseline cell first. Each square shows the accuracy and n;
     a square whose samples were all rejected is grey. None (nothing written) when there is no row."""
     import pandas as pd
 
-    frame = pd.DataFrame(list(grid_rows) if not isinstance(grid_rows, pd.DataFrame) else grid_rows)
+    frame = pd.DataFrame([schema.dump(row) for row in grid_rows or []])
     if frame.empty or not {"cell", "depth", "target_tokens"} <= set(frame.columns):
         return None
     frame = frame[frame["depth"].notna() & frame["target_tokens"].notna()]

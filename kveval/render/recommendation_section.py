@@ -7,24 +7,25 @@ from __future__ import annotations
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files import schema
 from kveval.gate import Verdict
 from kveval.render.markdown import fmt_float, fmt_int, table
 
 
-def recommendation_section(evidence: dict, verdict: Verdict, manifest: dict) -> str:
+def recommendation_section(evidence: schema.Evidence, verdict: Verdict, manifest: dict) -> str:
     """The planning answer: per KV configuration, the longest context this budget starts, the
     concurrency it holds at the lengths run, and the quality verdict beside it. Needs the capacity
     model (runs from issue 10 on); older runs show no such table."""
-    capacity = evidence.get("capacity_model")
+    capacity = evidence.capacity_model
     if not capacity:
         return ""
     limit = (manifest.get("model") or {}).get("max_position_embeddings")
-    startup = {row["cell"]: row for row in evidence.get("startup") or []}
+    concurrency = {row.cell: row.max_concurrency for row in evidence.startup}
     rows = []
-    for kv in dict.fromkeys(r["kv_cache_dtype"] for r in capacity):
-        mine = sorted((r for r in capacity if r["kv_cache_dtype"] == kv), key=lambda r: r["max_model_len"])
-        predicted = max((r["predicted_max_model_len"] or 0 for r in mine), default=0)
-        started = [r["max_model_len"] for r in mine if r["started"]]
+    for kv in dict.fromkeys(r.kv_cache_dtype for r in capacity):
+        mine = sorted((r for r in capacity if r.kv_cache_dtype == kv), key=lambda r: r.max_model_len)
+        predicted = max((r.predicted_max_model_len or 0 for r in mine), default=0)
+        started = [r.max_model_len for r in mine if r.started]
         if predicted and not started:
             longest = f"{fmt_int(predicted)} predicted, but it started at none of the lengths run"
         elif predicted:
@@ -32,10 +33,10 @@ def recommendation_section(evidence: dict, verdict: Verdict, manifest: dict) -> 
                 f" (the model's limit; the pool holds {fmt_int(predicted)})" if limit and predicted > limit else "")
         else:
             longest = f"≥ {fmt_int(max(started))} (largest that started; not predicted)" if started else "none of the lengths run"
-        held = ", ".join(f"{fmt_int(r['max_model_len'])}: {fmt_float(startup.get(r['cell'], {}).get('max_concurrency'), 1)}×"
-                         for r in mine if r["started"] and startup.get(r["cell"], {}).get("max_concurrency")) or "—"
-        judged = ", ".join(f"{verdict.cells[r['cell']]} at {fmt_int(r['max_model_len'])}" for r in mine
-                           if r["cell"] in verdict.cells)
+        held = ", ".join(f"{fmt_int(r.max_model_len)}: {fmt_float(concurrency.get(r.cell), 1)}×"
+                         for r in mine if r.started and concurrency.get(r.cell)) or "—"
+        judged = ", ".join(f"{verdict.cells[r.cell]} at {fmt_int(r.max_model_len)}" for r in mine
+                           if r.cell in verdict.cells)
         rows.append({"KV configuration": kv, "longest max_model_len on this budget": longest,
                      "requests of max_model_len it holds": held,
                      "quality verdict": "baseline" if kv == BASELINE_KV else (judged or "not judged")})

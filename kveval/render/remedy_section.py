@@ -6,23 +6,24 @@ from __future__ import annotations
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files import schema
 from kveval.render.markdown import bullet, fmt_float, fmt_int, table
 
 
-def remedy_section(evidence: dict) -> str:
-    remedy = evidence.get("remedy") or {}
-    if not remedy.get("notes"):
+def remedy_section(evidence: schema.Evidence) -> str:
+    remedy = evidence.remedy
+    if not (remedy and remedy.notes):
         return ""
-    out = ["## Remedy", "", f"Mode `--remedy {remedy.get('mode')}`: kveval keeps the layers whose K or V leave the FP8 "
+    out = ["## Remedy", "", f"Mode `--remedy {remedy.mode}`: kveval keeps the layers whose K or V leave the FP8 "
                             "range in the model dtype (vLLM's kv_cache_dtype_skip_layers) and judges that "
                             "configuration with the same gate.", ""]
-    out += [bullet(note) for note in remedy["notes"]]
-    pools = [row for row in evidence.get("pools") or [] if row.get("kv_cache_dtype")]
+    out += [bullet(note) for note in remedy.notes]
+    pools = [row for row in evidence.pools if row.kv_cache_dtype]
     if pools:
-        rows = [{"max_model_len": row["max_model_len"], "KV configuration": row["kv_cache_dtype"],
-                 "KV pool tokens": fmt_int(row.get("pool_tokens") or row.get("fallback_tokens")),
-                 f"{BASELINE_KV} pool tokens": fmt_int(row.get("baseline_pool_tokens") or row.get("baseline_fallback_tokens")),
-                 f"× {BASELINE_KV}": fmt_float(row.get("ratio") if row.get("ratio") is not None else row.get("fallback_ratio"), 2)}
+        rows = [{"max_model_len": row.max_model_len, "KV configuration": row.kv_cache_dtype,
+                 "KV pool tokens": fmt_int(row.pool_tokens or row.fallback_tokens),
+                 f"{BASELINE_KV} pool tokens": fmt_int(row.baseline_pool_tokens or row.baseline_fallback_tokens),
+                 f"× {BASELINE_KV}": fmt_float(row.ratio if row.ratio is not None else row.fallback_ratio, 2)}
                 for row in pools]
         out += ["", "KV capacity per configuration (a cell that did not start shows vLLM's estimate):", "",
                 table(pd.DataFrame(rows))]

@@ -31,10 +31,9 @@ from kveval.render.verdict_section import verdict_section
 __all__ = ["LOG_LINE_START", "MAX_EXAMPLES", "MAX_FINDING_ROWS", "render_review"]
 
 
-def render_review(manifest: dict, evidence: schema.Evidence | dict, verdict: Verdict) -> str:
+def render_review(manifest: dict, evidence: schema.Evidence, verdict: Verdict) -> str:
     """The whole review. The manifest gives the run's description (command, versions, hardware);
     every figure comes from `evidence` (evidence.build_evidence) and every judgement from `verdict`."""
-    evidence = schema.plain(evidence)  # transitional (issue 17): the sections still read by key
     sections = [
         _title(manifest),
         verdict_section(verdict, evidence, manifest),
@@ -62,11 +61,11 @@ def _title(manifest: dict) -> str:
     return f"# kveval review — {escape_cell(manifest.get('model', {}).get('name'), None)}"
 
 
-def _diagnosis_sections(evidence: dict) -> list[str]:
-    diagnoses = evidence.get("diagnosis") or {}
+def _diagnosis_sections(evidence: schema.Evidence) -> list[str]:
+    diagnoses = evidence.diagnosis
     if not diagnoses:
         return []
-    return ["\n".join(render_diagnosis_section(diagnosis, RunDir.KV_RANGE_PLOT if not diagnosis.get("error") else None))
+    return ["\n".join(render_diagnosis_section(diagnosis, RunDir.KV_RANGE_PLOT if not diagnosis.error else None))
             + ("" if len(diagnoses) == 1 else f"\n\n_(for {dtype})_") for dtype, diagnosis in diagnoses.items()]
 
 

@@ -4,15 +4,16 @@ markdown out.
 """
 from __future__ import annotations
 
+from kveval.files import schema
 from kveval.render.markdown import escape_cell, fmt_int
 
 
-def run_section(manifest: dict, evidence: dict) -> str:
+def run_section(manifest: dict, evidence: schema.Evidence) -> str:
     versions = manifest.get("versions", {})
     hardware = manifest.get("hardware", {})
     options = manifest.get("options", {})
-    stored = [cell for cell in (evidence.get("cells") or {}).values() if not cell.get("missing")]
-    started = sum(1 for cell in stored if cell.get("started"))
+    stored = [cell for cell in evidence.cells.values() if not cell.missing]
+    started = sum(1 for cell in stored if cell.started)
     planned = len(manifest.get("cells", []))
     missing = planned - len(stored)
     lines = [

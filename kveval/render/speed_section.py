@@ -6,15 +6,16 @@ from __future__ import annotations
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
-from kveval.render.markdown import fmt_float, fmt_int, fmt_pct, table
+from kveval.files import schema
+from kveval.render.markdown import fmt_float, fmt_int, fmt_pct, rows_frame, table
 
 
 _NOISE_WORDS = {"within": " (within run-to-run spread)", "too few runs": " (too few runs to tell from noise)",
                 "beyond": ""}
 
 
-def speed_section(evidence: dict) -> str:
-    speed = pd.DataFrame(evidence.get("speed") or [])
+def speed_section(evidence: schema.Evidence) -> str:
+    speed = rows_frame(evidence.speed)
     if speed.empty:
         return ""
     measured = speed[speed.runs > 0]
@@ -32,13 +33,13 @@ def speed_section(evidence: dict) -> str:
                          for a, b in zip(measured.decode_tok_s_min, measured.decode_tok_s_max)],
         f"Δ decode vs {BASELINE_KV}": _deltas(measured, "decode_delta_pct", "decode_vs_noise"),
     })
-    options = evidence.get("speed_settings") or {}
+    eager = evidence.speed_settings.enforce_eager
     return "\n".join([
         "## Speed (concurrency 1)", "",
         "TTFT and decode tok/s from vLLM's per-request stats; each run decodes the same number of new tokens "
         "in every cell (ignore_eos; fewer than asked only where the prompt nearly fills max_model_len). "
         "Median over the measured runs after warm-up; Δ is against the `auto` cell at the same max_model_len.",
-        "" if options.get("enforce_eager") is None else f"enforce_eager: {options.get('enforce_eager')}.",
+        "" if eager is None else f"enforce_eager: {eager}.",
         "", table(view), *(["", note] if (note := _speed_note(measured)) else []),
     ])
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kveval.analysis.capacity_model import pool_token_shift
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files import schema
 from kveval.files.rundir import RunDir
-from kveval.render.markdown import escape_cell, fmt_float, fmt_int, table
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, rows_frame, table
 
 
 # What to do about the start-up failures whose cause lies outside the cell (a re-run redoes these).
@@ -23,11 +25,11 @@ _REASON_ADVICE = {
 LOG_LINE_START = "Engine logs of the cells that did not start or crashed: "
 
 
-def startup_section(evidence: dict) -> str:
+def startup_section(evidence: schema.Evidence) -> str:
     out = ["## Start-up and KV pool", ""]
-    if not evidence.get("startup"):
+    if not evidence.startup:
         return "\n".join(out + ["_No cell has a result yet._"])
-    pools = pd.DataFrame(evidence.get("pools") or [])
+    pools = rows_frame(evidence.pools)
     if not pools.empty:
         view = pd.DataFrame({
             "max_model_len": pools.max_model_len.map(fmt_int),
@@ -45,7 +47,7 @@ def startup_section(evidence: dict) -> str:
                        f"{row.kv_cache_dtype} {fmt_int(row.fallback_tokens)} tokens ({row.fallback_ratio:.2f}×).")
         if not fallback.empty:
             out.append("")
-    startup = pd.DataFrame(evidence["startup"])
+    startup = rows_frame(evidence.startup)
     view = pd.DataFrame({
         "cell": startup.cell,
         "started": startup.started.map(lambda s: "yes" if s else "**no**"),
@@ -58,7 +60,7 @@ def startup_section(evidence: dict) -> str:
         "vLLM estimated max length": startup.estimated_max_model_len.map(fmt_int),
     })
     out += [table(view)]
-    out += _hybrid_pool_note(startup)
+    out += _hybrid_pool_note(evidence.startup)
     failed = startup[~startup.started]
     if not failed.empty:
         out += ["", "Why cells did not start, in vLLM's own words:", ""]
@@ -79,13 +81,13 @@ def startup_section(evidence: dict) -> str:
     return "\n".join(out)
 
 
-def _hybrid_pool_note(startup: pd.DataFrame) -> list[str]:
-    """Same dtype, same blocks, different token figures: vLLM's hybrid-model token count moved."""
-    started = startup[startup.started & startup.num_blocks.notna() & startup.kv_pool_tokens.notna()]
-    for kv, group in started.groupby("kv_cache_dtype"):
-        if group.num_blocks.nunique() == 1 and group.kv_pool_tokens.nunique() > 1:
-            return ["", f"Note: the `{kv}` cells hold the same {fmt_int(group.num_blocks.iloc[0])} KV blocks at every "
-                        "max_model_len, yet vLLM reports different token counts. For models with sliding-window "
-                        "(hybrid) layers vLLM's token figure is max concurrency × max_model_len, not a memory size: "
-                        "compare blocks, or the ratio at the same max_model_len."]
-    return []
+def _hybrid_pool_note(startup: list[schema.StartupRow]) -> list[str]:
+    """Same dtype, same blocks, different token figures (analysis.capacity_model.pool_token_shift)."""
+    shift = pool_token_shift(startup)
+    if shift is None:
+        return []
+    kv, blocks = shift
+    return ["", f"Note: the `{kv}` cells hold the same {fmt_int(blocks)} KV blocks at every "
+                "max_model_len, yet vLLM reports different token counts. For models with sliding-window "
+                "(hybrid) layers vLLM's token figure is max concurrency × max_model_len, not a memory size: "
+                "compare blocks, or the ratio at the same max_model_len."]

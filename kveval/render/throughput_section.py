@@ -6,12 +6,14 @@ from __future__ import annotations
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.throughput import ThroughputFinding, throughput_findings
+from kveval.files import schema
 from kveval.files.rundir import RunDir
-from kveval.render.markdown import escape_cell, fmt_float, fmt_int, table
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, rows_frame, table
 
 
-def throughput_section(evidence: dict) -> str:
-    rows = pd.DataFrame(evidence.get("throughput") or [])
+def throughput_section(evidence: schema.Evidence) -> str:
+    rows = rows_frame(evidence.throughput)
     if rows.empty:
         return ""
     view = pd.DataFrame({
@@ -31,23 +33,22 @@ def throughput_section(evidence: dict) -> str:
            "tokens; vLLM runs as many together as the KV pool (and max_num_seqs) allows and queues the rest. One run "
            "per level, so small differences are not significant. × auto: output tokens/s against the `auto` cell at "
            "the same length and level.", "", table(view)]
-    out += _throughput_findings(rows)
+    out += _findings_lines(throughput_findings(evidence.throughput))
     if rows.output_tok_s.notna().any():
         out += ["", f"![output tokens/s and TTFT against concurrency]({RunDir.THROUGHPUT_PLOT})"]
     return "\n".join(out)
 
 
-def _throughput_findings(rows: pd.DataFrame) -> list[str]:
-    """Per tested cell: the levels where it outran or trailed the baseline by more than 10 %."""
+def _findings_lines(findings: list[ThroughputFinding]) -> list[str]:
+    """Per tested cell: the levels where it outran or trailed the baseline by more than 10 %
+    (analysis.throughput.throughput_findings)."""
     lines = []
-    for cell, group in rows[rows.output_tok_s_vs_baseline.notna()].groupby("cell", sort=False):
-        ahead = [int(c) for c, r in zip(group.concurrency, group.output_tok_s_vs_baseline) if r > 1.10]
-        behind = [int(c) for c, r in zip(group.concurrency, group.output_tok_s_vs_baseline) if r < 0.90]
+    for finding in findings:
         parts = []
-        if ahead:
-            parts.append(f"ahead of `{BASELINE_KV}` at concurrency {', '.join(map(str, ahead))}")
-        if behind:
-            parts.append(f"behind at {', '.join(map(str, behind))}")
-        lines.append(f"- **{cell}**: " + ("; ".join(parts) if parts else f"within 10 % of `{BASELINE_KV}` at every level")
-                     + f" (its pool holds {fmt_float(group.max_concurrency.iloc[0], 1)} requests of max_model_len).")
+        if finding.ahead:
+            parts.append(f"ahead of `{BASELINE_KV}` at concurrency {', '.join(map(str, finding.ahead))}")
+        if finding.behind:
+            parts.append(f"behind at {', '.join(map(str, finding.behind))}")
+        lines.append(f"- **{finding.cell}**: " + ("; ".join(parts) if parts else f"within 10 % of `{BASELINE_KV}` at every level")
+                     + f" (its pool holds {fmt_float(finding.max_concurrency, 1)} requests of max_model_len).")
     return ["", *lines] if lines else []

@@ -1,15 +1,17 @@
-"""The review's verdict section: the status and headline, the reasons (or the checks that passed), the
-per-cell verdicts, the divergence budgets, the thresholds and the noise floor. Pure: verdict, evidence
+"""The review's verdict section: the status and headline, the decision table (render/decision_table.py),
+the configuration to deploy, the reasons (or the checks that passed), the divergence budgets, the
+thresholds and the noise floor. Pure: verdict, evidence
 and manifest in, markdown out.
 """
 from __future__ import annotations
 
-import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files import schema
 from kveval.gate import NOTE, PASS, Verdict
+from kveval.render.decision_table import decision_table
 from kveval.render.headline import deploy_line, headline
-from kveval.render.markdown import bullet, fmt_share, fmt_sig, table
+from kveval.render.markdown import bullet, fmt_share, fmt_sig
 
 
 def _check_phrase(check) -> str:
@@ -63,11 +65,6 @@ def _reason_line(reason) -> str:
     return bullet(text)
 
 
-def _cell_status_table(verdict: Verdict) -> str:
-    rows = [{"cell": cell, "verdict": status} for cell, status in verdict.cells.items()]
-    return table(pd.DataFrame(rows)) if rows else ""
-
-
 def _profile_line(verdict: Verdict) -> str:
     profile = verdict.profile or {}
     budget = profile.get("budget") or {}
@@ -81,9 +78,12 @@ def _profile_line(verdict: Verdict) -> str:
             f"{fmt_share(budget.get('top1_agreement_fail'))}.")
 
 
-def verdict_section(verdict: Verdict, evidence: dict, manifest: dict) -> str:
+def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: dict) -> str:
     model_dtype = (manifest.get("model") or {}).get("dtype") or "bf16"
     out = [f"## Verdict: **{verdict.status}**", "", f"**{headline(verdict, evidence, model_dtype)}**", ""]
+    decisions = decision_table(verdict, evidence)
+    if decisions:
+        out += [decisions, ""]
     deploy = deploy_line(verdict, evidence)
     if deploy:
         out += [deploy, ""]
@@ -98,8 +98,5 @@ def verdict_section(verdict: Verdict, evidence: dict, manifest: dict) -> str:
         out += [_reason_line(r) if r.level == NOTE else bullet(f"({r.level.lower()}) {r.message}"
                                                                + (f" — to decide: {r.decide}" if r.decide else ""))
                 for r in others]
-    status_table = _cell_status_table(verdict)
-    if status_table:
-        out += ["", "Per tested cell:", "", status_table]
     out += ["", _profile_line(verdict), "", _thresholds_line(verdict.thresholds), "", _noise_floor_line(verdict.noise_floor)]
     return "\n".join(line for line in out if line is not None)

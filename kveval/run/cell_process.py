@@ -7,7 +7,6 @@ it, merged with whatever the child had already written.
 """
 from __future__ import annotations
 
-import json
 import dataclasses
 import os
 import signal
@@ -17,9 +16,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+from pydantic import BaseModel, ConfigDict
 
 from kveval import defaults
+from kveval.files import schema
 from kveval.run.death import explain_death, log_tail
 from kveval.files.cell_spec import CellSpec, PhaseOptions
 from kveval.files.startup_failure import StartupFailure, classify_startup_failure, not_started_record
@@ -42,7 +44,22 @@ class CellPlan:
         return {"id": self.id, "kv_cache_dtype": self.kv.text, "max_model_len": self.max_model_len}
 
 
-def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
+class CellEvent(BaseModel):
+    """One line of a cell's progress events (worker/cell_main and its phases emit them): `phase` began,
+    the engine's `outcome` (started, its pool or why not), a `step` of a phase (done of total, item)."""
+
+    model_config = ConfigDict(extra="allow")
+    event: str
+    phase: Optional[str] = None
+    started: Optional[bool] = None
+    kv_pool_tokens: Optional[int] = None
+    reason: Optional[str] = None
+    done: Optional[int] = None
+    total: Optional[int] = None
+    item: Any = None
+
+
+def _read_events(path: Path, offset: int) -> tuple[list[CellEvent], int]:
     try:
         with path.open("r", encoding="utf-8") as handle:
             handle.seek(offset)
@@ -53,8 +70,8 @@ def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
     events = []
     for line in complete.splitlines():
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
+            events.append(CellEvent.model_validate_json(line))
+        except ValueError:   # a damaged line (pydantic's ValidationError is a ValueError)
             continue
     return events, offset + len(complete) + (1 if complete else 0)
 
@@ -72,27 +89,28 @@ class _ProgressWatch:
 
     def __init__(self) -> None:
         self.phase: str | None = None
-        self.last: dict = {}
+        self.last: CellEvent | None = None
         self.since = time.monotonic()
 
-    def saw(self, event: dict) -> None:
+    def saw(self, event: CellEvent) -> None:
         self.since = time.monotonic()
-        if event.get("event") == "phase":
-            self.phase = event.get("phase")
-            self.last = {}
-        elif event.get("event") == "step":
+        if event.event == "phase":
+            self.phase = event.phase
+            self.last = None
+        elif event.event == "step":
             self.last = event
 
-    def stalled(self, stall_s: float | None) -> dict | None:
+    def stalled(self, stall_s: float | None) -> schema.Stalled | None:
         idle = time.monotonic() - self.since
         if stall_s is None or self.phase in (None, "engine_start", "done") or idle <= stall_s:
             return None
-        return {"phase": self.phase, "seconds": round(idle), "done": self.last.get("done"),
-                "total": self.last.get("total"), "item": self.last.get("item")}
+        last = self.last or CellEvent(event="step")
+        return schema.Stalled(phase=self.phase, seconds=round(idle), done=last.done, total=last.total,
+                              item=None if last.item is None else str(last.item))
 
 
 def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None,
-                     on_event: Callable[[dict], None], env: dict[str, str] | None = None,
+                     on_event: Callable[[CellEvent], None], env: dict[str, str] | None = None,
                      stop: threading.Event | None = None,
                      stall_s: float | None = defaults.STALL_TIMEOUT_S) -> dict:
     """Run one cell in its own process and return its stored facts. `env`: extra environment for the
@@ -132,7 +150,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
                     _kill_group(child)
                     break
                 stalled = watch.stalled(stall_s)
-                if stalled:
+                if stalled is not None:
                     _dump_stacks(child)
                     _kill_group(child)
                     break
@@ -185,9 +203,9 @@ def _kill_group(child: subprocess.Popen) -> None:
 
 
 def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: bool, timeout_s, seconds: float,
-            *, interrupted: bool = False, stalled: dict | None = None) -> dict:
+            *, interrupted: bool = False, stalled: schema.Stalled | None = None) -> dict:
     facts = run_dir.load_cell(plan.id, validate=False)
-    if facts is not None and facts.get("complete") and not interrupted and not stalled:
+    if facts is not None and facts.get("complete") and not interrupted and stalled is None:
         facts["process"] = {"exit_code": exit_code, "seconds": seconds}
         write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
         return facts
@@ -217,7 +235,7 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
         # Started, then died in a phase: keep every finished phase, mark the rest as lost.
         facts["crash"] = {"message": death["message"], "cause": death["cause"], "advice": death["advice"],
                           "last_log_line": _last_line(log), "log_tail": log_tail(log),
-                          **({"stalled": stalled} if stalled else {})}
+                          **({"stalled": schema.dump(stalled)} if stalled is not None else {})}
     facts["complete"] = True
     facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out,
                         "interrupted": interrupted, "cause": death["cause"]}

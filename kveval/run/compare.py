@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kveval.errors import KvevalError, RunInterrupted
+from kveval.files import schema
 from kveval.files.cell_spec import PhaseOptions, ScoringOptions, SpeedOptions, TasksOptions, ThroughputOptions
 from kveval.files.run_lock import RunDirBusy, RunLock, acquire as acquire_run_lock
 from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writable_dir, write_json_atomic
@@ -295,7 +296,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
             raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
         show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
         if options.diagnose and any(spec.dtype.startswith("fp8") for spec in options.kv_specs):
-            run_diagnosis(run, source, manifest.get("kv_scales"), show)
+            run_diagnosis(run, source, run.manifest().kv_scales, show)
         return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock)
     except BaseException:
         if ray is not None:  # the Python API may call compare again in this process
@@ -314,17 +315,18 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
         _run_quality_references(setup, show)
         # A plain FP8 cell may FAIL only once task rounds have decided it: then its remedy runs in a second pass.
         for attempt in range(2):
-            review = judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
+            review = judge_stored_run(run, manifest, run.cell_results(manifest), thresholds)
             remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
             extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype)
                      for spec, length in remedy["cells"]]
             if attempt and not extra:
                 break
             if remedy["notes"]:
-                earlier = (manifest.get("remedy") or {}).get("cells", [])  # a resume's, or the first pass's
+                stored = run.manifest()
+                earlier = stored.remedy.cells if stored.remedy is not None else []  # a resume's, or the first pass's
                 manifest["remedy"] = {"mode": options.remedy, "notes": remedy["notes"],
                                       "cells": list(dict.fromkeys([*earlier, *(plan.id for plan in extra)]))}
-                known = {c["id"] for c in manifest["cells"]}
+                known = {c.id for c in stored.cells}
                 manifest["cells"] += [plan.to_dict() for plan in extra if plan.id not in known]
                 run.write_manifest(manifest)
                 for note in remedy["notes"]:
@@ -335,7 +337,7 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
                             lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray))
     except KeyboardInterrupt:
         # Finished cells are on disk already; render what exists so the user has a review now.
-        judge_stored_run(run, manifest, run.load_cells(manifest), thresholds)
+        judge_stored_run(run, manifest, run.cell_results(manifest), thresholds)
         raise RunInterrupted(run.path) from None
     finally:
         if setup.ray is not None:
@@ -346,11 +348,12 @@ def _run_quality_references(setup: RunSetup, show) -> None:
     """An `auto` cell for quality only at each length where `auto` failed for KV capacity and a tested
     cell started (run/reference.py); kept in the manifest so that a resume reuses it."""
     run, manifest = setup.run, setup.manifest
-    planned = plan_references(run.load_cells(manifest), setup.plans, manifest)
+    stored = run.manifest()
+    planned = plan_references(run.cell_results(manifest), setup.plans, stored)
     if not planned:
         return
     references = manifest.setdefault("quality_references", {})
-    known = {c["id"] for c in manifest["cells"]}
+    known = {c.id for c in stored.cells}
     for plan, why in planned:
         references[plan.id] = {"for": plan.id.removesuffix(REFERENCE_SUFFIX),
                                "kv_cache_memory_bytes": plan.engine["kv_cache_memory_bytes"], "why": why}
@@ -368,7 +371,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
     room for. The scoring reference runs first, alone, because every other cell scores its outputs."""
     def run_one(plan: CellPlan, env: dict | None = None, stop=None) -> None:
         try:
-            previous = run_dir.load_cell(plan.id) if reuse else None
+            previous = run_dir.cell_result(plan.id) if reuse else None
         except StoreError as error:  # a damaged result is measured again, not trusted
             show.note(f"{plan.id}: re-running it; its stored result is unusable ({error})")
             previous = None
@@ -382,17 +385,18 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
         show.cell_started(plan.id, f"GPU {env['CUDA_VISIBLE_DEVICES']}" if env else "Ray task" if ray else None)
         on_event = lambda event, cell=plan.id: show.cell_event(cell, event)  # noqa: E731
         if ray is not None:
-            facts = ray.launch(plan, on_event, stop)
-            if facts is None:  # stopped before it began: nothing to record, as for a cell never reached
+            written = ray.launch(plan, on_event, stop)
+            if written is None:  # stopped before it began: nothing to record, as for a cell never reached
                 return
         else:
-            facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
-                                     on_event=on_event, stall_s=options.stall_timeout)
+            written = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
+                                       on_event=on_event, stall_s=options.stall_timeout)
+        facts = _typed_cell(run_dir, plan.id, written)
         show.cell_finished(plan.id, facts)
         rejected = rejected_engine_arg(facts, options.engine_args, _log_tail(run_dir, plan.id))
         if rejected:
             # Every other cell would fail the same way: a usage error, not a finding.
-            raise KvevalError(f"vLLM rejected --engine-arg {rejected}: {(facts.get('failure') or {}).get('message')} "
+            raise KvevalError(f"vLLM rejected --engine-arg {rejected}: {facts.failure.message} "
                               f"(recorded in {run_dir.cell_path(plan.id)})")
 
     reference = next((p for p in plans if p.kv.text == BASELINE_KV), None) if "scoring" in options.phases else None
@@ -408,6 +412,14 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
         run_in_parallel(plans, devices, devices_per_cell(options.engine_args), run_one, first=first)
 
 
+def _typed_cell(run_dir: RunDir, cell: str, written: dict) -> schema.CellResult:
+    """The record a cell process just wrote (and returned), validated as a cell file is when read."""
+    try:
+        return schema.parse(schema.CellResult, written, str(run_dir.cell_path(cell)))
+    except schema.FileError as error:
+        raise StoreError(str(error)) from None
+
+
 def _log_tail(run_dir: RunDir, cell: str) -> str:
     """The end of a cell's log, where vLLM names a rejected argument (run/death.py's one tail reader)."""
     try:
@@ -416,13 +428,13 @@ def _log_tail(run_dir: RunDir, cell: str) -> str:
         return ""
 
 
-def rejected_engine_arg(facts: dict, engine_args: dict, log_tail: str = "") -> str | None:
+def rejected_engine_arg(facts: schema.CellResult, engine_args: dict, log_tail: str = "") -> str | None:
     """KEY=VALUE of the user's engine argument that vLLM refused when this cell started, if any: the
     start-up error is a validation error, and it (or the log lines after it) names the argument."""
-    failure = facts.get("failure") or {}
-    if facts.get("started") or failure.get("reason") != "other" or not engine_args:
+    failure = facts.failure
+    if facts.started or failure is None or failure.reason != "other" or not engine_args:
         return None
-    message = str(failure.get("message") or "")
+    message = failure.message
     if log_tail and "validation error" in message:
         message += "\n" + log_tail[log_tail.find("validation error"):]
     if not re.search(r"validation error|TypeError|ValueError|invalid|unexpected keyword", message, re.I):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import signal
 
+from kveval.files import schema
+
 # Log texts of a Python-level out-of-memory inside the child (torch or the allocator said so).
 _MEMORY_TEXTS = ("MemoryError", "out of memory", "Cannot allocate memory", "std::bad_alloc")
 
@@ -31,19 +33,19 @@ def signal_name(number: int) -> str:
 
 
 def explain_death(exit_code: int | None, *, timed_out: bool, timeout_s: float | None, stopped_by_user: bool,
-                  kv_cache_memory_bytes: int | None, log_tail: str, stalled: dict | None = None) -> dict:
+                  kv_cache_memory_bytes: int | None, log_tail: str, stalled: schema.Stalled | None = None) -> dict:
     """{cause, message, advice}: cause is one of stalled, timeout, interrupted, oom_killed, out_of_memory,
     native_crash, signal, exit. `stalled`: what `cell_process` saw last before it stopped a cell that
     made no progress (phase, seconds, done, total, item)."""
     number = signal_of(exit_code)
     reserved = (f"; its KV cache alone had {kv_cache_memory_bytes / 2 ** 20:,.0f} MiB reserved"
                 if kv_cache_memory_bytes else "")
-    if stalled:
-        step = (f" after step {stalled['done']} of {stalled['total']}" if stalled.get("total") else "")
-        item = f" (last: {stalled['item']})" if stalled.get("item") else ""
+    if stalled is not None:
+        step = f" after step {stalled.done} of {stalled.total}" if stalled.total else ""
+        item = f" (last: {stalled.item})" if stalled.item else ""
         return {"cause": "stalled",
-                "message": f"the engine stopped making progress: no step of its {stalled['phase']} phase finished "
-                           f"for {stalled['seconds']} s{step}{item}, so kveval stopped the cell",
+                "message": f"the engine stopped making progress: no step of its {stalled.phase} phase finished "
+                           f"for {stalled.seconds} s{step}{item}, so kveval stopped the cell",
                 "advice": "an engine that hangs on a configuration is a defect of that engine path (vLLM), not a "
                           "measure of FP8 quality; see the cell's log, try another vLLM version or attention "
                           "backend, or raise --stall-timeout if one step really takes that long"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from kveval.files import schema
 from kveval.files.rundir import RunDir, read_json, write_json_atomic
 from kveval.inputs.model_config import ModelSource
 
@@ -11,7 +12,7 @@ from kveval.inputs.model_config import ModelSource
 DIAGNOSIS_TIMEOUT_S = 1800
 
 
-def run_diagnosis(run_dir: RunDir, source: ModelSource, scales: dict | None, show) -> dict:
+def run_diagnosis(run_dir: RunDir, source: ModelSource, scales: schema.KvScales | None, show) -> dict:
     """The per-layer K/V range pass (transformers, in its own process so its memory is gone before
     the engines start), stored as RUN_DIR/kv_ranges.json; reused when present. A failure is stored
     as {"error": ...}: the run goes on without a diagnosis."""
@@ -23,8 +24,8 @@ def run_diagnosis(run_dir: RunDir, source: ModelSource, scales: dict | None, sho
                "--documents", str(run_dir.scoring_path), "--out", str(path)]
     command += ["--revision", source.revision] if source.revision else []
     command += ["--trust-remote-code"] if source.trust_remote_code else []
-    if scales and (scales.get("k_scale") or scales.get("v_scale")):
-        write_json_atomic(run_dir.kv_scales_path, scales)
+    if scales is not None and (scales.k_scale or scales.v_scale):
+        write_json_atomic(run_dir.kv_scales_path, schema.dump(scales))
         command += ["--scales", str(run_dir.kv_scales_path)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=DIAGNOSIS_TIMEOUT_S)

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from kveval import defaults
 from kveval.errors import KvevalError
+from kveval.files.cell_spec import PhaseOptions
 from kveval.files.rundir import cell_id
 from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.units import parse_size
@@ -83,7 +84,7 @@ def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_
     return documents
 
 
-def plan_cells(options: CompareOptions, model_path: str, phase_options: dict,
+def plan_cells(options: CompareOptions, model_path: str, phase_options: PhaseOptions,
                baseline_dtype: str | None = None) -> list[CellPlan]:
     """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length."""
     specs = list(dict.fromkeys(options.kv_specs))
@@ -95,7 +96,7 @@ def plan_cells(options: CompareOptions, model_path: str, phase_options: dict,
     return plans
 
 
-def cell_plan(options: CompareOptions, model_path: str, phase_options: dict, spec: KVSpec, length: int,
+def cell_plan(options: CompareOptions, model_path: str, phase_options: PhaseOptions, spec: KVSpec, length: int,
               baseline_dtype: str | None = None) -> CellPlan:
     """One cell: a KV spec (e.g. fp8, fp8:keep=0) at one max_model_len. `baseline_dtype`: what the
     `auto` baseline really runs when vLLM would resolve `auto` to FP8 for this checkpoint."""

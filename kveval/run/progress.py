@@ -6,6 +6,9 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
+from kveval.files import schema
+from kveval.run.cell_process import CellEvent
+
 _PHASE_LABELS = {"engine_start": "starting engine", "generation": "greedy generation", "speed": "speed runs", "scoring": "teacher-forced scoring",
                  "done": "done"}
 
@@ -43,51 +46,54 @@ class ConsoleProgress:
         self.console.print(f"[bold]{cell}[/]{f' ({escape(where)})' if where else ''}: cell process started")
         self._set_status(f"{cell}: starting")
 
-    def cell_event(self, cell: str, event: dict) -> None:
+    def cell_event(self, cell: str, event: CellEvent) -> None:
         elapsed = time.monotonic() - self._began.get(cell, time.monotonic())
-        kind = event.get("event")
+        kind = event.event
         if kind == "phase":
-            phase = event.get("phase", "")
+            phase = event.phase or ""
             self._phase[cell] = phase
             if phase != "done":
                 self.console.print(f"  {cell}: {_PHASE_LABELS.get(phase, phase)}  [dim]({elapsed:.0f} s)[/]")
             self._set_status(f"{cell}: {_PHASE_LABELS.get(phase, phase)}")
         elif kind == "outcome":
-            if event.get("started"):
-                pool = event.get("kv_pool_tokens")
+            if event.started:
+                pool = event.kv_pool_tokens
                 self.console.print(f"  {cell}: engine up, KV pool {pool:,} tokens" if pool else f"  {cell}: engine up")
             else:
-                self.console.print(f"  {cell}: [red]did not start[/] ({escape(str(event.get('reason')))})")
+                self.console.print(f"  {cell}: [red]did not start[/] ({escape(str(event.reason))})")
         elif kind == "step":
-            label = _PHASE_LABELS.get(event.get("phase", ""), event.get("phase", ""))
-            item = f" {escape(str(event['item']))}" if event.get("item") else ""
-            self._set_status(f"{cell}: {label} {event.get('done')}/{event.get('total')}{item}  ({elapsed:.0f} s)")
+            label = _PHASE_LABELS.get(event.phase or "", event.phase or "")
+            item = f" {escape(str(event.item))}" if event.item else ""
+            self._set_status(f"{cell}: {label} {event.done}/{event.total}{item}  ({elapsed:.0f} s)")
 
-    def cell_finished(self, cell: str, facts: dict) -> None:
+    def cell_finished(self, cell: str, facts: schema.CellResult) -> None:
         self._stop_status()
         elapsed = time.monotonic() - self._began.get(cell, time.monotonic())
         self.console.print(f"[bold]{cell}[/]: {summarise_cell(facts)}  [dim]({elapsed:.0f} s)[/]")
 
-    def cell_reused(self, cell: str, facts: dict) -> None:
+    def cell_reused(self, cell: str, facts: schema.CellResult) -> None:
         self.console.print(f"[bold]{cell}[/]: reused from the run directory — {summarise_cell(facts)}")
 
 
-def summarise_cell(facts: dict) -> str:
-    if not facts.get("started"):
-        failure = facts.get("failure") or {}
+def summarise_cell(facts: schema.CellResult) -> str:
+    if not facts.started:
+        failure = facts.failure
         # vLLM's words may contain "[...]" (paths, errno): escape them so rich does not read markup.
-        return f"[red]failed to start[/]: {failure.get('reason', '?')} — {escape(str(failure.get('message', ''))[:160])}"
+        reason, message = (failure.reason, failure.message) if failure is not None else ("?", "")
+        return f"[red]failed to start[/]: {reason} — {escape(message[:160])}"
     parts = ["[green]started[/]"]
-    pool = (facts.get("capacity") or {}).get("kv_pool_tokens")
+    pool = facts.capacity.kv_pool_tokens if facts.capacity is not None else None
     if pool:
         parts.append(f"KV pool {pool:,} tokens")
-    records = (facts.get("phases", {}).get("generation") or {}).get("records", [])
+    generation = facts.phases.generation
+    records = (generation.records if generation is not None else None) or []
     if records:
-        accepted = sum(1 for r in records if r.get("accepted"))
+        accepted = sum(1 for r in records if r.accepted)
         parts.append(f"{accepted}/{len(records)} prompts accepted")
-    errors = [name for name, phase in facts.get("phases", {}).items() if phase.get("error")]
+    errors = [name for name in schema.Phases.model_fields
+              if getattr(facts.phases, name) is not None and getattr(facts.phases, name).error]
     if errors:
         parts.append(f"[red]phase errors: {', '.join(errors)}[/]")
-    if facts.get("crash"):
-        parts.append(f"[red]crashed: {escape(str(facts['crash']['message']))}[/]")
+    if facts.crash is not None:
+        parts.append(f"[red]crashed: {escape(facts.crash.message)}[/]")
     return ", ".join(parts)

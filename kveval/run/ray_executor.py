@@ -25,12 +25,13 @@ import socket
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from kveval.errors import KvevalError
 from kveval.files.rundir import RunDir, write_bytes_atomic, write_json_atomic
-from kveval.run.cell_process import CellPlan, run_cell_process
+from kveval.run.cell_process import CellEvent, CellPlan, run_cell_process
 from kveval.files.startup_failure import StartupFailure, not_started_record
 
 # Environment the cells' engines read: sent to every node so a cell behaves as it would locally.
@@ -49,13 +50,13 @@ class _Signals:
     """Ray actor (created in RayCells): cells' progress events for the driver, and the stop flag."""
 
     def __init__(self):
-        self._events: dict[str, list[dict]] = {}
+        self._events: dict[str, list[CellEvent]] = {}
         self._stopped = False
 
-    def event(self, cell: str, event: dict) -> None:
+    def event(self, cell: str, event: CellEvent) -> None:
         self._events.setdefault(cell, []).append(event)
 
-    def drain(self, cell: str) -> list[dict]:
+    def drain(self, cell: str) -> list[CellEvent]:
         return self._events.pop(cell, [])
 
     def stop(self) -> None:
@@ -130,18 +131,30 @@ def _value(ref, timeout_s: float = 120.0):
     return ref.future().result(timeout=timeout_s)
 
 
+@dataclass
+class TaskOutcome:
+    """What a cell's Ray task tells the driver: skipped (the run stopped first), an error that stops the
+    run, or the node that ran it and the cell's files (none when the node wrote into the shared run)."""
+
+    skipped: bool = False
+    error: str | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+    node: str | None = None
+
+
 def _cell_task(plan: CellPlan, run_path: str, manifest_digest: str | None, inputs: list, timeout_s: float | None,
-               signals, unset_env: list[str]) -> dict:
+               signals, unset_env: list[str]) -> TaskOutcome:
     """Runs on a Ray worker: one cell, in the run directory when this node sees it, else in a scratch
     copy whose cell files go back to the driver."""
     import ray
 
     if _value(signals.stopped.remote()):
-        return {"skipped": True}
+        return TaskOutcome(skipped=True)
     model = plan.engine.get("model")
     if model and os.path.isabs(model) and not os.path.exists(model):
-        return {"error": f"the model {model} is not on Ray node {ray.util.get_node_ip_address()}: put it on a "
-                         "filesystem every node mounts at the same path, or give a model id the nodes can download"}
+        return TaskOutcome(error=f"the model {model} is not on Ray node {ray.util.get_node_ip_address()}: put it on "
+                                 "a filesystem every node mounts at the same path, or give a model id the nodes can "
+                                 "download")
     shared = manifest_digest is not None and _digest(RunDir(run_path).manifest_path) == manifest_digest
     scratch = None if shared else Path(tempfile.mkdtemp(prefix="kveval-ray-cell-"))
     run_dir = RunDir(run_path if shared else scratch)
@@ -160,8 +173,7 @@ def _cell_task(plan: CellPlan, run_path: str, manifest_digest: str | None, input
     try:
         run_cell_process(run_dir, plan, timeout_s=timeout_s, stop=stop, env=dict.fromkeys(unset_env),
                          on_event=lambda event: signals.event.remote(plan.id, event))
-        return {"files": {} if shared else cell_files(run_dir, plan.id), "shared": shared,
-                "node": ray.util.get_node_ip_address()}
+        return TaskOutcome(files={} if shared else cell_files(run_dir, plan.id), node=ray.util.get_node_ip_address())
     finally:
         finished.set()
         if scratch is not None:
@@ -215,7 +227,7 @@ class RayCells:
              + (f"{self._gpus} GPU(s) per cell" if self._gpus else
                 f"CPU cells, {self._cpus:g} CPUs each (one per node at a time: vLLM's CPU engine uses every core)"))
 
-    def launch(self, plan: CellPlan, on_event: Callable[[dict], None], stop: threading.Event | None) -> dict | None:
+    def launch(self, plan: CellPlan, on_event: Callable[[CellEvent], None], stop: threading.Event | None) -> dict | None:
         """Run one cell on the cluster; its files are in the driver's run directory on return.
         None: the run was stopped before this cell began (nothing recorded, as in a local run)."""
         ray, run_dir = self._ray, self._run_dir
@@ -242,13 +254,13 @@ class RayCells:
             outcome = ray.get(ref)
         except ray.exceptions.RayError as error:
             return self._lost(plan, error, time.monotonic() - began)
-        if outcome.get("skipped"):
+        if outcome.skipped:
             return None
-        if outcome.get("error"):
-            raise KvevalError(f"{plan.id}: {outcome['error']}")
-        unpack_files(outcome["files"], run_dir.path)
+        if outcome.error:
+            raise KvevalError(f"{plan.id}: {outcome.error}")
+        unpack_files(outcome.files, run_dir.path)
         facts = run_dir.load_cell(plan.id, validate=False) or {}
-        facts.setdefault("process", {})["node"] = outcome["node"]
+        facts.setdefault("process", {})["node"] = outcome.node
         write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
         return facts
 

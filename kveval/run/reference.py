@@ -11,6 +11,7 @@ import dataclasses
 
 from kveval.analysis.capacity_model import bytes_per_token, needed_bytes
 from kveval.defaults import BASELINE_KV
+from kveval.files import schema
 from kveval.inputs.kvspec import KVSpec
 from kveval.run.cell_process import CellPlan
 
@@ -25,35 +26,36 @@ def reference_id(baseline_cell: str) -> str:
     return f"{baseline_cell}{REFERENCE_SUFFIX}"
 
 
-def reference_cells(manifest: dict | None) -> dict[str, dict]:
-    """Reference cell id -> {"for": the baseline cell it stands in for, "kv_cache_memory_bytes", "why"}."""
-    return dict((manifest or {}).get("quality_references") or {})
+def reference_cells(manifest: schema.Manifest | None) -> dict[str, schema.ReferenceCell]:
+    """Reference cell id -> the baseline cell it stands in for (`for_`), its kv_cache_memory_bytes and why."""
+    return dict(manifest.quality_references or {}) if manifest is not None else {}
 
 
-def _budget(manifest: dict, length: int, failed_budget: int | None) -> int | None:
-    model = manifest.get("model") or {}
-    per_token = bytes_per_token(model.get("kv_layout") or {}, KVSpec(BASELINE_KV), model.get("dtype") or "bfloat16",
-                                every_layer_full=True)
+def _budget(manifest: schema.Manifest, length: int, failed_budget: int | None) -> int | None:
+    model = manifest.model
+    layout = schema.dump(model.kv_layout) if model.kv_layout is not None else {}
+    per_token = bytes_per_token(layout, KVSpec(BASELINE_KV), model.dtype or "bfloat16", every_layer_full=True)
     need = int(needed_bytes(length, per_token, FALLBACK_BLOCK) * HEADROOM) if per_token else None
     grown = int(failed_budget * MIN_GROWTH) if failed_budget else None
     candidates = [x for x in (need, grown) if x]
     return max(candidates) if candidates else None
 
 
-def plan_references(cells: dict[str, dict], plans: list[CellPlan], manifest: dict) -> list[tuple[CellPlan, str]]:
+def plan_references(cells: dict[str, schema.CellResult], plans: list[CellPlan],
+                    manifest: schema.Manifest) -> list[tuple[CellPlan, str]]:
     """(plan, why) for every length where the `auto` baseline failed for KV capacity while a tested cell
     started (the same plans on a resume, so a finished reference is reused and a missing one run). The
     plan is the failed baseline's, with the budget it needs and the quality phases only."""
     by_id = {plan.id: plan for plan in plans}
     out = []
     for name, facts in cells.items():
-        if facts.get("kv_cache_dtype") != BASELINE_KV or facts.get("started"):
+        if facts.kv_cache_dtype != BASELINE_KV or facts.started:
             continue
-        if (facts.get("failure") or {}).get("reason") != "kv_capacity":
+        if facts.failure is None or facts.failure.reason != "kv_capacity":
             continue
-        length = facts.get("max_model_len")
-        tested = [n for n, f in cells.items() if f.get("kv_cache_dtype") != BASELINE_KV and f.get("started")
-                  and f.get("max_model_len") == length]
+        length = facts.max_model_len
+        tested = [n for n, f in cells.items() if f.kv_cache_dtype != BASELINE_KV and f.started
+                  and f.max_model_len == length]
         base_plan = by_id.get(name)
         if not tested or base_plan is None:
             continue

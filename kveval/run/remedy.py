@@ -24,39 +24,40 @@ from kveval.inputs.kvspec import KVSpec, keep_spec
 REMEDY_MODES = ("auto", "always", "off")
 
 
-def plan_remedy(verdict: Verdict, evidence: schema.Evidence | dict, mode: str = "auto") -> dict:
+def plan_remedy(verdict: Verdict, evidence: schema.Evidence, mode: str = "auto") -> dict:
     """{"cells": [(KVSpec, max_model_len), ...], "notes": [sentences]} — cells not yet in the run."""
     if mode == "off":
         return {"cells": [], "notes": []}
-    evidence = schema.plain(evidence)  # transitional (issue 17)
-    cells = evidence.get("cells") or {}
-    diagnoses = evidence.get("diagnosis") or {}
+    cells = evidence.cells
+    diagnoses = evidence.diagnosis
     planned, notes = [], []
     by_spec: dict[str, list[tuple[int, str]]] = {}
     undecided: set[str] = set()  # dtypes tried only because they are INCONCLUSIVE: no note without a cause
     for name, status in verdict.cells.items():
-        facts = cells.get(name) or {}
-        spec = stored_spec(facts.get("kv_cache_dtype")) or KVSpec("auto")
+        facts = cells.get(name)
+        spec = (stored_spec(facts.kv_cache_dtype) if facts else None) or KVSpec("auto")
         if spec.keep or not spec.dtype.startswith("fp8") or status in (NOT_STARTED, "MISSING"):
             continue
         if mode == "auto" and status not in (FAIL, INCONCLUSIVE):
             continue
-        by_spec.setdefault(spec.dtype, []).append((int(facts.get("max_model_len")), name))
+        by_spec.setdefault(spec.dtype, []).append((facts.max_model_len, name))
         if status == INCONCLUSIVE and mode == "auto":
-            undecided.add(f"{spec.dtype}-{facts.get('max_model_len')}")
+            undecided.add(f"{spec.dtype}-{facts.max_model_len}")
     for dtype, lengths in by_spec.items():
         diagnosis = diagnoses.get(dtype)
+        measured = diagnosis if isinstance(diagnosis, schema.Diagnosis) and not diagnosis.error else None
+        # analysis.kv_range reads the diagnosis as stored (a dict)
+        clipping = plan_keep_layers(schema.dump(measured)) if measured else []
         only_undecided = all(f"{dtype}-{length}" in undecided for length, _ in lengths)
-        if only_undecided and (not diagnosis or diagnosis.get("error") or not (
-                plan_keep_layers(diagnosis) or diagnosis.get("outlier_layers"))):
+        if only_undecided and not (measured and (clipping or measured.outlier_layers)):
             continue  # nothing failed and no cause is named: no remedy, and nothing to say
-        if not diagnosis or diagnosis.get("error"):
-            why = (diagnosis or {}).get("error") or "the per-layer diagnosis did not run"
+        if measured is None:
+            why = (diagnosis.error if diagnosis else None) or "the per-layer diagnosis did not run"
             notes.append(f"No remedy for {dtype}: {why}")
             continue
-        keep, why = plan_keep_layers(diagnosis), "their K or V leave the FP8 range"
+        keep, why = clipping, "their K or V leave the FP8 range"
         if not keep:
-            keep = list(diagnosis.get("outlier_layers") or [])
+            keep = list(measured.outlier_layers or [])
             why = ("no layer clips, but their K or V peak within 4× of the FP8 limit and far above the other layers, "
                    "where FP8's 3-bit mantissa loses the most absolute detail")
         if not keep:

@@ -5,29 +5,30 @@ from __future__ import annotations
 import datetime as _dt
 
 from kveval.errors import KvevalError
+from kveval.files import schema
 from kveval.files.run_lock import LOCK_NAME
 from kveval.files.rundir import RunDir, StoreError
 from kveval.files.startup_failure import TRANSIENT_REASONS
 
 
-def redo_reason(previous: dict, *, retry_failed: bool, budget_given: bool) -> str | None:
+def redo_reason(previous: schema.CellResult, *, retry_failed: bool, budget_given: bool) -> str | None:
     """Why a stored cell of an identical earlier run is measured again, or None to keep it. Kept: a
     finished cell, and one that did not start for a property of its configuration (FP8 unsupported
     here, a pool too small for its length on a fixed budget). Redone: unfinished or crashed cells,
     and failures to start that may pass — memory held by others, a timeout, an interrupt."""
-    if not previous.get("complete"):
+    if not previous.complete:
         return "its earlier run did not finish"
-    if previous.get("crash"):
-        return f"its earlier run crashed ({previous['crash'].get('message')})"
-    if previous.get("started"):
+    if previous.crash is not None:
+        return f"its earlier run crashed ({previous.crash.message})"
+    if previous.started:
         return None
-    failure, process = previous.get("failure") or {}, previous.get("process") or {}
-    reason = failure.get("reason")
+    failure, process = previous.failure, previous.process
+    reason = failure.reason if failure is not None else None
     if retry_failed:
         return f"it did not start before ({reason}) and --retry-failed was given"
     if reason in TRANSIENT_REASONS:
-        return f"it did not start before for a cause that may pass ({reason}: {failure.get('message')})"
-    if process.get("timed_out"):
+        return f"it did not start before for a cause that may pass ({reason}: {failure.message})"
+    if process is not None and process.timed_out:
         return "it was stopped at its timeout before its engine was up"
     if reason == "kv_capacity" and not budget_given:
         return "its pool was too small on a budget that depends on the device's free memory (kv_capacity)"
@@ -67,13 +68,15 @@ def earlier_chosen_budget(run_dir: RunDir) -> dict | None:
     """The CPU KV budget kveval chose for an earlier run in this directory, so a resume reuses it
     (free memory differs from one start to the next; the cells must not)."""
     try:
-        earlier = run_dir.load_manifest() if run_dir.exists() else None
+        earlier = run_dir.manifest() if run_dir.exists() else None
     except StoreError:
         return None
-    options = (earlier or {}).get("options") or {}
-    if not (options.get("kv_budget_note") and options.get("kv_cache_memory_bytes")):
+    if earlier is None:
         return None
-    return {"bytes": options["kv_cache_memory_bytes"], "why": options["kv_budget_note"]}
+    options = earlier.options
+    if not (options.kv_budget_note and options.kv_cache_memory_bytes):
+        return None
+    return {"bytes": options.kv_cache_memory_bytes, "why": options.kv_budget_note}
 
 
 def prepare_run_dir(run_dir: RunDir, manifest: dict, fresh: bool = False) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from kveval.analysis.sequential import increasing_looks, next_look_size
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.files import schema
 from kveval.gate import INCONCLUSIVE, Thresholds, Verdict
 from kveval.inputs.budget import Budget
 
@@ -100,11 +101,16 @@ def task_decided(verdict: Verdict, cell: str) -> bool:
                for c in verdict.checks)
 
 
-def _yield(evidence: dict, cell: str, n: int) -> float:
+def _task_evidence(evidence: schema.Evidence) -> schema.TaskEvidence | None:
+    """The task evidence, None when no cell ran tasks (stored as {})."""
+    return evidence.tasks if isinstance(evidence.tasks, schema.TaskEvidence) else None
+
+
+def _yield(evidence: schema.Evidence, cell: str, n: int) -> float:
     """Paired samples per doc the cell was asked so far (rejections and errors cost docs)."""
-    rows = [r for r in (evidence.get("tasks") or {}).get("accuracy") or []
-            if r.get("cell") == cell and r.get("level") == "cell"]
-    asked = rows[0].get("samples") if rows else None
+    tasks = _task_evidence(evidence)
+    rows = [r for r in (tasks.accuracy if tasks else []) if r.cell == cell and r.level == "cell"]
+    asked = rows[0].samples if rows else None
     return min(1.0, max(0.2, n / asked)) if asked else 1.0
 
 
@@ -120,10 +126,10 @@ def _open(verdict: Verdict, cell: str, check: str) -> bool:
     return any(c.cell == cell and c.name == check and c.passed is None for c in verdict.checks)
 
 
-def _reference_at(evidence: dict, length: int) -> str | None:
+def _reference_at(evidence: schema.Evidence, length: int) -> str | None:
     """The started baseline cell at this length (a quality reference included)."""
-    for name, cell in (evidence.get("cells") or {}).items():
-        if cell.get("kv_cache_dtype") == BASELINE_KV and cell.get("max_model_len") == length and cell.get("started"):
+    for name, cell in evidence.cells.items():
+        if cell.kv_cache_dtype == BASELINE_KV and cell.max_model_len == length and cell.started:
             return name
     return None
 
@@ -140,10 +146,10 @@ class _Want:
     probes: int = 0
 
 
-def _task_want(cell: str, entry: dict, evidence: dict, budget: Budget, thresholds: Thresholds,
+def _task_want(cell: str, entry: schema.TaskCell, evidence: schema.Evidence, budget: Budget, thresholds: Thresholds,
                shapes: dict[int, LengthShape], notes: list[str]) -> tuple[int, int] | None:
     """(target, docs) of a task round for the cell, or None with a note saying why not."""
-    n, length = int(entry.get("n") or 0), int(entry["max_model_len"])
+    n, length = entry.n, entry.max_model_len
     if length not in shapes:
         notes.append(f"{cell}: no new task samples can be made at {length} (only kveval's own tasks "
                      "have generated data)")
@@ -151,9 +157,9 @@ def _task_want(cell: str, entry: dict, evidence: dict, budget: Budget, threshold
     if n >= budget.samples:
         notes.append(f"{cell}: the budget of {budget.samples} paired samples per cell is spent")
         return None
-    target = next_look_size(n, int(entry.get("b") or 0), int(entry.get("c") or 0),
-                            float(entry.get("baseline_accuracy") or 0), thresholds.task_noninferiority_margin,
-                            thresholds.alpha, increasing_looks(entry.get("looks") or [n]), budget.samples)
+    target = next_look_size(n, entry.b, entry.c, float(entry.baseline_accuracy or 0),
+                            thresholds.task_noninferiority_margin, thresholds.alpha,
+                            increasing_looks(entry.looks or [n]), budget.samples)
     if target - n < max(1, n // 4):
         # What the budget leaves would hardly move the bound: not worth another engine start.
         notes.append(f"{cell}: the budget of {budget.samples} paired samples per cell is spent "
@@ -162,10 +168,11 @@ def _task_want(cell: str, entry: dict, evidence: dict, budget: Budget, threshold
     return target, math.ceil((target - n) / _yield(evidence, cell, n))
 
 
-def _probe_want(cell: str, entry: dict, budget: Budget, probes_left: int, notes: list[str]) -> tuple[int, int] | None:
+def _probe_want(cell: str, entry: schema.DegenerationCell, budget: Budget, probes_left: int,
+                notes: list[str]) -> tuple[int, int] | None:
     """(target, probes) of a probe round for the cell: double the judged outputs, within the budget's
     samples per cell and the probes left to draw; None with a note when neither allows a useful round."""
-    judged = int(entry.get("judged_outputs") or 0)
+    judged = entry.judged_outputs or 0
     if not judged:
         return None
     # Double, but never a round of a handful (a run with few prompts): each round costs engine starts.
@@ -178,14 +185,15 @@ def _probe_want(cell: str, entry: dict, budget: Budget, probes_left: int, notes:
     return target, target - judged
 
 
-def plan_round(verdict: Verdict, evidence: dict, budget: Budget, thresholds: Thresholds,
+def plan_round(verdict: Verdict, evidence: schema.Evidence, budget: Budget, thresholds: Thresholds,
                shapes: dict[int, LengthShape], costs: Costs | None, seconds_used: float,
                probes_left: int | None = None) -> RoundPlan:
     """The next round per length (shortest first), or none, with a note for every cell left out.
     `probes_left`: new degeneration probes still to draw (None: no probe rounds in this run)."""
     plan = RoundPlan()
-    comparisons = (evidence.get("tasks") or {}).get("cells") or {}
-    degeneration = (evidence.get("degeneration") or {}).get("cells") or {}
+    tasks = _task_evidence(evidence)
+    comparisons = tasks.cells if tasks else {}
+    degeneration = evidence.degeneration.cells
     wants: dict[str, _Want] = {}
     for cell, status in verdict.cells.items():
         if status != INCONCLUSIVE:
@@ -201,21 +209,22 @@ def plan_round(verdict: Verdict, evidence: dict, budget: Budget, thresholds: Thr
         # PASS is within reach only if every open reason is a stream sampled now; else only a FAIL is.
         can_pass = open_reasons == (task is not None) + (probe is not None)
         if task is not None and not can_pass:
-            recovery = comparisons[cell].get("recovery")
+            recovery = comparisons[cell].recovery
             if recovery is None or recovery >= thresholds.task_recovery_min:
                 plan.notes.append(f"{cell}: no task round: another count keeps it undecided, which task samples "
                                   f"cannot settle, and its recovery is not under {100 * thresholds.task_recovery_min:.1f} %")
                 task = None
         if probe is not None and not can_pass:
             entry = degeneration[cell]
-            if int(entry.get("new_degenerate") or 0) <= int(entry.get("baseline_only_degenerate") or 0):
+            if entry.new_degenerate <= (entry.baseline_only_degenerate or 0):
                 plan.notes.append(f"{cell}: no probe round: another count keeps it undecided, which probes cannot "
                                   "settle, and its outputs do not degenerate more often than the baseline's")
                 probe = None
         if task is None and probe is None:
             continue
-        length = int((comparisons.get(cell) or degeneration[cell])["max_model_len"])
-        reference = (comparisons.get(cell) or {}).get("reference") or _reference_at(evidence, length)
+        comparison = comparisons.get(cell)
+        length = (comparison or degeneration[cell]).max_model_len
+        reference = (comparison.reference if comparison else None) or _reference_at(evidence, length)
         if reference is None:
             plan.notes.append(f"{cell}: no round: no started {BASELINE_KV} cell at {length} to pair with")
             continue

@@ -4,7 +4,7 @@ degeneration probes for the cells still undecided by them, until each is decided
 Per round and length: new task data (another seed, ids ending in -r<k>) in taskdata/L<len>/r<k>/ and/or
 new probes (questions from data/probes_rounds.jsonl no earlier round used) in rounds/probes-r<k>.json;
 the `auto` baseline and each undecided cell run the tasks phase and/or the generation phase on those
-probes, each in its own cell process, stored as cells/<cell>.tasks-r<k>.json; RunDir.load_cells pools
+probes, each in its own cell process, stored as cells/<cell>.tasks-r<k>.json; RunDir.cell_results pools
 the rounds' samples and outputs into the cell (files/task_rounds.py) and the gate judges every look at
 the alpha it may spend (analysis/sequential.py). The manifest's `task_rounds` records the budget, the
 rounds and the cells whose last look is final.
@@ -19,7 +19,7 @@ from typing import Callable
 
 from kveval.analysis.cell_records import stored_spec
 from kveval.files import schema
-from kveval.files.cell_spec import TasksOptions
+from kveval.files.cell_spec import CellSpec, TasksOptions
 from kveval.files.rundir import RunDir, StoreError, read_json, write_json_atomic
 from kveval.files.task_rounds import round_cell_id
 from kveval.gate import Thresholds
@@ -37,67 +37,69 @@ from kveval.run.round_plan import (MAX_ROUNDS, Costs, LengthRound, LengthShape, 
 RunCells = Callable[[list[CellPlan]], None]
 
 
-def round_shapes(manifest: dict) -> dict[int, LengthShape]:
+def round_shapes(manifest: schema.Manifest) -> dict[int, LengthShape]:
     """Per length with kveval task data: tasks there and docs per --task-samples step (manifest task_data)."""
-    options = manifest.get("options") or {}
-    per_point = max(1, int(options.get("samples_per_point") or 1))
+    per_point = max(1, manifest.options.samples_per_point or 1)
     shapes = {}
-    for length, files in ((manifest.get("task_data") or {}).get("files") or {}).items():
-        made = [f for name, f in files.items() if name in TASKS and f.get("file")]
-        docs = sum(int(f.get("docs") or 0) for f in made)
+    for length, files in manifest.task_data.files.items():
+        made = [f for name, f in files.items() if name in TASKS and f.file]
+        docs = sum(f.docs for f in made)
         if made and docs:
             shapes[int(length)] = LengthShape(len(made), max(1, docs // per_point))
     return shapes
 
 
-def _seconds_per_output(cells: dict[str, dict]) -> float | None:
+def _seconds_per_output(cells: dict[str, schema.CellResult]) -> float | None:
     """Generation seconds per output over the cells run (long context prompts included: an upper figure
     for a short probe)."""
     seconds = outputs = 0.0
     for facts in cells.values():
-        phase = (facts.get("phases") or {}).get("generation") or {}
-        if phase.get("seconds") and phase.get("records"):
-            seconds += float(phase["seconds"])
-            outputs += len(phase["records"])
+        phase = facts.phases.generation
+        if phase is not None and phase.seconds and phase.records:
+            seconds += float(phase.seconds)
+            outputs += len(phase.records)
     return seconds / outputs if outputs else None
 
 
-def round_costs(cells: dict[str, dict], evidence: dict) -> Costs | None:
+def round_costs(cells: dict[str, schema.CellResult], evidence: schema.Evidence) -> Costs | None:
     """Start-up, task seconds per doc and generation seconds per output from the cells already run
     (None before any of them ran)."""
-    per_doc = ((evidence.get("tasks") or {}).get("pace") or {}).get("seconds_per_sample")
+    tasks = evidence.tasks
+    pace = tasks.pace if isinstance(tasks, schema.TaskEvidence) else None
+    per_doc = pace.seconds_per_sample if pace else None
     per_probe = _seconds_per_output(cells)
-    starts = [f["startup_seconds"] for f in cells.values() if f.get("started") and f.get("startup_seconds")]
+    starts = [f.startup_seconds for f in cells.values() if f.started and f.startup_seconds]
     if not per_doc and not per_probe:
         return None
     return Costs(sum(starts) / len(starts) if starts else 0.0, float(per_doc or per_probe), per_probe)
 
 
-def seconds_used(run: RunDir, rounds: list[dict]) -> float:
+def seconds_used(run: RunDir, rounds: list[schema.TaskRound]) -> float:
     """Engine time the stored round cells took (their processes' seconds)."""
     total = 0.0
     for entry in rounds:
-        for cell in entry["cells"]:
+        for cell in entry.cells:
             try:
-                facts = run.load_cell(round_cell_id(cell, entry["round"]), validate=False)
+                facts = run.cell_result(round_cell_id(cell, entry.round))
             except StoreError:
                 facts = None
-            total += float(((facts or {}).get("process") or {}).get("seconds") or 0.0)
+            if facts is not None and facts.process is not None:
+                total += float(facts.process.seconds or 0.0)
     return total
 
 
 def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | None, probes_file: str | None,
-                 kv_of: dict[str, KVSpec]) -> list[CellPlan]:
+                 kv_of: dict[str, KVSpec], references: dict[str, schema.ReferenceCell]) -> list[CellPlan]:
     """One cell plan per cell of the round, engine settings as the cell's own: the tasks phase for its
     task cells, the generation phase on the round's probes for its probe cells (the baseline both)."""
     plans = []
     for cell in length_round.all_cells:
         base = cell_plan(setup.options, setup.model.path, setup.phase_options, kv_of[cell], length_round.max_model_len,
                          setup.baseline_dtype)
-        reference = (setup.manifest.get("quality_references") or {}).get(cell)
-        if reference:  # a quality reference keeps the KV budget it was started with (run/reference.py)
+        reference = references.get(cell)
+        if reference is not None:  # a quality reference keeps the KV budget it was started with (run/reference.py)
             base = dataclasses.replace(base, engine={**base.engine,
-                                                     "kv_cache_memory_bytes": reference["kv_cache_memory_bytes"]})
+                                                     "kv_cache_memory_bytes": reference.kv_cache_memory_bytes})
         is_reference = cell == length_round.reference
         phases = []
         if probes_file and (cell in length_round.probe_cells or (is_reference and length_round.probe_cells)):
@@ -117,21 +119,30 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | 
 
 def _forget_if_changed(run: RunDir, plan: CellPlan) -> None:
     """A stored round cell asked for other samples than this plan (another run's plan): measure it again."""
+    path = run.cell_spec_path(plan.id)
     try:
-        spec = read_json(run.cell_spec_path(plan.id)) if run.cell_spec_path(plan.id).is_file() else None
+        stored = read_json(path) if path.is_file() else None
     except StoreError:
+        stored = None
+    if stored is None:
+        return
+    try:
+        spec = CellSpec.model_validate(stored)
+    except ValueError:   # not a spec this kveval writes: not this plan's either
         spec = None
-    planned_tasks = plan.phase_options.tasks.model_dump(mode="json") if plan.phase_options else None
-    if spec is not None and ((spec.get("phase_options") or {}).get("tasks") != planned_tasks
-                             or list(spec.get("phases") or []) != list(plan.phases)):
+
+    def tasks_of(options) -> dict | None:
+        return options.tasks.model_dump(mode="json") if options is not None else None
+
+    if spec is None or tasks_of(spec.phase_options) != tasks_of(plan.phase_options) or spec.phases != list(plan.phases):
         run.cell_path(plan.id).unlink(missing_ok=True)
 
 
 class _Data:
     """Writes a round's task data and probes; the tokenizer is loaded on the first round only."""
 
-    def __init__(self, setup):
-        self.setup, self.tokenizer = setup, None
+    def __init__(self, setup, options: schema.Options):
+        self.setup, self.options, self.tokenizer = setup, options, None
 
     def _tokenizer(self):
         if self.tokenizer is None:
@@ -140,7 +151,7 @@ class _Data:
 
     def write_probes(self, number: int, start: int, count: int) -> dict:
         """Round `number`'s probes (questions start .. start+count of the round pool) in rounds/probes-r<k>.json."""
-        prompts = round_probe_prompts(self._tokenizer(), number, start, count, seed=self.setup.manifest["options"]["seed"])
+        prompts = round_probe_prompts(self._tokenizer(), number, start, count, seed=self.options.seed)
         path = self.setup.run.round_probes_path(number)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, [p.to_dict() for p in prompts], compact=True)
@@ -149,33 +160,33 @@ class _Data:
     def write(self, number: int, length_round: LengthRound) -> str:
         setup = self.setup
         self._tokenizer()
-        options = setup.manifest["options"]
+        options = self.options
         relative = f"{RunDir.TASK_DATA_DIR}/L{length_round.max_model_len}/r{number}"
         write_task_data(self.tokenizer, setup.run.task_data_path(relative), length_round.max_model_len,
-                        [t for t in options["tasks"] if t in TASKS], fractions=options["lengths"],
-                        depths=options["depths"], samples_per_point=length_round.samples_per_point,
-                        seed=options["seed"], round_number=number)
+                        [t for t in options.tasks if t in TASKS], fractions=options.lengths,
+                        depths=options.depths, samples_per_point=length_round.samples_per_point,
+                        seed=options.seed, round_number=number)
         return relative
 
 
-def _paired(evidence: dict) -> dict[str, int]:
+def _paired(evidence: schema.Evidence) -> dict[str, int]:
     """Per cell, paired task samples plus judged probe outputs: what a round must add to."""
     out: dict[str, int] = {}
-    for cell, entry in ((evidence.get("tasks") or {}).get("cells") or {}).items():
-        out[cell] = int(entry.get("n") or 0)
-    for cell, entry in ((evidence.get("degeneration") or {}).get("cells") or {}).items():
-        if entry.get("judged_outputs"):
-            out[cell] = out.get(cell, 0) + int(entry["judged_outputs"])
+    tasks = evidence.tasks
+    for cell, entry in (tasks.cells if isinstance(tasks, schema.TaskEvidence) else {}).items():
+        out[cell] = entry.n
+    for cell, degeneration in evidence.degeneration.cells.items():
+        if degeneration.judged_outputs:
+            out[cell] = out.get(cell, 0) + degeneration.judged_outputs
     return out
 
 
-def _probes_used(record: dict) -> int:
+def _probes_used(rounds: list[schema.TaskRound]) -> int:
     """Round-pool probes drawn so far (each round's file once)."""
     seen = {}
-    for entry in record["rounds"]:
-        probes = entry.get("probes") or {}
-        if probes.get("file"):
-            seen[probes["file"]] = int(probes.get("start", 0)) + int(probes.get("count", 0))
+    for entry in rounds:
+        if entry.probes is not None:
+            seen[entry.probes.file] = entry.probes.start + entry.probes.count
     return max(seen.values(), default=0)
 
 
@@ -184,7 +195,9 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     spent; then the cells whose task or degeneration comparison is still open are marked final (their
     last look spends the alpha left)."""
     budget = parse_budget(setup.options.budget)
-    task_rounds = "tasks" in setup.options.phases and bool(round_shapes(setup.manifest))
+    stored = setup.run.manifest()   # what the rounds read; the dict is what they add to and write
+    shapes = round_shapes(stored)
+    task_rounds = "tasks" in setup.options.phases and bool(shapes)
     probe_pool = round_probe_pool_size() if "generation" in setup.options.phases else 0
     if not budget.samples or not (task_rounds or probe_pool):
         return
@@ -195,13 +208,15 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
               "notes": [], "final_degeneration": []}
     manifest["task_rounds"] = record
     run.write_manifest(manifest)
-    data = _Data(setup)
+    data = _Data(setup, stored.options)
+    references = stored.quality_references or {}
     stopped = f"{MAX_ROUNDS} rounds, the most kveval runs"
     waiting: dict[str, int] = {}   # cells of the last round -> their paired samples before it
     for number in range(1, MAX_ROUNDS + 2):
-        cells = run.load_cells(manifest)
+        cells = run.cell_results(manifest)
         review = judge_stored_run(run, manifest, cells, thresholds)
-        evidence = schema.plain(review.evidence)  # transitional (issue 17): read by key below
+        rounds_run = run.manifest().task_rounds.rounds   # `record` as last written
+        evidence = review.evidence
         paired = _paired(evidence)
         if waiting and not any(paired.get(c, 0) > n for c, n in waiting.items()):
             stopped = f"round {number - 1} paired no new sample (see its cells' logs)"
@@ -209,17 +224,17 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
         if number > MAX_ROUNDS:
             break
         plan = plan_round(review.verdict, evidence, budget, thresholds,
-                          round_shapes(manifest) if task_rounds else {},
-                          round_costs(cells, evidence), seconds_used(run, record["rounds"]),
-                          probes_left=max(0, probe_pool - _probes_used(record)) if probe_pool else None)
+                          shapes if task_rounds else {},
+                          round_costs(cells, evidence), seconds_used(run, rounds_run),
+                          probes_left=max(0, probe_pool - _probes_used(rounds_run)) if probe_pool else None)
         record["notes"] = plan.notes
         if not plan.rounds:
             stopped = _why_stopped(plan)
             break
         waiting = {c: paired.get(c, 0) for r in plan.rounds for c in r.cells}
-        kv_of = {name: stored_spec(facts["kv_cache_dtype"]) for name, facts in cells.items()}
+        kv_of = {name: stored_spec(facts.kv_cache_dtype) for name, facts in cells.items()}
         probe_count = max(r.probes for r in plan.rounds)
-        probes = data.write_probes(number, _probes_used(record), probe_count) if probe_count else None
+        probes = data.write_probes(number, _probes_used(rounds_run), probe_count) if probe_count else None
         plans = []
         for length_round in plan.rounds:
             relative = data.write(number, length_round) if length_round.task_cells else None
@@ -233,7 +248,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
                                      "probes": probes if length_round.probe_cells else None,
                                      "probe_target": length_round.probe_target or None})
             plans += _round_plans(setup, number, length_round, relative,
-                                  probes["file"] if probes and length_round.probe_cells else None, kv_of)
+                                  probes["file"] if probes and length_round.probe_cells else None, kv_of, references)
             show.note(_round_note(number, length_round))
         run.write_manifest(manifest)
         for cell_round in plans:

@@ -19,6 +19,7 @@ from pathlib import Path
 from kveval.files.cell_spec import CellSpec
 from kveval.files.startup_failure import classify_startup_failure, detect_backend, not_started_record
 from kveval.files.logfacts import kv_pool_from_log
+from kveval.worker.engine_results import EngineInfo
 from kveval.worker.phases.context import CellContext
 from kveval.files.rundir import DISK_FULL_EXIT, DiskFull, RunDir, read_json, write_json_atomic
 from kveval.inputs.workloads import PromptSpec
@@ -94,7 +95,7 @@ def run_cell(spec: CellSpec) -> dict:
         return facts
 
     facts.update(started=True, startup_seconds=engine.startup_seconds, capacity=engine.capacity(), info=engine.info())
-    if facts["info"].get("attention_backend") is None:
+    if EngineInfo.model_validate(facts["info"]).attention_backend is None:
         facts["info"]["attention_backend"] = detect_backend(_log_text(spec))
     facts["logged_capacity"] = kv_pool_from_log(_log_text(spec))
     write_json_atomic(result_path, facts, compact=True)

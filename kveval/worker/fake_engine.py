@@ -16,16 +16,22 @@ FP8 cell's logit noise is `fp8_noise` plus the entries of `layers` that the cell
 keeping the damaged layers heals it, as a working `kv_cache_dtype_skip_layers` does.
 `"loops": {"auto": 0.08, "fp8": 0.2}`: the share of prompts whose greedy answer falls into a loop, per
 KV dtype (auto's rate for a cell not named); each prompt draws once per dtype, so some loop in both.
+The spec is kveval's own test format (`Damage`): a key it does not know is an error, not ignored.
+
+The model's config.json is read for the few fields the toy needs (`_Config`), as the file gives them:
+not through inputs/model_config.model_facts, which loads transformers' AutoConfig and reports the
+dtype vLLM would cache in, where the fake reports the config's own `torch_dtype`.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
 
 from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings
 
@@ -41,6 +47,46 @@ class EngineSettings(BaseEngineSettings):
 
     def llm_kwargs(self) -> dict[str, Any]:
         return {**super().llm_kwargs(), "engine": "fake"}
+
+
+class _Loops(BaseModel):
+    """Share of prompts whose greedy answer loops, per KV dtype."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    auto: float = 0.0
+    fp8: Optional[float] = None    # None: auto's rate
+
+    def rate(self, kind: str) -> float:
+        return self.fp8 if kind == "fp8" and self.fp8 is not None else self.auto
+
+
+class Damage(BaseModel):
+    """KVEVAL_FAKE_DAMAGE: how far an FP8 cell drifts, and where answers loop (see the module doc)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fp8_noise: float = 0.15
+    layers: Optional[dict[str, float]] = None   # layer index -> extra noise unless the cell keeps the layer
+    loops: Optional[_Loops] = None
+
+    @classmethod
+    def from_env(cls) -> "Damage":
+        return cls.model_validate_json(os.environ.get("KVEVAL_FAKE_DAMAGE") or "{}")
+
+
+class _Config(BaseModel):
+    """The fields of the model's config.json the fake reads (transformers' names), as the file gives them."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+    num_hidden_layers: Optional[int] = None
+    num_key_value_heads: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    hidden_size: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
+    torch_dtype: Any = None
 
 
 def vllm_version() -> str:
@@ -63,24 +109,25 @@ def _normal(*parts: Any) -> float:
 
 
 class Engine:
-    def __init__(self, settings: EngineSettings, config: dict, damage: dict):
+    def __init__(self, settings: EngineSettings, config: _Config, damage: Damage):
         self.settings = settings
         self.startup_seconds = 0.0
         self._config = config
-        layers = int(config.get("num_hidden_layers") or 1)
+        layers = config.num_hidden_layers or 1
         kept = {str(k) for k in settings.kv_cache_dtype_skip_layers}
         fp8 = settings.kv_cache_dtype.startswith("fp8")
-        self.noise = 0.0 if not fp8 else float(damage.get("fp8_noise", 0.15)) + sum(
-            float(v) for layer, v in (damage.get("layers") or {}).items() if str(layer) not in kept)
-        heads = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 1)
-        head_dim = int(config.get("head_dim") or int(config.get("hidden_size", 64)) // int(config.get("num_attention_heads", 1)))
+        self.noise = 0.0 if not fp8 else damage.fp8_noise + sum(
+            v for layer, v in (damage.layers or {}).items() if layer not in kept)
+        heads = config.num_key_value_heads or config.num_attention_heads or 1
+        hidden = 64 if config.hidden_size is None else config.hidden_size
+        attention_heads = 1 if config.num_attention_heads is None else config.num_attention_heads
+        head_dim = config.head_dim or hidden // attention_heads
         kept_layers = sum(1 for k in kept if k.isdigit() and int(k) < layers)
         per_layer = 2 * heads * head_dim
         self.bytes_per_token = per_layer * ((layers - kept_layers) * (1 if fp8 else 2) + kept_layers * 2) if fp8 \
             else per_layer * layers * 2
-        loops = damage.get("loops") or {}
         kind = "fp8" if fp8 else "auto"
-        self.loop_rate = float(loops.get(kind, loops.get("auto", 0.0)))
+        self.loop_rate = (damage.loops or _Loops()).rate(kind)
         self._loop_kind = kind
         budget = settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES
         self.pool_tokens = budget // self.bytes_per_token // _BLOCK * _BLOCK
@@ -88,13 +135,12 @@ class Engine:
     @classmethod
     def start(cls, settings: EngineSettings) -> "Engine":
         began = time.perf_counter()
-        config = json.loads((Path(settings.model) / "config.json").read_text())
-        limit = int(config.get("max_position_embeddings") or 1 << 20)
+        config = _Config.model_validate_json((Path(settings.model) / "config.json").read_text())
+        limit = config.max_position_embeddings or 1 << 20
         if settings.max_model_len > limit:
             raise ValueError(f"User-specified max_model_len ({settings.max_model_len}) is greater than the derived "
                              f"max_model_len (max_position_embeddings={limit} in model's config.json).")
-        damage = json.loads(os.environ.get("KVEVAL_FAKE_DAMAGE") or "{}")
-        engine = cls(settings, config, damage)
+        engine = cls(settings, config, Damage.from_env())
         if engine.pool_tokens < settings.max_model_len:
             need = settings.max_model_len * engine.bytes_per_token / 2 ** 30
             have = (settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES) / 2 ** 30
@@ -117,8 +163,8 @@ class Engine:
 
     def info(self) -> dict[str, Any]:
         return {"vllm_version": "fake", "platform": "fake", "attention_backend": "FAKE",
-                "model_dtype": str(self._config.get("torch_dtype") or "bfloat16"),
-                "model_max_model_len": self._config.get("max_position_embeddings")}
+                "model_dtype": str(self._config.torch_dtype or "bfloat16"),
+                "model_max_model_len": self._config.max_position_embeddings}
 
     # -- running prompts ---------------------------------------------------------------------
     def _refusal(self, n_tokens: int, max_tokens: int) -> dict[str, Any] | None:

@@ -21,6 +21,9 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kveval.analysis.kv_range import FP8_MAX, normalise_scales
 from kveval.files.rundir import write_json_atomic
@@ -256,7 +259,12 @@ def _model_facts(model_path: str, text, dtype) -> dict:
             "num_attention_heads": heads,
             "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
             "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""),
-            "layer_types": list(getattr(text, "layer_types", None) or []) or None}
+            "layer_types": _layer_types(text) or None}
+
+
+def _layer_types(text) -> list:
+    """Each layer's attention type, as the config names it ([] when it does not say)."""
+    return list(getattr(text, "layer_types", None) or [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,7 +328,7 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
             model(input_ids=ids, past_key_values=cache, use_cache=True, **extra)
             del cache
 
-    layer_types = facts.get("layer_types") or []
+    layer_types = _layer_types(text)
     layers = []
     for layer_idx in sorted({layer for layer, tensor in stats if tensor != "q"}):
         layers.append({
@@ -365,6 +373,15 @@ def _read_json(path: str, what: str):
         raise InputError(f"{what} file {path} is not valid JSON: {error}") from None
 
 
+class _Document(BaseModel):
+    """One entry of a documents file (a run's scoring.json: {"id", "token_ids"}); other keys ignored.
+    The ids are checked where the documents are cut (_cut_documents)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    token_ids: list[Any]
+
+
 def load_documents(path: str) -> list[list[int]]:
     """Token id lists from a JSON list of {"token_ids": [...]} objects (a run's scoring.json)."""
     data = _read_json(path, "documents")
@@ -372,10 +389,10 @@ def load_documents(path: str) -> list[list[int]]:
         raise InputError(f"documents file {path} must hold a JSON list of objects with token_ids")
     documents = []
     for number, entry in enumerate(data):
-        ids = entry.get("token_ids") if isinstance(entry, dict) else None
-        if not isinstance(ids, list):
-            raise InputError(f"documents file {path}: entry {number} has no token_ids list")
-        documents.append(ids)
+        try:
+            documents.append(_Document.model_validate(entry).token_ids)
+        except ValidationError:
+            raise InputError(f"documents file {path}: entry {number} has no token_ids list") from None
     if not documents:
         raise InputError(f"documents file {path} holds no documents")
     return documents

@@ -16,10 +16,22 @@ import time
 from typing import Any, Callable
 
 from lm_eval.api.model import LM
+from pydantic import BaseModel, ConfigDict
 
 from kveval.inputs.workloads import _encode, render_chat
+from kveval.worker.engine_results import Generated, Scored
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default when a task does not say
+
+
+class _GenerationKwargs(BaseModel):
+    """What kveval reads of a generate_until request's generation settings (lm-eval's `gen_kwargs`):
+    where to stop and the answer budget. Sampling settings are ignored: kveval's answers are greedy."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    until: Any = None           # a string or a list of strings
+    max_gen_toks: Any = None
 
 
 class EngineLM(LM):
@@ -39,10 +51,10 @@ class EngineLM(LM):
         records, batch = [], []
         for request in requests:
             context, gen_kwargs = request.args
-            gen_kwargs = dict(gen_kwargs or {})
-            until = gen_kwargs.get("until") or []
+            settings = _GenerationKwargs.model_validate(dict(gen_kwargs or {}))
+            until = settings.until or []
             until = [until] if isinstance(until, str) else list(until)
-            max_gen = int(gen_kwargs.get("max_gen_toks") or DEFAULT_MAX_GEN_TOKS)
+            max_gen = int(settings.max_gen_toks or DEFAULT_MAX_GEN_TOKS)
             _, ids = render_chat(self.tokenizer, context)
             record = self._new_record(request, "generate_until", len(ids), max_gen)
             if len(ids) + max_gen > self.max_model_len:
@@ -51,10 +63,10 @@ class EngineLM(LM):
                 batch.append((record, (ids, max_gen, until)))
             records.append(record)
         results = self.engine.generate_batch([job for _, job in batch])
-        for (record, _), result in zip(batch, results):
-            record.update(accepted=result["accepted"], rejection=result["rejection"], error=result["error"],
-                          response=result.get("text") or "", finish_reason=result.get("finish_reason"),
-                          output_tokens=result.get("output_tokens"), seconds=result.get("wall_seconds"))
+        for (record, _), result in zip(batch, map(Generated.model_validate, results)):
+            record.update(accepted=result.accepted, rejection=result.rejection, error=result.error,
+                          response=result.text or "", finish_reason=result.finish_reason,
+                          output_tokens=result.output_tokens, seconds=result.wall_seconds)
         for record in records:
             self._keep(record)
         return [record["response"] for record in records]
@@ -75,15 +87,15 @@ class EngineLM(LM):
                 answers.append((float("-inf"), False))
                 continue
             began = time.perf_counter()
-            scored = self.engine.score([ids], top_k=1)[0]
+            scored = Scored.model_validate(self.engine.score([ids], top_k=1)[0])
             record["seconds"] = time.perf_counter() - began
-            if not scored["accepted"]:
-                record.update(accepted=False, rejection=scored.get("rejection"), error=scored.get("error"))
+            if not scored.accepted:
+                record.update(accepted=False, rejection=scored.rejection, error=scored.error)
                 self._keep(record)
                 answers.append((float("-inf"), False))
                 continue
             # positions[j] is about token j+1; the continuation starts at token len(context_ids).
-            positions = scored["positions"][len(context_ids) - 1:]
+            positions = scored.positions[len(context_ids) - 1:]
             logprob = sum(p["logprob"] for p in positions)
             greedy = all(p["top"] and p["top"][0][0] == p["token"] for p in positions)
             record.update(accepted=True, rejection=None, error=None, response=f"logprob {logprob:.4f}")

@@ -13,26 +13,19 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import kveval
 from kveval.cli.commands import cli
 from kveval.gate import exit_code
-from tests.support.quiet import Quiet
+from tests.integration.conftest import MATRIX_COUNTS
 
 pytestmark = pytest.mark.engine
 
-COUNTS = {"short_256": 1, "short_512": 0, "probe": 6, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
+COUNTS = MATRIX_COUNTS
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, default_model_dir):
-    out = tmp_path_factory.mktemp("run") / "r"
-    return kveval.compare(
-        kv=["fp8", "auto"], max_model_len=[1024, 2048], out=out, kv_cache_memory="40MiB", enforce_eager=True,
-        suite="quick", counts=COUNTS, speed_runs=1, speed_warmup=0, speed_max_tokens=8,
-        tasks=("passkey",), progress=Quiet(),  # the tasks phase in the default order; test_tasks_engine covers it
-        diagnose=False,  # the K/V range pass is covered by test_kv_ranges_model and test_remedy_engine (CI time)
-        budget="0",  # one look: task rounds are unit-tested (test_task_rounds) and were run by hand (make demo)
-    )
+def run(fp8_auto_matrix):
+    # The run itself is in tests/integration/conftest.py: test_tasks_engine pairs its fp8 and auto task samples.
+    return fp8_auto_matrix
 
 
 def _fp8_supported(run) -> bool:
@@ -183,20 +176,20 @@ def test_throughput_sweep_ran_on_the_cells_own_engine(run):
         assert level["accepted"] and len(level["requests"]) == level["concurrency"]
         assert isinstance(level["preemptions"], int) and level["preemptions"] >= 0  # vLLM's own counter, read
         assert all(r["output_tokens"] == 16 and r["ttft_s"] and r["ttft_s"] > 0 for r in level["requests"])
-    rows = [r for r in run.evidence.throughput if r["cell"] == "auto-1024"]
-    assert [r["concurrency"] for r in rows] == [1, 4] and all(r["output_tok_s"] > 0 for r in rows)
+    rows = [r for r in run.evidence.throughput if r.cell == "auto-1024"]
+    assert [r.concurrency for r in rows] == [1, 4] and all(r.output_tok_s > 0 for r in rows)
     assert "## Throughput under concurrency" in run.review_path.read_text()
 
 
 def test_predicted_pool_equals_the_measured_one(run):
     assert run.manifest["model"]["kv_layout"]["per_layer_elements"] == 384
-    rows = {r["cell"]: r for r in run.evidence.capacity_model}
+    rows = {r.cell: r for r in run.evidence.capacity_model}
     auto = rows["auto-1024"]
-    assert auto["bytes_per_token"] == 23_040 and auto["predicted_tokens"] == auto["measured_tokens"] == 1792
-    assert auto["deviation"] == 0 and auto["flag"] is None
-    assert rows["fp8-1024"]["predicted_tokens"] == 3584
+    assert auto.bytes_per_token == 23_040 and auto.predicted_tokens == auto.measured_tokens == 1792
+    assert auto.deviation == 0 and auto.flag is None
+    assert rows["fp8-1024"].predicted_tokens == 3584
     if _fp8_supported(run):
-        assert rows["fp8-1024"]["deviation"] == 0
+        assert rows["fp8-1024"].deviation == 0
     assert "## KV capacity: predicted vs measured" in run.review_path.read_text()
 
 
@@ -209,5 +202,5 @@ def test_fp8_at_a_length_auto_cannot_start_is_judged_against_a_quality_reference
     assert run.manifest["quality_references"]["auto-2048.reference"]["kv_cache_memory_bytes"] == 80 * 2 ** 20
     [comparison] = [c for c in run.evidence.divergence.comparisons if c.kind == "kv" and c.cell == "fp8-2048"]
     assert comparison.reference == "auto-2048.reference" and comparison.same_length
-    assert all(row["cell"] != "auto-2048.reference" for row in run.evidence.startup)  # never a capacity figure
+    assert all(row.cell != "auto-2048.reference" for row in run.evidence.startup)  # never a capacity figure
     assert "judged against auto-2048.reference" in run.review_path.read_text()

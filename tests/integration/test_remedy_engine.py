@@ -35,7 +35,7 @@ def run(tmp_path_factory, default_model_dir):
 def test_diagnosis_names_exactly_the_planted_layers(run):
     diagnosis = run.evidence.diagnosis["fp8"]
     assert diagnosis.offending_layers == PLANTED
-    assert {row["tensor"] for row in diagnosis.offending} == {"k"}
+    assert {row.tensor for row in diagnosis.offending} == {"k"}
     assert diagnosis.calibrated is False
     review = (run.run_dir / "review.md").read_text()
     assert "## Per-layer KV range vs the FP8 range" in review

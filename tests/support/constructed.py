@@ -92,6 +92,52 @@ def failed_cell(kv: str, length: int, reason: str = "unsupported_dtype",
             "info": {"attention_backend": None}}
 
 
+# What a stored cell file always holds (schema.CellResult), for tests that build only the parts they test.
+_PHASE_KEYS = {
+    "generation": {"sampling": {}, "records": []},
+    "scoring": {"top_k": TOP_K, "sequences": []},
+    "tasks": {"tasks": [], "data_dir": "", "lm_eval_results": {}, "task_errors": {}, "samples": []},
+    "speed": {"concurrency": 1, "warmup_runs": 0, "measured_runs": 1, "workloads": []},
+    "throughput": {"prompt_tokens": 0, "max_tokens": 0, "levels": [], "runs": []},
+}
+
+
+def complete_cell(facts: dict) -> dict:
+    """`facts` (changed in place, and returned) with every key a stored cell file must hold filled in
+    where the test left it out: the analyses validate the cells they are given (schema.CellResult).
+    The test's own values are kept; a cell without `started` did not start, as the analyses read it."""
+    kv, length = facts.get("kv_cache_dtype", "auto"), facts.get("max_model_len", 1024)
+    facts.setdefault("cell", f"{kv}-{length}")
+    facts.setdefault("kv_cache_dtype", kv)
+    facts.setdefault("max_model_len", length)
+    facts.setdefault("started", False)
+    facts.setdefault("complete", True)
+    facts.setdefault("phases", {})
+    facts.setdefault("info", {"attention_backend": None})
+    facts.setdefault("logged_capacity", {"kv_pool_tokens": None, "max_concurrency": None})
+    if facts["started"] or facts.get("capacity") is not None:
+        facts["capacity"] = {"kv_pool_tokens": None, "kv_pool_tokens_source": None, "max_concurrency": None,
+                             "num_blocks": None, "block_size": None, "cache_dtype": kv, **(facts.get("capacity") or {})}
+    if not facts["started"]:
+        facts.setdefault("failure", {"reason": "other", "message": "did not start", "estimated_max_model_len": None,
+                                     "backend": None})
+    if facts.get("engine_settings") is not None:
+        facts["engine_settings"] = {"model": "/m", "kv_cache_dtype": kv, "max_model_len": length, "seed": 0,
+                                    **facts["engine_settings"]}
+    for name, phase in facts["phases"].items():
+        if isinstance(phase, dict) and phase.get("error") is None:
+            for key, value in _PHASE_KEYS.get(name, {}).items():
+                phase.setdefault(key, copy.deepcopy(value))
+    return facts
+
+
+def complete_cells(cells: dict[str, dict]) -> dict[str, dict]:
+    """`complete_cell` on every cell (in place); the same dict back."""
+    for facts in cells.values():
+        complete_cell(facts)
+    return cells
+
+
 def manifest_for(cells: dict[str, dict]) -> dict:
     planned = [{"id": name, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": c["max_model_len"]}
                for name, c in cells.items()]

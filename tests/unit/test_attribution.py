@@ -83,7 +83,9 @@ def test_drift_the_kept_layers_remove_fails_plain_fp8_and_the_remedy_passes():
 def test_the_deploy_line_names_the_backend_the_passing_cells_ran_on():
     # On a GPU a cell that keeps layers runs on Triton (worker/engine.py): what passed is what is deployed.
     cells = _cells(DRIFT, HEALTHY)
-    cells[f"fp8:keep=3,17-{LENGTH}"]["engine_settings"] = {"attention_backend": "TRITON_ATTN"}
+    cells[f"fp8:keep=3,17-{LENGTH}"]["engine_settings"] = {"model": "/m", "kv_cache_dtype": "fp8:keep=3,17",
+                                                         "max_model_len": LENGTH, "seed": 0,
+                                                         "attention_backend": "TRITON_ATTN"}
     evidence, verdict = _judge(cells)
     assert deploy_line(verdict, evidence) == ("Deploy (passes at 1024): `vllm serve MODEL --kv-cache-dtype fp8 "
                                               "--kv-cache-dtype-skip-layers 3 17 --attention-backend TRITON_ATTN`")

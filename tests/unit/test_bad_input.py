@@ -10,9 +10,22 @@ import pytest
 from click.testing import CliRunner
 
 from kveval.cli.commands import cli
+from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic
 from kveval.run.resume import redo_reason
 from kveval.run.vllm_vocabulary import check_against_vllm
+from tests.support.constructed import complete_cell
+
+
+def _stored(facts: dict) -> schema.CellResult:
+    """A stored cell record with these parts (the rest filled in), typed as compare reads it back."""
+    if "failure" in facts:
+        facts["failure"] = {"estimated_max_model_len": None, "backend": None, **facts["failure"]}
+    if "crash" in facts:
+        facts["crash"] = {"last_log_line": "", **facts["crash"]}
+    if "process" in facts:
+        facts["process"] = {"exit_code": 1, "seconds": 1.0, **facts["process"]}
+    return schema.parse(schema.CellResult, complete_cell(facts), "cell")
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCABULARY = {"vllm_version": "0.32.0", "engine_args": ["dtype", "max_num_seqs", "trust_remote_code"],
@@ -137,7 +150,8 @@ def test_hostile_prompt_ids_are_escaped_in_the_review():
 
 def test_resume_redoes_transient_failures_and_keeps_configuration_ones():
     def failed(reason, **process):
-        return {"complete": True, "started": False, "failure": {"reason": reason, "message": "m"}, "process": process}
+        return _stored({"complete": True, "started": False, "failure": {"reason": reason, "message": "m"},
+                        "process": process})
 
     assert redo_reason(failed("unsupported_dtype"), retry_failed=False, budget_given=True) is None
     assert redo_reason(failed("kv_capacity"), retry_failed=False, budget_given=True) is None
@@ -146,9 +160,9 @@ def test_resume_redoes_transient_failures_and_keeps_configuration_ones():
     assert "timeout" in redo_reason(failed("other", timed_out=True), retry_failed=False, budget_given=True)
     assert "device's free memory" in redo_reason(failed("kv_capacity"), retry_failed=False, budget_given=False)
     assert "--retry-failed" in redo_reason(failed("unsupported_dtype"), retry_failed=True, budget_given=True)
-    assert "crashed" in redo_reason({"complete": True, "started": True, "crash": {"message": "x"}},
+    assert "crashed" in redo_reason(_stored({"complete": True, "started": True, "crash": {"message": "x"}}),
                                     retry_failed=False, budget_given=True)
-    assert redo_reason({"complete": True, "started": True}, retry_failed=True, budget_given=True) is None
+    assert redo_reason(_stored({"complete": True, "started": True}), retry_failed=True, budget_given=True) is None
 
 
 def test_a_different_run_in_out_is_named_and_fresh_moves_it_aside(tmp_path):
@@ -193,12 +207,12 @@ def test_an_engine_argument_vllm_rejects_is_a_usage_error_not_a_finding():
 
     facts = {"started": False, "failure": {"reason": "other", "message": "pydantic_core._pydantic_core.ValidationError: "
              "1 validation error for SchedulerConfig max_num_seqs Input should be greater than 0"}}
-    assert rejected_engine_arg(facts, {"max_num_seqs": -1}) == "max_num_seqs=-1"
-    assert rejected_engine_arg(facts, {"dtype": "float32"}) is None
-    assert rejected_engine_arg({**facts, "started": True}, {"max_num_seqs": -1}) is None
+    assert rejected_engine_arg(_stored(dict(facts)), {"max_num_seqs": -1}) == "max_num_seqs=-1"
+    assert rejected_engine_arg(_stored(dict(facts)), {"dtype": "float32"}) is None
+    assert rejected_engine_arg(_stored({**facts, "started": True}), {"max_num_seqs": -1}) is None
     # vLLM 0.32 on this CPU: the header is the message; the field is named on the log lines below it.
-    header = {"started": False, "failure": {"reason": "other", "message": "pydantic_core._pydantic_core."
-                                            "ValidationError: 2 validation errors for SchedulerConfig"}}
+    header = _stored({"started": False, "failure": {"reason": "other", "message": "pydantic_core._pydantic_core."
+                                                    "ValidationError: 2 validation errors for SchedulerConfig"}})
     log = ("...\npydantic_core._pydantic_core.ValidationError: 2 validation errors for SchedulerConfig\n"
            "max_num_seqs\n  Input should be greater than or equal to 1 [type=greater_than_equal]")
     assert rejected_engine_arg(header, {"max_num_seqs": -1}, log) == "max_num_seqs=-1"

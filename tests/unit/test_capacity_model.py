@@ -9,6 +9,7 @@ from kveval.analysis.capacity_model import (bytes_per_token, capacity_rows, hybr
                                             hybrid_groups, hybrid_pool, largest_max_model_len, needed_bytes,
                                             predicted_pool)
 from kveval.inputs.kvspec import parse_kv
+from tests.support.constructed import complete_cell
 
 SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
            "sliding_window_layers": [], "sliding_window": None}
@@ -44,8 +45,8 @@ def test_needed_bytes_rounds_to_blocks():
 
 
 def _cell(kv, length, blocks, block=16, started=True):
-    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
-            "capacity": {"kv_pool_tokens": blocks * block, "num_blocks": blocks, "block_size": block}}
+    return complete_cell({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
+                          "capacity": {"kv_pool_tokens": blocks * block, "num_blocks": blocks, "block_size": block}})
 
 
 def test_budgeted_cells_match_and_a_short_pool_is_flagged():
@@ -165,7 +166,7 @@ def test_speed_delta_inside_the_run_to_run_spread_is_not_called_a_speed_up():
         entry = phase["workloads"][0]
         entry["decode_tok_s"] = {"median": sum(decode_range) / 2, "min": decode_range[0], "max": decode_range[1], "n": 2}
         entry["ttft_s"]["n"] = 2
-        return {"cell": f"{kv}-1024", "kv_cache_dtype": kv, "max_model_len": 1024, "phases": {"speed": phase}}
+        return complete_cell({"cell": f"{kv}-1024", "kv_cache_dtype": kv, "max_model_len": 1024, "phases": {"speed": phase}})
 
     # The CPU case of issue 10: fp8 "+27.4 % decode" with overlapping ranges of 2 runs each.
     table = speed_table({"auto-1024": cell("auto", 0.1, (18.0, 26.0)), "fp8-1024": cell("fp8", 0.1, (22.0, 30.0))})
@@ -190,3 +191,20 @@ def test_recommendation_puts_capacity_and_verdict_side_by_side():
     section = review[review.index("## Recommendation"):]
     assert "| auto | 1,792 | 1,024: 1.8× | baseline |" in section
     assert "| fp8 | 3,584 | 1,024: 3.5× |" in section
+
+
+def test_same_blocks_with_different_token_figures_is_told_as_a_hybrid_token_count():
+    from kveval.analysis.capacity_model import pool_token_shift
+    from kveval.files import schema
+
+    def row(cell, kv, blocks, tokens, started=True):
+        return schema.StartupRow.model_validate({**dict.fromkeys(schema.StartupRow.model_fields), "cell": cell,
+                                                 "kv_cache_dtype": kv, "started": started, "num_blocks": blocks,
+                                                 "kv_pool_tokens": tokens})
+
+    hybrid = [row("auto-1024", "auto", 900, 14_400), row("auto-4096", "auto", 900.0, 28_800),
+              row("fp8-1024", "fp8", 1800, 28_800), row("fp8-4096", "fp8", 1800, 28_800)]
+    assert pool_token_shift(hybrid) == ("auto", 900)
+    plain = [row("auto-1024", "auto", 900, 14_400), row("auto-4096", "auto", 900, 14_400),
+             row("fp8-4096", "fp8", 1800, 1, started=False), row("fp8-1024", "fp8", 1800, 28_800)]
+    assert pool_token_shift(plain) is None and pool_token_shift([]) is None

@@ -11,6 +11,7 @@ from kveval.analysis.degeneration import (DETECTORS, FINDING_COLUMNS, Finding, a
                                           degeneration_summary, hit_token_limit, length_blowup, ngram_loop_chars,
                                           ngram_loop_tokens, scan_cells, scan_output, token_run, unreadable_text)
 from kveval.inputs.workloads import load_corpus
+from tests.support.constructed import complete_cell
 
 _VOCAB: dict[str, int] = {}
 
@@ -329,8 +330,8 @@ NORMAL = "The pass key is 4821."
 
 
 def _cell(kv, length, records, started=True):
-    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
-            "phases": {"generation": {"records": records}}}
+    return complete_cell({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
+                          "phases": {"generation": {"records": records}}})
 
 
 def _cells():

@@ -6,6 +6,7 @@ import pytest
 
 from kveval.analysis.diff import (EXCERPT_AFTER, EXCERPT_BEFORE, PAIR_COLUMNS, SUMMARY_COLUMNS, compare_outputs,
                                   diff_pairs, diff_summary, divergence_excerpt, first_diverging_examples)
+from tests.support.constructed import complete_cell
 
 
 def _rec(prompt_id, ids, text, accepted=True):
@@ -17,8 +18,8 @@ def _rec(prompt_id, ids, text, accepted=True):
 
 
 def _cell(kv, length, records, started=True):
-    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
-            "phases": {"generation": {"records": records}}}
+    return complete_cell({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
+                          "phases": {"generation": {"records": records}}})
 
 
 # ----------------------------------------------------------------------------- compare_outputs
@@ -67,7 +68,8 @@ def test_empty_outputs():
 
 
 def test_missing_text_counts_as_empty():
-    result = compare_outputs({"token_ids": [1]}, {"token_ids": [1], "text": None})
+    result = compare_outputs({"prompt_id": "p-0", "accepted": True, "token_ids": [1]},
+                             {"prompt_id": "p-0", "accepted": True, "token_ids": [1], "text": None})
     assert result["identical"] is True and result["similarity"] == 1.0
 
 

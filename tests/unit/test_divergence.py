@@ -16,6 +16,7 @@ from kveval.analysis.divergence import (
     position_divergence,
     position_kl,
 )
+from tests.support.constructed import complete_cell
 
 ln = math.log
 
@@ -191,7 +192,7 @@ def cell(kv, length, started=True, **kw):
     facts = {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started}
     if started:
         facts["phases"] = {"scoring": scoring(**kw)}
-    return facts
+    return complete_cell(facts)
 
 
 def kl_of(shift):

@@ -237,6 +237,43 @@ def test_top_level_not_an_object(tmp_path):
     assert _error("manifest", path) == f"{path}: expected a JSON object at the top level, got a list"
 
 
+@pytest.mark.parametrize("where,change", [
+    ("new_top_key", lambda d: d.update(new_top_key=1)),
+    ("phases.new_phase", lambda d: d["phases"].update(new_phase={"seconds": 1.0})),
+    ("capacity.new_figure", lambda d: d["capacity"].update(new_figure=3)),
+    ("phases.generation.records[0].new_field", lambda d: d["phases"]["generation"]["records"][0].update(new_field="x")),
+    ("phases.scoring.sequences[0].positions[0].new_field",
+     lambda d: next(s for s in d["phases"]["scoring"]["sequences"] if s.get("positions"))["positions"][0].update(new_field=1)),
+    ("phases.speed.workloads[0].runs[0].new_timing", lambda d: d["phases"]["speed"]["workloads"][0]["runs"][0].update(new_timing=0.1)),
+])
+def test_unknown_field_in_a_cell_is_refused_naming_it(tmp_path, where, change):
+    # A cell file with a key this kveval does not declare (a newer kveval's file) is refused, not half-read.
+    path = _damaged(tmp_path, STARTED_CELL, change)
+    message = _error("cell", path)
+    assert message == (f"{path}: field {where}: not a field this kveval knows (a file from a newer kveval? "
+                       "its schema_version says which kveval reads it)")
+
+
+def test_open_parts_of_a_cell_keep_their_extra_keys():
+    # engine_settings holds the user's --engine-arg values for vLLM; a task sample's extra fields reach its table.
+    data = _read(STARTED_CELL)
+    data["engine_settings"]["max_num_seqs"] = 64
+    data["phases"]["tasks"]["samples"][0]["task_specific"] = [1, 2]
+    cell = files.parse("cell", data)
+    assert cell.engine_settings.model_extra == {"max_num_seqs": 64}
+    assert json.dumps(files.dump(cell)) == json.dumps(data)
+
+
+def test_phase_contents_are_typed():
+    cell = files.load("cell", STARTED_CELL)
+    record = cell.phases.generation.records[0]
+    assert isinstance(record, files.GenerationRecord) and isinstance(record.token_ids, list)
+    sequence = next(s for s in cell.phases.scoring.sequences if s.positions)
+    assert isinstance(sequence.positions[0], files.ScoredPosition) and isinstance(sequence.positions[0].token, int)
+    assert isinstance(cell.phases.tasks.samples[0], files.TaskSample)
+    assert cell.phases.speed.workloads[0].ttft_s.n == len(cell.phases.speed.workloads[0].runs)
+
+
 def test_missing_file(tmp_path):
     assert _error("cell", tmp_path / "cells/auto-2048.json") == f"{tmp_path / 'cells/auto-2048.json'}: no such file"
 

@@ -20,6 +20,7 @@ from kveval.gate import (
     exit_code,
     load_thresholds,
 )
+from tests.support.evidence import typed_evidence
 
 # Measured fp8-vs-auto figures (SmolLM2-135M). H200 FA3: reports/archive/h200-tasks (fp8-2048);
 # CPU AVX-512/AMX: issue 8 (2048, standard suite: KL mean 0.049; late positions ~0.054+).
@@ -36,9 +37,15 @@ def summary(n=1800, **figures):
     return {"n": n, "top1_n": n, "top1_agreement_se": 0.005, **figures}
 
 
-def evidence(figures=None, *, late=None, n=1800, n_late=600, floor=None, cells=None, comparisons=None,
-             tasks=TASKS_HEALTHY, profile="gpu", tasks_planned=True, degeneration=None, **extra):
-    """One auto + one fp8 cell at 8192 with the given fp8-vs-auto figures and task pairing."""
+def evidence(*args, **kwargs):
+    """`evidence_dict(...)` as the typed `schema.Evidence` the gate takes."""
+    return typed_evidence(evidence_dict(*args, **kwargs))
+
+
+def evidence_dict(figures=None, *, late=None, n=1800, n_late=600, floor=None, cells=None, comparisons=None,
+                  tasks=TASKS_HEALTHY, profile="gpu", tasks_planned=True, degeneration=None, **extra):
+    """One auto + one fp8 cell at 8192 with the given fp8-vs-auto figures and task pairing (the parts the
+    gate reads; typed_evidence fills in the rest)."""
     figures = figures or HEALTHY_H200
     cells = cells if cells is not None else {
         "auto-8192": {"kv_cache_dtype": "auto", "max_model_len": 8192, "started": True},
@@ -139,9 +146,9 @@ def test_samples_hint_names_the_option_and_time_from_the_runs_pace():
     tasks = {"n": 54, "b": 3, "c": 3, "baseline_accuracy": 0.5, "cell_accuracy": 0.5, "recovery": 1.0,
              "mcnemar_p": 1.0, "reference": "auto-8192"}
     pace = {"seconds_per_sample": 0.5, "samples_per_unit": 54, "cells": 2}
-    ev = evidence(tasks=tasks)
+    ev = evidence_dict(tasks=tasks)
     ev["tasks"]["pace"] = pace
-    (reason,) = decided(evaluate(ev), INCONCLUSIVE)
+    (reason,) = decided(evaluate(typed_evidence(ev)), INCONCLUSIVE)
     assert "--task-samples" in reason.decide and "min of task time" in reason.decide
 
 
@@ -248,14 +255,14 @@ def test_fp8_cell_that_did_not_start_is_a_capacity_note():
 
 
 def test_one_failing_cell_fails_the_run_and_statuses_are_per_cell():
-    ev = evidence()
+    ev = evidence_dict()
     ev["cells"]["fp8-2048"] = {"kv_cache_dtype": "fp8", "max_model_len": 2048, "started": True}
     ev["cells"]["auto-2048"] = {"kv_cache_dtype": "auto", "max_model_len": 2048, "started": True}
     ev["divergence"]["comparisons"].append(
         {"kind": "kv", "cell": "fp8-2048", "reference": "auto-2048", "same_length": True,
          "summary": summary(**HARMED_K128), "late": {"start": 1024, "n": 600, "kl_mean": 0.7}})
     ev["tasks"]["cells"]["fp8-2048"] = TASKS_HEALTHY
-    verdict = evaluate(ev)
+    verdict = evaluate(typed_evidence(ev))
     assert verdict.status == FAIL
     assert verdict.cells == {"fp8-8192": PASS, "fp8-2048": FAIL}
 

@@ -30,14 +30,17 @@ def test_kept_layers_that_fail_on_flash_attention_are_a_defect_of_that_path_not_
     import json
     from pathlib import Path
 
+    from kveval.files import schema
     from kveval.gate import INCONCLUSIVE, evaluate
 
     stored = Path(__file__).resolve().parents[2] / "reports" / "h200-qwen2.5-coder-1.5b-keep-layers-bisect"
-    evidence = json.loads(gzip.decompress((stored / "fa3-eager-half-memory" / "results.json.gz").read_bytes()))["evidence"]
+    evidence = schema.parse(schema.Evidence, json.loads(gzip.decompress(
+        (stored / "fa3-eager-half-memory" / "results.json.gz").read_bytes()))["evidence"])
     verdict = evaluate(evidence)
     assert verdict.cells == {"fp8:keep=0-8192": INCONCLUSIVE, "fp8:keep=0,1-8192": INCONCLUSIVE}
     assert {d["cell"] for d in verdict.defects} == {"fp8:keep=0-8192", "fp8:keep=0,1-8192"}
     assert all("FlashAttention" in d["message"] and "TRITON_ATTN" in d["message"] for d in verdict.defects)
     # The same cells on FA3 with default settings are healthy: no defect is made up for a passing cell.
-    healthy = json.loads(gzip.decompress((stored / "fa3-defaults" / "results.json.gz").read_bytes()))["evidence"]
+    healthy = schema.parse(schema.Evidence, json.loads(gzip.decompress(
+        (stored / "fa3-defaults" / "results.json.gz").read_bytes()))["evidence"])
     assert evaluate(healthy).status == "PASS" and not evaluate(healthy).defects

@@ -18,10 +18,17 @@ from kveval.analysis.kv_range import (
     plan_keep_layers,
     skip_layers_argument,
 )
+from kveval.analysis.json_values import json_safe
+from kveval.files import schema
 from kveval.inputs.checkpoint_scales import read_kv_scales
 from kveval.worker.kv_ranges import main as kv_ranges_main
 from kveval.render.kv_range_plot import kv_range_plot
 from kveval.render.diagnosis_section import HEADING, render_diagnosis_section
+
+
+def typed(diagnosis: dict) -> schema.Diagnosis:
+    """A diagnose() dict as the evidence holds it (evidence.diagnosis_evidence: JSON-safe, then typed)."""
+    return schema.Diagnosis.model_validate(json_safe(diagnosis))
 
 
 def stats(absmax, *, count=1000, over_e4m3=0, over_e5m2=0, scale=1.0, p99_9=None):
@@ -127,7 +134,7 @@ def test_non_fp8_cache_has_no_limit():
     d = diagnose(SATURATING, kv_cache_dtype="auto")
     assert d["fp8_max"] is None and d["offending_layers"] == [] and "not FP8" in d["note"]
     assert all(r["limit"] is None for r in d["rows"])
-    assert any("not FP8" in line for line in render_diagnosis_section(d))
+    assert any("not FP8" in line for line in render_diagnosis_section(typed(d)))
 
 
 def test_empty_and_error_ranges():
@@ -149,7 +156,7 @@ def test_table_has_a_row_per_layer_and_tensor():
 # --- markdown section and plot -----------------------------------------------------------------
 
 def test_section_for_a_clean_model_names_the_largest_k_and_its_headroom():
-    lines = render_diagnosis_section(diagnose(CLEAN), plot_file="kv_range.png")
+    lines = render_diagnosis_section(typed(diagnose(CLEAN)), plot_file="kv_range.png")
     text = "\n".join(lines)
     assert lines[0] == HEADING
     assert "scale 1.0" in text and "512 tokens" in text
@@ -158,7 +165,7 @@ def test_section_for_a_clean_model_names_the_largest_k_and_its_headroom():
 
 
 def test_section_for_saturating_layers_tables_them_and_gives_the_flag():
-    text = "\n".join(render_diagnosis_section(diagnose(SATURATING)))
+    text = "\n".join(render_diagnosis_section(typed(diagnose(SATURATING))))
     assert "**2 layers leave the FP8 range**" in text
     assert "| 2       | V        | 2,000" in text and "8 %" in text
     assert "`--kv-cache-dtype-skip-layers 1 2`" in text
@@ -169,13 +176,13 @@ def test_section_says_calibrated_when_the_checkpoint_has_scales():
     scaled = ranges({0: (stats(10.0, scale=0.1), stats(1.0))},
                     scales={"k_scale": {"0": 0.1}, "v_scale": {}, "calibrated": True,
                             "source": "compressed-tensors kv_cache_scheme"})
-    text = "\n".join(render_diagnosis_section(diagnose(scaled)))
+    text = "\n".join(render_diagnosis_section(typed(diagnose(scaled))))
     assert "runs calibrated" in text and "compressed-tensors kv\\_cache\\_scheme" in text
 
 
 def test_section_without_or_with_a_failed_diagnosis():
     assert "not measured" in render_diagnosis_section(None)[-1]
-    line = render_diagnosis_section(diagnose({"error": "model | broken"}))[-1]
+    line = render_diagnosis_section(typed(diagnose({"error": "model | broken"})))[-1]
     assert "could not be measured" in line and "model \\| broken" in line
 
 
@@ -187,21 +194,21 @@ def test_a_query_past_the_fp8_range_is_told_apart_from_the_cache():
     diagnosis = diagnose(measured)
     assert diagnosis["offending_layers"] == [] and plan_keep_layers(diagnosis) == []   # the cache does not clip
     assert diagnosis["query"]["over_layers"] == [0] and diagnosis["query"]["largest"]["layer"] == 0
-    text = "\n".join(render_diagnosis_section(diagnosis))
+    text = "\n".join(render_diagnosis_section(typed(diagnosis)))
     assert "largest |Q| is 1,500 in layer 0 (median layer peak 90)" in text
     assert "leaves the FP8 range in layer 0, so its attention scores are computed from clipped queries" in text
-    assert "|Q|" not in "\n".join(render_diagnosis_section(diagnose(CLEAN)))   # not measured: nothing said
+    assert "|Q|" not in "\n".join(render_diagnosis_section(typed(diagnose(CLEAN))))   # not measured: nothing said
 
 
 def test_plot_is_written_and_skipped_without_rows(tmp_path):
-    assert kv_range_plot(diagnose(ranges({})), tmp_path / "none.png") is None
+    assert kv_range_plot(typed(diagnose(ranges({}))), tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
-    path = kv_range_plot(diagnose(SATURATING), tmp_path / "sat.png")
+    path = kv_range_plot(typed(diagnose(SATURATING)), tmp_path / "sat.png")
     assert path == tmp_path / "sat.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Different scales per layer draw per-layer limits.
     scaled = ranges({0: (stats(10.0, scale=0.5), stats(1.0)), 1: (stats(12.0), stats(2.0))},
                     scales={"k_scale": {"0": 0.5}, "v_scale": {}})
-    assert kv_range_plot(diagnose(scaled), tmp_path / "scaled.png").stat().st_size > 1000
+    assert kv_range_plot(typed(diagnose(scaled)), tmp_path / "scaled.png").stat().st_size > 1000
 
 
 # --- checkpoint scales -------------------------------------------------------------------------

@@ -270,9 +270,9 @@ def test_publish_keeps_a_concurrent_finished_conversion(tmp_path):
     staging, target = tmp_path / "staging", tmp_path / "target"
     for folder, tag in ((staging, "mine"), (target, "theirs")):
         folder.mkdir()
-        (folder / models._READY_MARKER).write_text(json.dumps({"tag": tag}))
+        (folder / models._READY_MARKER).write_text(json.dumps({"name": tag}))
     models._publish(staging, target)
-    assert models.read_marker(target) == {"tag": "theirs"}
+    assert models.read_marker(target).name == "theirs"
 
 
 def test_default_model_names_kept_for_the_cli():

@@ -13,6 +13,7 @@ from kveval.inputs.budget import parse_budget
 from kveval.inputs.workloads import round_probe_pool_size
 from kveval.run.round_plan import LengthShape, plan_round
 from tests.support.constructed import manifest_for, started_cell
+from tests.support.evidence import typed_evidence
 
 T = Thresholds()
 LOOP = "the cat sat on the mat " * 30
@@ -43,7 +44,11 @@ def _open_degeneration(cell="fp8-1024", others=()):
                    cells={cell: INCONCLUSIVE})
 
 
-def _evidence(judged=109, new=12, base_only=7):
+def _evidence(judged=109, new=12, base_only=7, **more):
+    return typed_evidence({**_evidence_dict(judged, new, base_only), **more})
+
+
+def _evidence_dict(judged=109, new=12, base_only=7):
     return {"cells": {"auto-1024": {"kv_cache_dtype": "auto", "max_model_len": 1024, "started": True},
                       "fp8-1024": {"kv_cache_dtype": "fp8", "max_model_len": 1024, "started": True}},
             "degeneration": {"cells": {"fp8-1024": {"max_model_len": 1024, "judged_outputs": judged,
@@ -86,10 +91,10 @@ def test_tasks_and_probes_open_together_share_one_round():
     verdict = _open_degeneration()
     verdict.reasons.append(Reason(INCONCLUSIVE, "fp8-1024", "fp8-1024: task accuracy not shown non-inferior"))
     verdict.checks.append(Check("task_noninferiority", "fp8-1024", 0.8, 0.9, None))
-    evidence = _evidence()
-    evidence["tasks"] = {"cells": {"fp8-1024": {"reference": "auto-1024", "max_model_len": 1024, "n": 54, "b": 1,
-                                                "c": 1, "baseline_accuracy": 0.46, "recovery": 1.0, "looks": [54]}},
-                         "accuracy": [{"cell": "fp8-1024", "level": "cell", "samples": 54}]}
+    evidence = _evidence(tasks={"cells": {"fp8-1024": {"reference": "auto-1024", "max_model_len": 1024, "n": 54,
+                                                       "b": 1, "c": 1, "baseline_accuracy": 0.46, "recovery": 1.0,
+                                                       "looks": [54]}},
+                                "accuracy": [{"cell": "fp8-1024", "level": "cell", "samples": 54}]})
     (length_round,) = plan_round(verdict, evidence, parse_budget("600"), T, {1024: LengthShape(6, 54)}, None, 0,
                                  probes_left=500).rounds
     assert length_round.task_cells == ["fp8-1024"] and length_round.probe_cells == ["fp8-1024"]

@@ -4,13 +4,16 @@ never counted as capacity or speed."""
 from __future__ import annotations
 
 from kveval.evidence import build_evidence
+from kveval.files import schema
 from kveval.gate import PASS, evaluate
 from kveval.inputs.kvspec import parse_kv
 from kveval.run.cell_process import CellPlan
 from kveval.run.reference import plan_references, reference_id
-from tests.support.constructed import failed_cell, manifest_for, scoring_phase, started_cell
+from tests.support.constructed import complete_cell, failed_cell, manifest_for, scoring_phase, started_cell
 
-LAYOUT = {"layers": 30, "per_layer_elements": 384, "sliding_window_layers": []}   # SmolLM2: 23,040 B/token in bf16
+# SmolLM2: 23,040 B/token in bf16
+LAYOUT = {"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
+          "sliding_window_layers": [], "sliding_window": None}
 
 
 def _plan(kv: str, length: int, budget: int | None = 40 * 2 ** 20) -> CellPlan:
@@ -25,6 +28,12 @@ def _manifest(cells):
     return manifest
 
 
+def _planned(cells, plans):
+    """plan_references on the typed cells and manifest, as compare reads them from the run directory."""
+    typed = {name: schema.parse(schema.CellResult, complete_cell(facts), name) for name, facts in cells.items()}
+    return plan_references(typed, plans, schema.parse(schema.Manifest, _manifest(cells), "manifest"))
+
+
 def _capacity_failed(kv: str, length: int) -> dict:
     return failed_cell(kv, length, reason="kv_capacity", message="ValueError: ... estimated maximum model length is 1664")
 
@@ -33,7 +42,7 @@ def test_a_capacity_failure_beside_a_started_fp8_cell_gets_a_reference_sized_to_
     cells = {"auto-2048": _capacity_failed("auto", 2048),
              "fp8-2048": started_cell("fp8", 2048, 3584, [], scoring=scoring_phase(300, "healthy"))}
     plans = [_plan("auto", 2048), _plan("fp8", 2048)]
-    [(plan, why)] = plan_references(cells, plans, _manifest(cells))
+    [(plan, why)] = _planned(cells, plans)
     assert plan.id == reference_id("auto-2048") == "auto-2048.reference"
     assert plan.kv.text == "auto" and plan.max_model_len == 2048
     assert plan.phases == ["generation", "scoring", "tasks"]            # no speed or throughput figures
@@ -47,8 +56,8 @@ def test_no_reference_for_other_failures_or_without_a_started_tested_cell():
                    "fp8-2048": started_cell("fp8", 2048, 3584, [])}
     nothing_started = {"auto-2048": _capacity_failed("auto", 2048), "fp8-2048": failed_cell("fp8", 2048)}
     plans = [_plan("auto", 2048), _plan("fp8", 2048)]
-    assert plan_references(unsupported, plans, _manifest(unsupported)) == []
-    assert plan_references(nothing_started, plans, _manifest(nothing_started)) == []
+    assert _planned(unsupported, plans) == []
+    assert _planned(nothing_started, plans) == []
 
 
 def test_the_reference_is_the_baseline_for_quality_and_absent_from_capacity():
@@ -61,7 +70,7 @@ def test_the_reference_is_the_baseline_for_quality_and_absent_from_capacity():
                                                               "why": "..."}}
     evidence = build_evidence(manifest, [], cells)
     assert evidence.cells["auto-2048.reference"].reference_for == "auto-2048"
-    assert all(row["cell"] != "auto-2048.reference" for row in evidence.startup)
+    assert all(row.cell != "auto-2048.reference" for row in evidence.startup)
     assert all("auto-2048.reference" not in str(row) for row in evidence.pools)
     [comparison] = [c for c in evidence.divergence.comparisons if c.kind == "kv"]
     assert comparison.reference == "auto-2048.reference" and comparison.same_length

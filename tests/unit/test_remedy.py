@@ -6,9 +6,11 @@ import pytest
 
 from kveval import api
 from kveval.analysis.kv_range import diagnose
+from kveval.files import schema
 from kveval.gate import FAIL, NOT_STARTED, PASS, Verdict
 from kveval.render.headline import headline
 from kveval.run.remedy import plan_remedy
+from tests.support.evidence import typed_evidence
 
 
 def ranges(over: dict[int, int], layers: int = 6) -> dict:
@@ -22,7 +24,7 @@ def ranges(over: dict[int, int], layers: int = 6) -> dict:
                        for i in range(layers)]}
 
 
-def evidence(statuses: dict[str, str], diagnosis: dict | None, pools=None) -> tuple[Verdict, dict]:
+def evidence(statuses: dict[str, str], diagnosis: dict | None, pools=None) -> tuple[Verdict, schema.Evidence]:
     cells = {}
     for name in statuses:
         kv, length = name.rsplit("-", 1)
@@ -30,7 +32,8 @@ def evidence(statuses: dict[str, str], diagnosis: dict | None, pools=None) -> tu
     for length in {c["max_model_len"] for c in cells.values()}:
         cells[f"auto-{length}"] = {"kv_cache_dtype": "auto", "max_model_len": length, "started": True}
     verdict = Verdict(FAIL if FAIL in statuses.values() else PASS, cells=dict(statuses))
-    return verdict, {"cells": cells, "diagnosis": {"fp8": diagnosis} if diagnosis else {}, "pools": pools or []}
+    return verdict, typed_evidence({"cells": cells, "diagnosis": {"fp8": diagnosis} if diagnosis else {},
+                                    "pools": pools or []})
 
 
 def test_failing_fp8_gets_the_offending_layers_kept_at_the_failing_lengths():

@@ -11,7 +11,7 @@ from kveval.analysis.speed import speed_table
 from kveval.gate import Thresholds
 from kveval.render.markdown import escape_cell
 from tests.support.review import review_of
-from tests.support.constructed import expected_kl, scoring_phase
+from tests.support.constructed import complete_cell, expected_kl, scoring_phase
 
 WORKLOADS = [
     {"id": "short_256-0", "workload": "short_256", "kind": "short", "token_ids": [1, 2, 3], "max_tokens": 256},
@@ -45,15 +45,15 @@ def _started(kv, length, pool, tokens, text="hello", ttft=0.1, decode=50.0, scor
                        "speed": _speed(ttft, decode)}}
     if scoring is not None:
         facts["phases"]["scoring"] = scoring
-    return facts
+    return complete_cell(facts)
 
 
 def _failed(kv, length, reason="kv_capacity", logged=None):
-    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": False,
+    return complete_cell({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": False,
             "complete": True, "failure": {"reason": reason, "message": "ValueError: To serve at least one request ... "
                                           "the estimated maximum model length is 1792.",
                                           "estimated_max_model_len": 1792, "backend": "CPU_ATTN"},
-            "logged_capacity": {"kv_pool_tokens": logged, "max_concurrency": None}, "phases": {}}
+            "logged_capacity": {"kv_pool_tokens": logged, "max_concurrency": None}, "phases": {}})
 
 
 CELLS = {

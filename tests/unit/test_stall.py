@@ -7,11 +7,13 @@ import time
 from pathlib import Path
 
 from kveval.files.rundir import RunDir
+from kveval.files.schema import Stalled
 from kveval.gate import evaluate
 from kveval.inputs.kvspec import KVSpec
 from kveval.run.cell_process import CellPlan, run_cell_process
 from kveval.run.death import explain_death
-from tests.unit.test_gate import evidence
+from tests.support.evidence import typed_evidence
+from tests.unit.test_gate import evidence_dict
 
 HANGING = Path(__file__).resolve().parents[1] / "support" / "hanging_cell.py"
 
@@ -41,27 +43,26 @@ def test_a_cell_without_progress_is_stopped_as_stalled_and_keeps_its_phases(tmp_
 
 def test_engine_start_is_not_watched_for_stalls():
     death = explain_death(None, timed_out=False, timeout_s=None, stopped_by_user=False, kv_cache_memory_bytes=None,
-                          log_tail="", stalled={"phase": "tasks", "seconds": 601, "done": None, "total": None,
-                                                "item": None})
+                          log_tail="", stalled=Stalled(phase="tasks", seconds=601, done=None, total=None, item=None))
     assert death["cause"] == "stalled" and "tasks phase finished for 601 s, so kveval stopped" in death["message"]
-    from kveval.run.cell_process import _ProgressWatch
+    from kveval.run.cell_process import CellEvent, _ProgressWatch
 
     watch = _ProgressWatch()
-    watch.saw({"event": "phase", "phase": "engine_start"})
+    watch.saw(CellEvent(event="phase", phase="engine_start"))
     watch.since -= 1000                               # CUDA graph capture: minutes without an event
     assert watch.stalled(10) is None
-    watch.saw({"event": "phase", "phase": "scoring"})
+    watch.saw(CellEvent(event="phase", phase="scoring"))
     watch.since -= 11
-    assert watch.stalled(10)["phase"] == "scoring"
+    assert watch.stalled(10).phase == "scoring"
 
 
 def test_a_stalled_remedy_is_a_defect_not_fp8_damage():
     message = ("the engine stopped making progress: no step of its scoring phase finished for 300 s after step 5 "
                "of 10, so kveval stopped the cell")
-    ev = evidence()
+    ev = evidence_dict()
     ev["startup"] = [*ev.get("startup", []), {"cell": "fp8:keep=0,1-8192", "started": True, "crash": message,
                                                "crash_cause": "stalled"}]
-    verdict = evaluate(ev)
+    verdict = evaluate(typed_evidence(ev))
     (defect,) = verdict.defects
     assert defect["cell"] == "fp8:keep=0,1-8192" and "hangs" in defect["message"] and message in defect["message"]
     assert any(r.level == "INCONCLUSIVE" and r.cell == "fp8:keep=0,1-8192" for r in verdict.reasons)
@@ -71,14 +72,14 @@ def test_requests_the_engine_failed_only_in_the_remedy_are_a_defect_named_in_vll
     # The H200 run of fp8:keep=0,1 with --enforce-eager (reports/h200-qwen2.5-coder-1.5b-keep-layers-defect):
     # FA3 scheduled the layers kept in bf16 with FP8 metadata and vLLM 0.26 raised this on 5 of 10 prompts.
     message = "RuntimeError: scheduler_metadata must have shape (metadata_size)"
-    ev = evidence()
+    ev = evidence_dict()
     ev["acceptance"] = {"matrix": [], "rejections": [
         {"cell": "fp8:keep=0,1-8192", "prompt": f"p{i}", "kind": "error", "message": message} for i in range(5)] + [
         {"cell": "auto-8192", "prompt": "over", "kind": "rejected", "message": "VLLMValidationError: too long"}]}
-    verdict = evaluate(ev)
+    verdict = evaluate(typed_evidence(ev))
     (defect,) = verdict.defects
     assert defect["cell"] == "fp8:keep=0,1-8192"
     assert f"vLLM raised `{message}` on 5 requests, the auto cells on none; known in vLLM 0.26" in defect["message"]
     # The same errors in the baseline too: not specific to the tested configuration, no defect is claimed.
     ev["acceptance"]["rejections"].append({"cell": "auto-8192", "prompt": "p0", "kind": "error", "message": message})
-    assert evaluate(ev).defects == []
+    assert evaluate(typed_evidence(ev)).defects == []

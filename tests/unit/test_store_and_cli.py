@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from kveval.cli.commands import cli
+from kveval.files import schema
 from kveval.files.rundir import RunDir, StoreError, write_json_atomic
 from tests.support.constructed import failed_cell, planned_manifest
 
@@ -16,10 +17,16 @@ def test_cell_round_trip_and_planned_order(tmp_path):
     manifest = planned_manifest([{"id": "auto-1024", "kv_cache_dtype": "auto", "max_model_len": 1024},
                                  {"id": "fp8-1024", "kv_cache_dtype": "fp8", "max_model_len": 1024}])
     write_json_atomic(store.manifest_path, manifest)
-    cell = {**failed_cell("fp8", 1024), "text": "ünïcode ⏎"}  # a key kveval does not know is kept
+    cell = failed_cell("fp8", 1024, message="ünïcode ⏎")
     write_json_atomic(store.cell_path("fp8-1024"), cell)
     assert store.load_cells() == {"fp8-1024": cell}
+    assert schema.dump(store.cell_results()["fp8-1024"]) == cell
     assert not list(store.cells_dir.glob(".*"))  # no temp files left behind
+    # A key kveval does not know (a newer kveval's file) is refused, naming the file and the field.
+    write_json_atomic(store.cell_path("fp8-1024"), {**cell, "text": "ünïcode ⏎"})
+    for read in (store.load_cells, store.cell_results):
+        with pytest.raises(StoreError, match=r"fp8-1024.json: field text: not a field this kveval knows"):
+            read()
 
 
 def test_wrong_schema_is_refused(tmp_path):

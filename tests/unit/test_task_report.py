@@ -18,6 +18,7 @@ from kveval.render.plots import task_heatmap
 HEATMAP_FILE = RunDir.TASK_HEATMAP
 from kveval.render.review import render_review
 from tests.support.constructed import manifest_for, scoring_phase, started_cell, write_run
+from tests.support.evidence import typed_evidence
 from tests.support.task_samples import passkey_grid, sample, with_tasks
 
 N = 300
@@ -125,7 +126,7 @@ def test_heatmap_png_is_written_small_and_none_without_data(tmp_path):
     data = path.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 1000
     assert task_heatmap([], tmp_path / "none.png") is None
-    no_depth = [dict(r, depth=None) for r in evidence.tasks.grid]
+    no_depth = [r.model_copy(update={"depth": None}) for r in evidence.tasks.grid]
     assert task_heatmap(no_depth, tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
 
@@ -140,7 +141,7 @@ def test_heatmap_stays_small_for_a_full_matrix(tmp_path):
                     rows.append({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length,
                                  "depth": depth, "target_tokens": round(fraction * length), "n": n,
                                  "correct": n // 2, "rejected": 12 - n, "accuracy": 0.5 if n else None})
-    path = task_heatmap(rows, tmp_path / "big.png")
+    path = task_heatmap(typed_evidence({"tasks": {"grid": rows}}).tasks.grid, tmp_path / "big.png")
     assert 1000 < path.stat().st_size <= 150_000
 
 

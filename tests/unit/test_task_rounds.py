@@ -11,6 +11,7 @@ import pytest
 
 from kveval.analysis.task_accuracy import task_evidence
 from kveval.errors import KvevalError
+from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic
 from kveval.files.task_rounds import merge_rounds, round_cell_id
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Check, Reason, Thresholds, Verdict
@@ -22,7 +23,8 @@ from kveval.run import rounds as rounds_module
 from kveval.run.compare import RunSetup, _phase_options, _run_cells
 from kveval.run.options import CompareOptions, validate_options
 from kveval.run.round_plan import Costs, LengthShape, plan_round, undecided_by_tasks
-from tests.support.constructed import planned_manifest, scoring_phase, started_cell
+from tests.support.constructed import failed_cell, planned_manifest, scoring_phase, started_cell
+from tests.support.evidence import typed_evidence
 from tests.support.quiet import Quiet
 from tests.support.task_samples import sample, with_tasks
 
@@ -80,9 +82,9 @@ def test_only_cells_undecided_by_tasks_alone_get_rounds():
     assert not undecided_by_tasks(verdict, "fp8-4096")     # FAIL already
 
 
-def _evidence(cells: dict[str, dict]) -> dict:
-    return {"tasks": {"cells": cells, "accuracy": [
-        {"cell": name, "level": "cell", "samples": entry["n"]} for name, entry in cells.items()]}}
+def _evidence(cells: dict[str, dict]) -> schema.Evidence:
+    return typed_evidence({"tasks": {"cells": cells, "accuracy": [
+        {"cell": name, "level": "cell", "samples": entry["n"]} for name, entry in cells.items()]}})
 
 
 def _entry(n, b, c, acc=0.8, length=1024, looks=None):
@@ -157,7 +159,7 @@ def _round_record(cell, kv, round_number, samples, seconds=10.0):
 
 def test_merge_tags_rounds_and_keeps_a_failed_round_apart():
     cell = with_tasks(started_cell("fp8", 1024, 4096, []), _samples(0, 4))
-    failed = {"cell": "fp8-1024.tasks-r2", "started": False, "failure": {"message": "CUDA OOM"}, "phases": {}}
+    failed = {**failed_cell("fp8", 1024, reason="oom", message="CUDA OOM"), "cell": "fp8-1024.tasks-r2"}
     merged = merge_rounds(cell, [(1, _round_record("fp8-1024", "fp8", 1, _samples(1, 3))), (2, failed)],
                           {"n_max": 600, "final": True, "stopped": "budget"})
     tasks = merged["phases"]["tasks"]
@@ -315,9 +317,12 @@ def test_a_quality_reference_keeps_its_own_kv_budget_in_rounds(tmp_path):
     setup.options = CompareOptions(kv=("fp8", "auto"), max_model_len=(2048,), phases=("scoring", "tasks"),
                                    budget="600", kv_cache_memory="40MiB")
     setup.manifest["quality_references"] = {"auto-2048.reference": {"for": "auto-2048",
-                                                                    "kv_cache_memory_bytes": 80 * 2 ** 20}}
+                                                                    "kv_cache_memory_bytes": 80 * 2 ** 20, "why": "..."}}
+    setup.run.write_manifest(setup.manifest)
+    references = setup.run.manifest().quality_references
     plans = rounds_module._round_plans(setup, 1, LengthRound(2048, "auto-2048.reference", ["fp8-2048"], 24, 12, 1, None),
-                                       "taskdata/L2048/r1", None, {"auto-2048.reference": KVSpec("auto"), "fp8-2048": KVSpec("fp8")})
+                                       "taskdata/L2048/r1", None, {"auto-2048.reference": KVSpec("auto"), "fp8-2048": KVSpec("fp8")},
+                                       references)
     budgets = {plan.id: plan.engine["kv_cache_memory_bytes"] for plan in plans}
     assert budgets == {"auto-2048.reference.tasks-r1": 80 * 2 ** 20, "fp8-2048.tasks-r1": 40 * 2 ** 20}
 

@@ -15,29 +15,69 @@ difference is the noise floor — what "no real change" looks like on this platf
 """
 from __future__ import annotations
 
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
 from kveval.defaults import BASELINE_KV
+from kveval.files import schema
 from kveval.files.rundir import read_json
+from kveval.worker.engine_results import Scored
+
+
+class _Read(BaseModel):
+    """The part of a cell's facts this phase reads (schema.CellResult's fields of the same names): an
+    earlier cell's file, or this cell's facts in memory, with the rest (scoring positions...) skipped."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Record(_Read):
+    prompt_id: str
+    accepted: Optional[bool] = None
+    token_ids: Optional[list[int]] = None
+
+
+class _Generation(_Read):
+    records: Optional[list[_Record]] = None
+
+
+class _Phases(_Read):
+    generation: Optional[_Generation] = None
+
+
+class _Generated(_Read):
+    """A cell's greedy outputs: the reference continuations when the cell is an auto cell."""
+
+    cell: str
+    started: Optional[bool] = None
+    max_model_len: int = 0
+    phases: Optional[_Phases] = None
+
+    @property
+    def records(self) -> list[_Record]:
+        generation = self.phases.generation if self.phases else None
+        return (generation.records if generation else None) or []
 
 
 def _reference_outputs(cell) -> dict[str, list[int]]:
     """prompt_id -> greedy output token ids of the reference auto cell (maybe this very cell)."""
     candidates = []
     if cell.kv_spec == BASELINE_KV:
-        candidates.append(cell.facts)
+        candidates.append(_Generated.model_validate(cell.facts))
     if cell.run_dir is not None:
-        for planned in read_json(cell.run_dir.manifest_path).get("cells", []):
-            if planned["kv_cache_dtype"] != BASELINE_KV:
+        for planned in schema.load(schema.Manifest, cell.run_dir.manifest_path).cells:
+            if planned.kv_cache_dtype != BASELINE_KV:
                 continue
-            earlier = cell.run_dir.load_cell(planned["id"], validate=False)
+            earlier = cell.run_dir.load_cell(planned.id, validate=False)
             if earlier is not None:
-                candidates.append(earlier)
+                candidates.append(_Generated.model_validate(earlier))
     # The reference is the first auto cell in run order that generated: the same one for all cells.
-    ordered = sorted((c for c in candidates if c.get("started")), key=lambda c: c.get("max_model_len", 0))
+    ordered = sorted((c for c in candidates if c.started), key=lambda c: c.max_model_len)
     for facts in ordered:
-        records = ((facts.get("phases") or {}).get("generation") or {}).get("records", [])
-        if records:
-            return {"__cell__": facts["cell"], **{r["prompt_id"]: r["token_ids"] for r in records
-                                                 if r.get("accepted") and r.get("token_ids")}}
+        if facts.records:
+            return {"__cell__": facts.cell, **{r.prompt_id: r.token_ids for r in facts.records
+                                              if r.accepted and r.token_ids}}
     return {}
 
 
@@ -63,12 +103,11 @@ def _sequences(cell) -> tuple[list[dict], str | None]:
 
 def _attach(sequences: list[dict], results: list[dict]) -> list[dict]:
     stored = []
-    for sequence, result in zip(sequences, results):
-        entry = {**sequence, "accepted": result["accepted"], "rejection": result.get("rejection"),
-                 "error": result.get("error")}
-        if result["accepted"]:
+    for sequence, result in zip(sequences, map(Scored.model_validate, results)):
+        entry = {**sequence, "accepted": result.accepted, "rejection": result.rejection, "error": result.error}
+        if result.accepted:
             # positions[j] is about token j+1; keep the scored part only.
-            entry["positions"] = result["positions"][sequence["scored_from"] - 1:]
+            entry["positions"] = result.positions[sequence["scored_from"] - 1:]
         stored.append(entry)
     return stored
 

@@ -14,24 +14,99 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any, Optional
 
-from kveval.files.rundir import RunDir, read_json
+from pydantic import BaseModel, ConfigDict
+
+from kveval.files import schema
+from kveval.files.rundir import RunDir
 
 PRIMARY_METRIC = "all_match"     # kveval tasks: every expected value appears in the answer
 PARTIAL_METRIC = "partial_match"
 
 
-def _primary_metric(entry: dict, max_model_len: int | None = None) -> str | None:
+class _Lenient(BaseModel):
+    """lm-eval's data and the engine's request records, as kveval reads them: the fields named, any
+    value as given (a built-in task's document says what it likes), other keys ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Doc(_Lenient):
+    """The fields kveval reads of a sample's document (kveval's own tasks write them: inputs/task_data)."""
+
+    id: Any = None
+    outputs: Any = None
+    length_fraction: Any = None
+    depth: Any = None
+    target_tokens: Any = None
+    needle_depths: Any = None
+
+
+class _LoggedSample(_Lenient):
+    """One entry of lm-eval's per-sample log (`log_samples=True`): the document, the target, and one
+    top-level value per metric named in `metrics` (kept in `values`, with partial_match)."""
+
+    doc_id: Any = None
+    doc: Optional[_Doc] = None
+    target: Any = None
+    metrics: Optional[list[Any]] = None
+    values: dict[str, Any] = {}
+
+    @classmethod
+    def of(cls, entry: dict) -> "_LoggedSample":
+        sample = cls.model_validate(entry)
+        wanted = {str(name) for name in sample.metrics or []} | {PARTIAL_METRIC}
+        sample.values = {name: value for name, value in entry.items() if name in wanted}
+        return sample
+
+    @property
+    def expected(self) -> Any:
+        """The document's `outputs` when it has that key (even null), else lm-eval's target."""
+        return self.doc.outputs if self.doc is not None and "outputs" in self.doc.model_fields_set else self.target
+
+    @property
+    def sample_id(self) -> str:
+        return str(self.doc.id if self.doc is not None and "id" in self.doc.model_fields_set else self.doc_id)
+
+    def value(self, metric: str | None) -> Any:
+        return self.values[metric] if metric in self.values else None
+
+
+class _Request(_Lenient):
+    """One request record of worker/lmeval_lm.EngineLM (what the engine did for one lm-eval request)."""
+
+    task: Any
+    doc_id: Any
+    prompt_tokens: Optional[int] = None
+    max_gen_toks: Optional[int] = None
+    accepted: Optional[bool] = None      # None until the engine answered
+    rejection: Optional[str] = None
+    error: Optional[str] = None
+    response: Optional[str] = None
+    finish_reason: Optional[str] = None
+    output_tokens: Optional[int] = None
+    seconds: Optional[float] = None
+
+
+class _EvalOutput(_Lenient):
+    """What kveval reads of `simple_evaluate`'s result: the aggregates and the per-sample log."""
+
+    results: Optional[dict[str, Any]] = None
+    samples: Optional[dict[str, list[Any]]] = None
+
+
+def _primary_metric(entry: _LoggedSample, max_model_len: int | None = None) -> str | None:
     """The metric that scores this sample: kveval's all_match; else, for lm-eval's RULER tasks (one
     metric per context length, -1 for the lengths a sample is not about), the one named after this
     cell's length; else the first that holds a number of 0 or more."""
-    names = list(entry.get("metrics") or [])
+    names = list(entry.metrics or [])
     if PRIMARY_METRIC in names:
         return PRIMARY_METRIC
     if max_model_len is not None and str(max_model_len) in names:
         return str(max_model_len)
     for name in names:
-        value = _number(entry.get(name))
+        value = _number(entry.value(name))
         if value is not None and value >= 0:
             return name
     return names[0] if names else None
@@ -57,39 +132,39 @@ def _renumber_requests(requests: list[dict], chosen: list[int]) -> None:
 def sample_records(task_samples: dict[str, list[dict]], requests: list[dict],
                    max_model_len: int | None = None) -> list[dict]:
     """One record per (task, doc): the engine's requests for it joined with lm-eval's sample log."""
-    by_doc: dict[tuple, list[dict]] = {}
-    for request in requests:
-        by_doc.setdefault((request["task"], request["doc_id"]), []).append(request)
+    by_doc: dict[tuple, list[_Request]] = {}
+    for request in map(_Request.model_validate, requests):
+        by_doc.setdefault((request.task, request.doc_id), []).append(request)
     out = []
     for task, entries in task_samples.items():
-        for entry in entries:
-            doc = entry.get("doc") or {}
-            asked = by_doc.get((task, entry.get("doc_id")), [])
-            accepted = bool(asked) and all(r["accepted"] for r in asked)
-            error = next((r["error"] for r in asked if r.get("error")), None)
+        for entry in map(_LoggedSample.of, entries):
+            doc = entry.doc or _Doc()
+            asked = by_doc.get((task, entry.doc_id), [])
+            accepted = bool(asked) and all(r.accepted for r in asked)
+            error = next((r.error for r in asked if r.error), None)
             metric = _primary_metric(entry, max_model_len)
-            score = _number(entry.get(metric)) if accepted and metric else None
-            partial = _number(entry.get(PARTIAL_METRIC)) if accepted else None
-            expected = doc.get("outputs", entry.get("target"))
+            score = _number(entry.value(metric)) if accepted and metric else None
+            partial = _number(entry.value(PARTIAL_METRIC)) if accepted else None
+            expected = entry.expected
             out.append({
-                "task": task, "doc_id": entry.get("doc_id"),
-                "sample_id": str(doc.get("id", entry.get("doc_id"))),
-                "length_fraction": doc.get("length_fraction"), "depth": doc.get("depth"),
-                "target_tokens": doc.get("target_tokens"), "needle_depths": doc.get("needle_depths"),
-                "prompt_tokens": max((r["prompt_tokens"] for r in asked), default=None),
-                "max_gen_toks": max((r["max_gen_toks"] for r in asked), default=None),
+                "task": task, "doc_id": entry.doc_id,
+                "sample_id": entry.sample_id,
+                "length_fraction": doc.length_fraction, "depth": doc.depth,
+                "target_tokens": doc.target_tokens, "needle_depths": doc.needle_depths,
+                "prompt_tokens": max((r.prompt_tokens for r in asked), default=None),
+                "max_gen_toks": max((r.max_gen_toks for r in asked), default=None),
                 "requests": len(asked),
                 "accepted": accepted,
-                "rejection": next((r["rejection"] for r in asked if r.get("rejection")), None),
+                "rejection": next((r.rejection for r in asked if r.rejection), None),
                 "error": error if asked else "lm-eval made no request for this sample",
-                "response": "\n".join(r.get("response") or "" for r in asked),
+                "response": "\n".join(r.response or "" for r in asked),
                 "expected": expected if isinstance(expected, list) else [str(expected)],
                 "metric": metric, "score": score,
                 "correct": None if score is None else score >= 1.0 - 1e-9,
                 "partial": partial,
-                "finish_reason": next((r.get("finish_reason") for r in asked), None),
-                "output_tokens": sum(r.get("output_tokens") or 0 for r in asked) if accepted else None,
-                "seconds": sum(r.get("seconds") or 0.0 for r in asked),
+                "finish_reason": next((r.finish_reason for r in asked), None),
+                "output_tokens": sum(r.output_tokens or 0 for r in asked) if accepted else None,
+                "seconds": sum(r.seconds or 0.0 for r in asked),
             })
     return out
 
@@ -101,11 +176,12 @@ def _doc_count(data_dir: Path | None, task: str) -> int | None:
     return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
 
 
-def _task_data_plan(run_dir: RunDir | None) -> dict:
-    """The manifest's `task_data`: which data directory serves which max_model_len (inputs/task_selection.py)."""
+def _task_data_plan(run_dir: RunDir | None) -> schema.TaskData:
+    """The manifest's `task_data`: which data directory serves which max_model_len (inputs/task_selection.py);
+    an empty plan without a manifest."""
     if run_dir is None or not run_dir.manifest_path.is_file():
-        return {}
-    return read_json(run_dir.manifest_path).get("task_data") or {}
+        return schema.TaskData(data_dirs={}, files={}, skipped={})
+    return schema.load(schema.Manifest, run_dir.manifest_path).task_data
 
 
 def run(engine, cell) -> dict:
@@ -124,8 +200,9 @@ def run(engine, cell) -> dict:
     options = cell.options.tasks
     tasks = list(options.tasks)
     plan = _task_data_plan(cell.run_dir)
+    length = str(cell.max_model_len)
     # A later round of task samples (run/rounds.py) names its own data directory.
-    relative = options.data_dir or plan.get("data_dirs", {}).get(str(cell.max_model_len))
+    relative = options.data_dir or plan.data_dirs.get(length)
     data_dir = cell.run_dir.task_data_path(relative) if relative and cell.run_dir else None
     limit = options.limit
     phase = {"tasks": tasks, "lm_eval_version": getattr(lm_eval, "__version__", None),
@@ -149,11 +226,11 @@ def run(engine, cell) -> dict:
     # lm-eval's full task index takes ~15 s to build: only when a built-in task was asked for.
     builtins = any(task not in KVEVAL_TASKS for task in tasks)
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=builtins, metadata=metadata)
-    skipped = plan.get("skipped", {}).get(str(cell.max_model_len))
+    skipped = plan.skipped.get(length)
     for task in tasks:
         if task in KVEVAL_TASKS and totals.get(task) is None:
-            why = skipped or "; ".join(((plan.get("files") or {}).get(str(cell.max_model_len), {})
-                                        .get(task, {}).get("skipped") or {}).values())
+            planned = plan.files.get(length, {}).get(task)
+            why = skipped or "; ".join(planned.skipped.values() if planned else ())
             phase["task_errors"][task] = f"no task data for max_model_len {cell.max_model_len}: {why or 'not generated'}"
             continue
         state.update(task=task, done=0)
@@ -171,11 +248,11 @@ def run(engine, cell) -> dict:
             cell.facts["phases"]["tasks"] = phase
             cell.checkpoint()
             continue
-        output = output or {}
+        output = _EvalOutput.model_validate(output or {})
         if chosen:  # lm-eval numbers the requests of a --samples selection 0..k-1, its sample log by document
             _renumber_requests(lm.records, chosen)
-        phase["lm_eval_results"].update(json.loads(json.dumps(output.get("results") or {}, default=str)))
-        phase["samples"].extend(sample_records(output.get("samples") or {}, lm.records,
+        phase["lm_eval_results"].update(json.loads(json.dumps(output.results or {}, default=str)))
+        phase["samples"].extend(sample_records(output.samples or {}, lm.records,
                                                    cell.max_model_len))
         cell.facts["phases"]["tasks"] = phase
         cell.checkpoint()

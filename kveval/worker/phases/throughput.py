@@ -9,9 +9,29 @@ The levels are the suite's, plus the cell's reported maximum concurrency. One ru
 """
 from __future__ import annotations
 
+from typing import Optional, Union
+
+from pydantic import BaseModel, ConfigDict
+
 from kveval.files.rundir import read_json
 
 MAX_LEVEL = 256   # vLLM's default max_num_seqs: more cannot run at once anyway
+
+
+class _Capacity(BaseModel):
+    """The part of this cell's `capacity` (engine.capacity(), schema.Capacity) the sweep reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_concurrency: Optional[Union[int, float]] = None   # int stays int: it is stored as given
+
+
+class _Facts(BaseModel):
+    """This cell's facts so far, for its capacity (None before the engine reported one)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    capacity: Optional[_Capacity] = None
 
 
 def levels_for(levels: list[int], max_concurrency: float | None) -> list[int]:
@@ -42,11 +62,11 @@ def long_prompt(cell, share: float, max_tokens: int) -> list[int] | None:
 def run(engine, cell) -> dict:
     options = cell.options.throughput
     max_tokens, share = options.max_tokens, options.prompt_share
-    capacity = cell.facts.get("capacity") or {}
-    levels = levels_for(options.levels, capacity.get("max_concurrency"))
+    capacity = _Facts.model_validate(cell.facts).capacity or _Capacity()
+    levels = levels_for(options.levels, capacity.max_concurrency)
     prompt = long_prompt(cell, share, max_tokens)
     phase = {"prompt_tokens": len(prompt) if prompt else 0, "max_tokens": max_tokens, "prompt_share": share,
-             "levels": levels, "max_concurrency": capacity.get("max_concurrency"), "runs": []}
+             "levels": levels, "max_concurrency": capacity.max_concurrency, "runs": []}
     if prompt is None:
         phase["error"] = f"no prompt fits: max_model_len {cell.max_model_len} leaves no room for {max_tokens} tokens"
         return phase

@@ -1,0 +1,225 @@
+"""`kveval diff RUN_A RUN_B`: two runs of one model compared, on published reports and on constructed
+pairs (a copy of a published run with one figure changed)."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kveval.analysis.run_diff import DEFAULT_KL_NOISE, newcombe_interval
+from kveval.api import EXIT_USAGE, EXIT_WORSE, KvevalError, diff_markdown, diff_runs
+from kveval.cli.commands import cli
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+SMOLLM2 = REPORTS / "h200-smollm2-defaults"              # fp8-2048 PASS, fp8-8192 MISSING
+SMOLLM2_8192 = REPORTS / "h200-smollm2-8192-defaults"    # fp8-8192 PASS
+QWEN_DEFAULTS = REPORTS / "h200-qwen2.5-coder-1.5b-defaults"
+QWEN = REPORTS / "h200-qwen2.5-coder-1.5b"
+BISECT = REPORTS / "h200-qwen2.5-coder-1.5b-keep-layers-bisect"
+
+
+def run_cli(*args) -> "click.testing.Result":
+    return CliRunner().invoke(cli, ["diff", *map(str, args)])
+
+
+def copy_run(source: Path, target: Path) -> Path:
+    """A run directory holding the source's manifest and its results as plain results.json."""
+    target.mkdir(parents=True)
+    shutil.copy(source / "manifest.json", target / "manifest.json")
+    (target / "results.json").write_bytes(gzip.decompress((source / "results.json.gz").read_bytes()))
+    return target
+
+
+def edit(run: Path, name: str, change) -> None:
+    path = run / name
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def kv_comparison(results: dict, cell: str) -> dict:
+    return next(c for c in results["evidence"]["divergence"]["comparisons"] if c["kind"] == "kv" and c["cell"] == cell)
+
+
+# --- published reports -------------------------------------------------------------------------------
+
+def test_published_pair_with_one_cell_in_common():
+    result = run_cli(SMOLLM2, SMOLLM2_8192)
+    assert result.exit_code == 0, result.output
+    assert "Only in A: fp8-2048 (PASS)." in result.output
+    assert "| fp8-8192 | MISSING → PASS" in result.output
+    diff = diff_runs(SMOLLM2, SMOLLM2_8192)
+    assert [c.cell for c in diff.cells] == ["fp8-8192"] and diff.cells[0].verdict_change == "better"
+    assert [c.cell for c in diff.only_in_a] == ["fp8-2048"] and not diff.only_in_b
+    assert not diff.worse
+
+
+def test_published_pair_of_other_suites_is_shown_not_judged_and_tasks_get_an_interval():
+    diff = diff_runs(QWEN_DEFAULTS, QWEN)
+    assert [c.cell for c in diff.only_in_a] == ["fp8:keep=0,1-8192"]
+    assert [c.cell for c in diff.only_in_b] == ["fp8-32768"]
+    (cell,) = diff.cells
+    assert cell.verdict_a == cell.verdict_b == "FAIL"
+    # Another suite scored other text: the KL change is shown, never called beyond noise.
+    assert cell.divergence.basis == "other text" and cell.divergence.kl_mean.beyond_noise is None
+    tasks = cell.tasks
+    assert (tasks.n_a, tasks.n_b) == (270, 162)
+    assert -1 <= tasks.ci_low < tasks.accuracy.delta < tasks.ci_high <= 1
+    assert tasks.accuracy.beyond_noise is False
+    assert cell.pool.ratio > 0 and cell.pool.tokens_b < cell.pool.tokens_a
+    assert not diff.worse
+    assert run_cli(QWEN_DEFAULTS, QWEN).exit_code == 0
+
+
+def test_partly_shared_sequences_are_compared_on_the_common_ones():
+    diff = diff_runs(BISECT / "fa3-defaults", BISECT / "fa3-graphs-half-memory")
+    (cell,) = diff.cells
+    divergence = cell.divergence
+    assert divergence.basis == "common sequences"
+    assert (divergence.sequences_a, divergence.sequences_b, divergence.sequences_common) == (6, 1, 1)
+    assert divergence.kl_mean.beyond_noise is False   # the one shared document scores alike
+    assert divergence.kl_mean_all.a != divergence.kl_mean.a
+
+
+def test_a_published_regression_exits_with_the_worse_code():
+    result = run_cli(BISECT / "fa3-defaults", BISECT / "fa3-eager-half-memory")
+    assert result.exit_code == EXIT_WORSE == 5, result.output
+    assert "**B got worse than A**" in result.output
+    assert "PASS → INCONCLUSIVE **worse**" in result.output
+
+
+def test_the_same_run_twice_changes_nothing():
+    diff = diff_runs(REPORTS / "h200-smollm2", REPORTS / "h200-smollm2")
+    assert not diff.worse and not diff.only_in_a and not diff.only_in_b and len(diff.cells) == 2
+    for cell in diff.cells:
+        assert cell.verdict_change == "same" and not cell.why_worse
+        assert cell.divergence.basis == "same sequences"
+        assert cell.divergence.kl_mean.delta == 0 and cell.divergence.kl_mean.beyond_noise is False
+        assert cell.divergence.top1_agreement.beyond_noise is False
+        assert cell.tasks.accuracy.beyond_noise is False
+    assert all(s.decode_vs_spread in ("within", "too few runs") for s in diff.speed)
+    result = run_cli("--json", REPORTS / "h200-smollm2", REPORTS / "h200-smollm2")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["worse"] is False and document["kl_noise_threshold"] > 0
+    assert {c["cell"] for c in document["cells"]} == {"fp8-2048", "fp8-8192"}
+
+
+# --- constructed pairs ----------------------------------------------------------------------------
+
+@pytest.fixture
+def pair(tmp_path):
+    return copy_run(SMOLLM2_8192, tmp_path / "a"), copy_run(SMOLLM2_8192, tmp_path / "b")
+
+
+def test_a_worse_verdict_exits_5(pair):
+    a, b = pair
+    edit(b, "results.json", lambda r: r["verdict"]["cells"].update({"fp8-8192": "FAIL"}))
+    result = run_cli(a, b)
+    assert result.exit_code == EXIT_WORSE, result.output
+    assert "fp8-8192: verdict PASS -> FAIL" in result.output
+    # The other way round it got better: exit 0.
+    assert run_cli(b, a).exit_code == 0
+
+
+def test_inconclusive_to_fail_is_worse_and_fail_to_inconclusive_is_not(pair):
+    a, b = pair
+    edit(a, "results.json", lambda r: r["verdict"]["cells"].update({"fp8-8192": "INCONCLUSIVE"}))
+    edit(b, "results.json", lambda r: r["verdict"]["cells"].update({"fp8-8192": "FAIL"}))
+    assert diff_runs(a, b).worse and not diff_runs(b, a).worse
+
+
+def test_a_kl_rise_beyond_noise_is_worse_and_one_within_noise_is_not(pair):
+    a, b = pair
+    floor = diff_runs(a, b).kl_noise_threshold
+    assert floor == pytest.approx(0.00014269345757057182)   # the run's own noise floor (both runs alike)
+
+    def raise_kl(by):
+        def change(results):
+            kv_comparison(results, "fp8-8192")["summary"]["kl_mean"] += by
+        return change
+
+    edit(b, "results.json", raise_kl(floor / 2))
+    within = diff_runs(a, b).cells[0].divergence.kl_mean
+    assert within.beyond_noise is False and not diff_runs(a, b).worse
+    edit(b, "results.json", raise_kl(0.01))
+    diff = diff_runs(a, b)
+    kl = diff.cells[0].divergence.kl_mean
+    assert kl.beyond_noise and kl.harmful and diff.worse
+    assert any(w.startswith("KL mean") for w in diff.cells[0].why_worse)
+    # The same change the other way (KL down) is beyond noise but not harmful.
+    back = diff_runs(b, a).cells[0].divergence.kl_mean
+    assert back.beyond_noise and not back.harmful
+
+
+def test_a_run_without_a_noise_floor_uses_the_stated_default(pair):
+    a, b = pair
+
+    def no_floor(results):
+        results["evidence"]["divergence"]["noise_floor"] = None
+        results["verdict"]["noise_floor"] = None
+
+    edit(a, "results.json", no_floor)
+    edit(b, "results.json", no_floor)
+    assert diff_runs(a, b).kl_noise_threshold == DEFAULT_KL_NOISE
+
+
+def test_a_task_accuracy_drop_beyond_noise_is_worse(pair):
+    a, b = pair
+    edit(b, "results.json", lambda r: r["evidence"]["tasks"]["cells"]["fp8-8192"].update({"cell_accuracy": 0.1}))
+    diff = diff_runs(a, b)
+    tasks = diff.cells[0].tasks
+    assert tasks.accuracy.harmful and tasks.ci_high < 0 and diff.worse
+    assert run_cli(a, b).exit_code == EXIT_WORSE
+
+
+def test_cells_of_one_run_only_are_listed(pair):
+    a, b = pair
+
+    def rename(results):
+        results["verdict"]["cells"]["fp8-4096"] = results["verdict"]["cells"].pop("fp8-8192")
+
+    edit(b, "results.json", rename)
+    diff = diff_runs(a, b)
+    assert not diff.cells and not diff.worse
+    assert [(c.cell, c.verdict) for c in diff.only_in_a] == [("fp8-8192", "PASS")]
+    assert [(c.cell, c.verdict) for c in diff.only_in_b] == [("fp8-4096", "PASS")]
+    text = diff_markdown(diff)
+    assert "Only in A: fp8-8192 (PASS)." in text and "Only in B: fp8-4096 (PASS)." in text
+
+
+def test_runs_of_different_models_are_refused_in_one_line(pair):
+    a, b = pair
+    edit(b, "manifest.json", lambda m: m["model"].update({"name": "Another-Model"}))
+    (b / "results.json").unlink()   # refused before anything else is read
+    with pytest.raises(KvevalError, match="different models"):
+        diff_runs(a, b)
+    result = run_cli(a, b)
+    assert result.exit_code == EXIT_USAGE
+    assert "different models" in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("problem", ["missing", "not a run", "no results"])
+def test_bad_inputs_are_one_line_usage_errors(tmp_path, problem):
+    good = copy_run(SMOLLM2_8192, tmp_path / "good")
+    bad = tmp_path / "bad"
+    if problem != "missing":
+        bad.mkdir()
+    if problem == "no results":
+        shutil.copy(good / "manifest.json", bad / "manifest.json")
+    result = run_cli(good, bad)
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert {"missing": "no such run directory", "not a run": "not a kveval run directory",
+            "no results": "no results.json"}[problem] in result.output
+
+
+def test_newcombe_interval_stays_possible():
+    for counts in ((0, 162, 162, 162), (162, 162, 0, 162), (0, 10, 0, 10), (5, 5, 5, 5)):
+        low, high = newcombe_interval(*counts)
+        assert -1 <= low <= high <= 1
