@@ -116,17 +116,20 @@ def load_run(run_dir: str | Path) -> RunResult:
     return _load_typed(run_dir)[0]
 
 
-def _load_typed(run_dir: str | Path) -> tuple[RunResult, dict[str, schema.CellResult]]:
-    """The stored run (cells as plain dicts, as RunResult gives them) and its typed cells
-    (`RunDir.cell_results`, what the evidence is built from): the cell files are read once."""
+def _load_typed(run_dir: str | Path) -> tuple[RunResult, schema.Manifest, dict[str, schema.CellResult]]:
+    """The stored run (manifest and cells as plain dicts, as RunResult gives them), its typed manifest
+    (`RunDir.manifest`) and typed cells (`RunDir.cell_results`, what the evidence is built from): each
+    file is read once."""
     store = RunDir(run_dir)
     try:
-        manifest = store.load_manifest()
+        manifest = store.manifest()
         typed = store.cell_results(manifest)
     except StoreError as error:
         raise KvevalError(str(error)) from None
     cells = {name: schema.dump(cell) for name, cell in typed.items()}
-    return RunResult(store.path, manifest, cells, store.review_path if store.review_path.exists() else None), typed
+    result = RunResult(store.path, schema.dump(manifest), cells,
+                       store.review_path if store.review_path.exists() else None)
+    return result, manifest, typed
 
 
 def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds | None = None,
@@ -136,9 +139,9 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
     (thresholds.json, written by `compare`) < the YAML file `gate_config` < `gate_overrides`."""
     from kveval.pipeline import write_review
 
-    result, evidence, verdict = _judged(run_dir, thresholds, gate_config, gate_overrides)
+    result, manifest, evidence, verdict = _judged(run_dir, thresholds, gate_config, gate_overrides)
     try:
-        review = write_review(RunDir(run_dir), result.manifest, evidence, verdict)
+        review = write_review(RunDir(run_dir), manifest, evidence, verdict)
     except StoreError as error:
         raise KvevalError(str(error)) from None
     result.results_path, result.review_path = review.results_path, review.review_path
@@ -149,11 +152,11 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
 
 
 def _judged(run_dir: str | Path, thresholds: Thresholds | None, gate_config: str | Path | None,
-            gate_overrides: dict | None) -> tuple[RunResult, dict, Verdict]:
+            gate_overrides: dict | None) -> tuple[RunResult, schema.Manifest, schema.Evidence, Verdict]:
     """The stored run, its evidence and the verdict on it, with the thresholds `report` describes; nothing written."""
     from kveval.pipeline import stored_evidence_verdict, stored_run_verdict
 
-    result, typed = _load_typed(run_dir)
+    result, manifest, typed = _load_typed(run_dir)
     run = RunDir(run_dir)
     try:
         stored = run.load_thresholds() if thresholds is None else None
@@ -165,16 +168,16 @@ def _judged(run_dir: str | Path, thresholds: Thresholds | None, gate_config: str
         if not result.cells and not run.has_cell_files() and run.results_path.is_file():
             evidence, verdict = stored_evidence_verdict(run.results().evidence, limits)
         else:
-            evidence, verdict = stored_run_verdict(run, result.manifest, typed, limits)
+            evidence, verdict = stored_run_verdict(run, manifest, typed, limits)
     except StoreError as error:
         raise KvevalError(str(error)) from None
-    return result, evidence, verdict
+    return result, manifest, evidence, verdict
 
 
 def judge(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_config: str | Path | None = None,
           gate_overrides: dict | None = None) -> Verdict:
     """The verdict for a stored run (no engine), with nothing in the run directory written."""
-    return _judged(run_dir, thresholds, gate_config, gate_overrides)[2]
+    return _judged(run_dir, thresholds, gate_config, gate_overrides)[3]
 
 
 EXIT_WORSE = 5   # `kveval diff`: run B got worse than run A (apart from 0-4 and 130, the other commands' codes)

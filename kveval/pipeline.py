@@ -28,14 +28,14 @@ class Review:
     review_path: Path
 
 
-def judge_stored_run(run: RunDir, manifest: dict, cells: dict[str, CellLike] | None,
+def judge_stored_run(run: RunDir, manifest: schema.Manifest, cells: dict[str, CellLike] | None,
                      thresholds: Thresholds) -> Review:
     """Evidence from the stored files, the verdict on it, and every output written into the run.
     `cells`: the run's cells as already read; None reads them (`RunDir.cell_results`)."""
     return write_review(run, manifest, *stored_run_verdict(run, manifest, cells, thresholds))
 
 
-def stored_run_verdict(run: RunDir, manifest: dict, cells: dict[str, CellLike] | None,
+def stored_run_verdict(run: RunDir, manifest: schema.Manifest, cells: dict[str, CellLike] | None,
                        thresholds: Thresholds) -> tuple[schema.Evidence, Verdict]:
     """Evidence from the stored files and the verdict on it; nothing is written. `cells`: the typed
     cells (`RunDir.cell_results`); None reads them; plain dicts are validated once by build_evidence."""
@@ -57,7 +57,7 @@ def stored_evidence_verdict(evidence: schema.Evidence, thresholds: Thresholds) -
     return evidence, evaluate(evidence, thresholds)
 
 
-def write_review(run: RunDir, manifest: dict, evidence: schema.Evidence, verdict: Verdict) -> Review:
+def write_review(run: RunDir, manifest: schema.Manifest, evidence: schema.Evidence, verdict: Verdict) -> Review:
     """results.json, tables/*.csv, figures and review.md, from evidence and verdict alone."""
     results_path = write_results(run.path, evidence, verdict, manifest)
     write_text_atomic(run.review_path, render_review(manifest, evidence, verdict))

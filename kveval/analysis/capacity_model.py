@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from kveval.analysis.cell_records import CellLike, stored_spec, typed_cells
-from kveval.files.schema import Capacity, CellResult, StartupRow
+from kveval.files.schema import Capacity, CellResult, KvLayout, StartupRow
 from kveval.inputs.kvspec import KVSpec
 
 # Bytes per element of each KV-cache dtype; `auto` (and a ModelOpt baseline) is the model dtype.
@@ -31,20 +31,20 @@ MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEVIATION_LIMIT = 0.03   # a measured pool further than 3 % from the prediction is flagged
 
 
-def bytes_per_token(layout: dict, spec: KVSpec, model_dtype: str = "bfloat16",
+def bytes_per_token(layout: KvLayout | None, spec: KVSpec, model_dtype: str = "bfloat16",
                     every_layer_full: bool = False) -> int | None:
     """K and V bytes one token costs across all layers, for a KV spec such as `fp8` or `fp8:keep=0,1`;
     None when the layout cannot be predicted this way (sliding-window layers, unless the engine cached
     them as full attention; an unknown dtype)."""
-    if not layout or (layout.get("sliding_window_layers") and not every_layer_full):
+    if layout is None or (layout.sliding_window_layers and not every_layer_full):
         return None
     full = MODEL_DTYPE_BYTES.get(model_dtype, 2)
     cache = full if spec.dtype == "auto" else DTYPE_BYTES.get(spec.dtype)
     if cache is None:
         return None
-    per_layer = layout["per_layer_elements"]        # elements of K + V per token in one layer
-    kept = {int(k) for k in spec.keep if k.isdigit() and int(k) < layout["layers"]}
-    return per_layer * (full * len(kept) + cache * (layout["layers"] - len(kept)))
+    per_layer = layout.per_layer_elements        # elements of K + V per token in one layer
+    kept = {int(k) for k in spec.keep if k.isdigit() and int(k) < layout.layers}
+    return per_layer * (full * len(kept) + cache * (layout.layers - len(kept)))
 
 
 def predicted_pool(budget_bytes: float, per_token: int, block_size: int) -> dict:
@@ -72,19 +72,19 @@ def hybrid_groups(layers: int, sliding: list[int]) -> tuple[int, int, int]:
     return size, math.ceil(n_full / size), math.ceil(n_sliding / size)
 
 
-def hybrid_blocks_per_request(layout: dict, max_model_len: int, block_size: int,
+def hybrid_blocks_per_request(layout: KvLayout, max_model_len: int, block_size: int,
                               max_num_batched_tokens: int | None) -> int:
     """Blocks one request of max_model_len takes across all groups. Without a recorded
     max_num_batched_tokens a sliding group is assumed to hold the whole length (an upper bound)."""
-    _, full_groups, sliding_groups = hybrid_groups(layout["layers"], layout["sliding_window_layers"])
-    window = layout.get("sliding_window") or max_model_len
+    _, full_groups, sliding_groups = hybrid_groups(layout.layers, layout.sliding_window_layers)
+    window = layout.sliding_window or max_model_len
     held = max_model_len if max_num_batched_tokens is None else min(window - 1 + max_num_batched_tokens,
                                                                       max_model_len)
     return (full_groups * math.ceil(max_model_len / block_size)
             + sliding_groups * (math.ceil(held / block_size) + 1))
 
 
-def hybrid_pool(layout: dict, spec: KVSpec, model_dtype: str, budget_bytes: float, block_size: int,
+def hybrid_pool(layout: KvLayout, spec: KVSpec, model_dtype: str, budget_bytes: float, block_size: int,
                 max_model_len: int, max_num_batched_tokens: int | None) -> dict | None:
     """Blocks, pool tokens (as vLLM reports them) and the longest max_model_len that starts, for a
     model with sliding-window layers under the hybrid allocator; None for layers kept in another dtype
@@ -92,8 +92,8 @@ def hybrid_pool(layout: dict, spec: KVSpec, model_dtype: str, budget_bytes: floa
     per_element = element_bytes(spec, model_dtype)
     if per_element is None:
         return None
-    size, _, _ = hybrid_groups(layout["layers"], layout["sliding_window_layers"])
-    page = block_size * layout["per_layer_elements"] * per_element
+    size, _, _ = hybrid_groups(layout.layers, layout.sliding_window_layers)
+    page = block_size * layout.per_layer_elements * per_element
     blocks = int(budget_bytes // (size * page))
     per_request = hybrid_blocks_per_request(layout, max_model_len, block_size, max_num_batched_tokens)
     # The longest max_model_len that starts: vLLM 0.26's estimate counted every group at the full length
@@ -121,11 +121,11 @@ def needed_bytes(max_model_len: int, per_token: int, block_size: int, concurrenc
     return math.ceil(max_model_len / block_size) * block_size * per_token * concurrency
 
 
-def _model_for(layout: dict | None, capacity: Capacity | None) -> str | None:
+def _model_for(layout: KvLayout | None, capacity: Capacity | None) -> str | None:
     """'plain' (every layer caches every token), 'hybrid' (sliding-window groups) or None (no layout)."""
-    if not layout:
+    if layout is None:
         return None
-    if not layout.get("sliding_window_layers") or (capacity is not None and capacity.hybrid_kv_cache_manager is False):
+    if not layout.sliding_window_layers or (capacity is not None and capacity.hybrid_kv_cache_manager is False):
         return "plain"
     return "hybrid"
 
@@ -143,7 +143,7 @@ class Prediction:
     why: str | None = None
 
 
-def predict_cell(layout: dict | None, spec: KVSpec, model_dtype: str, budget: float | None, block: int | None,
+def predict_cell(layout: KvLayout | None, spec: KVSpec, model_dtype: str, budget: float | None, block: int | None,
                  length: int, capacity: Capacity | None) -> Prediction:
     """The prediction for one cell (`Prediction`), or `why` it is not predicted."""
     kind = _model_for(layout, capacity)
@@ -170,7 +170,7 @@ def predict_cell(layout: dict | None, spec: KVSpec, model_dtype: str, budget: fl
                       block_bytes=per_token * block)
 
 
-def capacity_rows(cells: dict[str, CellLike], layout: dict | None, model_dtype: str, budget_bytes: int | None,
+def capacity_rows(cells: dict[str, CellLike], layout: KvLayout | None, model_dtype: str, budget_bytes: int | None,
                   baseline_kv: str = "auto") -> list[dict]:
     """Per cell: predicted vs measured pool. The budget is --kv-cache-memory when given; otherwise
     the one the baseline cell's measured blocks imply (vLLM's default share of the device), so a
@@ -209,7 +209,7 @@ def capacity_rows(cells: dict[str, CellLike], layout: dict | None, model_dtype: 
                "measured_blocks": measured_blocks,
                "deviation": None, "flag": prediction.why,
                "predicted_max_model_len": prediction.largest_max_model_len,
-               "layout_model": "hybrid" if hybrid else ("plain" if layout else None),
+               "layout_model": "hybrid" if hybrid else ("plain" if layout is not None else None),
                "started": facts.started}
         if measured and prediction.tokens:
             row["deviation"] = measured / prediction.tokens - 1
@@ -233,7 +233,7 @@ def with_pool_ratios(rows: list[dict], baseline_kv: str) -> list[dict]:
     return rows
 
 
-def _implied_budgets(cells: dict[str, CellResult], layout: dict | None, model_dtype: str,
+def _implied_budgets(cells: dict[str, CellResult], layout: KvLayout | None, model_dtype: str,
                      baseline_kv: str) -> dict[int, tuple[int, str]]:
     """max_model_len -> (budget the started baseline cell's blocks imply, its name)."""
     out = {}

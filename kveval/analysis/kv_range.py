@@ -2,8 +2,9 @@
 
 vLLM quantises K and V per layer with one scale each: a value x is stored as fp8(x / scale), and
 the conversion saturates, so every |x| above FP8_MAX × scale is clipped. Without checkpoint scales
-vLLM uses scale 1.0 (limit ±448 for e4m3). Input is the dict `kveval.worker.kv_ranges.measure_kv_ranges`
-returns (measured with transformers on real text); everything here is pure: no torch, no I/O.
+vLLM uses scale 1.0 (limit ±448 for e4m3). Input is kv_ranges.json as the typed `schema.KvRanges` (what
+`kveval.worker.kv_ranges.measure_kv_ranges` returns, measured with transformers on real text; a plain dict
+is validated once, in `diagnose`); everything here is pure: no torch, no I/O.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import math
 
 import numpy as np
 import pandas as pd
+
+from kveval.files import schema
 
 FP8_MAX = {"fp8": 448.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 # The key under which kv_ranges records exact counts for each FP8 flavour.
@@ -33,12 +36,19 @@ def canonical_fp8(kv_cache_dtype: str) -> str | None:
     return _CANONICAL.get(str(kv_cache_dtype).lower())
 
 
-def normalise_scales(scales: dict | None) -> dict[str, dict[int, float]]:
-    """{"k": {layer: scale}, "v": {...}} from a read_kv_scales-style dict ({"k_scale": {...}}) whose
-    layer keys may be JSON strings. Missing layers mean scale 1.0 (what vLLM uses then)."""
+def _given_scales(scales: schema.KvScales | dict | None, tensor: str) -> dict:
+    if isinstance(scales, schema.KvScales):
+        return scales.k_scale if tensor == "k" else scales.v_scale
+    return (scales or {}).get(f"{tensor}_scale") or {}
+
+
+def normalise_scales(scales: schema.KvScales | dict | None) -> dict[str, dict[int, float]]:
+    """{"k": {layer: scale}, "v": {...}} from the manifest's `KvScales` or a read_kv_scales-style dict
+    ({"k_scale": {...}}) whose layer keys may be JSON strings. Missing layers mean scale 1.0 (what vLLM
+    uses then)."""
     out: dict[str, dict[int, float]] = {"k": {}, "v": {}}
     for tensor in TENSORS:
-        given = (scales or {}).get(f"{tensor}_scale") or {}
+        given = _given_scales(scales, tensor)
         for layer, value in given.items():
             if value is None:
                 continue
@@ -49,43 +59,46 @@ def normalise_scales(scales: dict | None) -> dict[str, dict[int, float]]:
     return out
 
 
-def _scale_note(scales: dict | None, normalised: dict) -> tuple[bool, str]:
-    if scales is not None and "calibrated" in scales:
-        calibrated = bool(scales["calibrated"])
+def _scale_note(scales: schema.KvScales | dict | None, normalised: dict) -> tuple[bool, str]:
+    if isinstance(scales, schema.KvScales):
+        calibrated, source = scales.calibrated, scales.source
     else:
-        calibrated = any(v != 1.0 for table in normalised.values() for v in table.values())
+        if scales is not None and "calibrated" in scales:
+            calibrated = bool(scales["calibrated"])
+        else:
+            calibrated = any(v != 1.0 for table in normalised.values() for v in table.values())
+        source = (scales or {}).get("source")
     if not calibrated:
         return False, UNCALIBRATED_NOTE
-    source = (scales or {}).get("source")
     return True, f"calibrated: per-layer k/v scales from the checkpoint ({source or 'given scales'})"
 
 
-def _share_estimate(stats: dict, limit: float, count: int) -> float:
+def _share_estimate(stats: schema.TensorRange, limit: float, count: int) -> float:
     """Upper bound on the share over `limit` from the stored quantiles, used only when the exact
     count was made against a different limit (the scales changed after measuring)."""
     bound = 1.0
     for key, level in _QUANTILES:
-        value = stats.get(key)
+        value = getattr(stats, key)
         if value is not None and value <= limit:
             bound = 1.0 - level
     # At least one value (the absmax) is over the limit when we get here.
     return max(bound, 1.0 / max(count, 1))
 
 
-def _row(layer: dict, tensor: str, stats: dict, maximum: float | None, canonical: str | None,
-         scale: float) -> dict:
-    absmax, count = stats.get("absmax"), int(stats.get("count") or 0)
-    row = {"layer": int(layer["layer"]), "attention_type": layer.get("attention_type"), "tensor": tensor,
-           "count": count, "absmax": absmax, "p99_9": stats.get("p99_9"), "p99_99": stats.get("p99_99"),
+def _row(layer: schema.LayerRange, tensor: str, stats: schema.TensorRange, maximum: float | None,
+         canonical: str | None, scale: float) -> dict:
+    absmax, count = stats.absmax, stats.count
+    row = {"layer": layer.layer, "attention_type": layer.attention_type, "tensor": tensor,
+           "count": count, "absmax": absmax, "p99_9": stats.p99_9, "p99_99": stats.p99_99,
            "scale": scale, "limit": None, "ratio": None, "over": None, "share_over": None,
-           "share_exact": True, "saturates": False, "nonfinite": int(stats.get("nonfinite") or 0)}
+           "share_exact": True, "saturates": False, "nonfinite": stats.nonfinite}
     if maximum is None or absmax is None:
         return row
     limit = maximum * scale
     row["limit"] = limit
     row["ratio"] = absmax / limit
-    measured_limit = (stats.get("limits") or {}).get(canonical)
-    over = (stats.get("over") or {}).get(canonical)
+    measured_limit = stats.limits.get(canonical)
+    over = stats.over.get(canonical)
     if over is not None and measured_limit is not None and math.isclose(measured_limit, limit, rel_tol=1e-6):
         row["over"] = int(over)
         row["share_over"] = over / count if count else 0.0
@@ -107,34 +120,37 @@ def _largest(rows: list[dict], tensor: str) -> dict | None:
             "headroom": headroom}
 
 
-def diagnose(ranges: dict, kv_cache_dtype: str = "fp8", scales: dict | None = None) -> dict:
+def diagnose(ranges: schema.KvRanges | dict, kv_cache_dtype: str = "fp8",
+             scales: schema.KvScales | dict | None = None) -> dict:
     """Compare every layer's measured |K| and |V| with the FP8 limit (FP8 max × that layer's scale).
 
-    `scales` (read_kv_scales' dict) defaults to the scales the ranges were measured against, so the
+    `scales` (the manifest's `KvScales`, or read_kv_scales' dict) defaults to the scales the ranges were measured against, so the
     over-limit counts are exact; with other scales, saturation is still exact (absmax > limit) but
     the share over the limit is an upper bound from the stored quantiles (`share_exact` False).
     """
+    if isinstance(ranges, dict):
+        ranges = schema.parse(schema.KvRanges, ranges, "the K/V ranges")
     maximum, canonical = fp8_max(kv_cache_dtype), canonical_fp8(kv_cache_dtype)
     if scales is None:
-        scales = ranges.get("scales") or {}
+        scales = ranges.scales or {}
     normalised = normalise_scales(scales)
     calibrated, note = _scale_note(scales, normalised)
-    measurement = ranges.get("measurement") or {}
+    measurement = ranges.measurement or {}  # open: which device, how long, the library versions
     out = {"kv_cache_dtype": kv_cache_dtype, "fp8_max": maximum, "calibrated": calibrated, "scale_note": note,
            "tokens": measurement.get("tokens"), "documents": measurement.get("documents_used"),
-           "model": ranges.get("model") or {}, "rows": [], "offending_layers": [], "offending": [],
+           "model": ranges.model or {}, "rows": [], "offending_layers": [], "offending": [],
            "worst_ratio": None, "worst": None, "largest": {"k": None, "v": None}}
-    if ranges.get("error"):
-        out["error"] = str(ranges["error"])
+    if ranges.error:
+        out["error"] = str(ranges.error)
         return out
     if maximum is None:
         out["note"] = f"kv_cache_dtype {kv_cache_dtype!r} is not FP8: no range limit applies"
     rows = []
-    for layer in sorted(ranges.get("layers") or [], key=lambda entry: int(entry["layer"])):
+    for layer in sorted(ranges.layers or [], key=lambda entry: entry.layer):
         for tensor in TENSORS:
-            stats = layer.get(tensor)
+            stats = getattr(layer, tensor)
             if stats:
-                scale = normalised[tensor].get(int(layer["layer"]), 1.0)
+                scale = normalised[tensor].get(layer.layer, 1.0)
                 rows.append(_row(layer, tensor, stats, maximum, canonical, scale))
     out["rows"] = rows
     bad = [r for r in rows if r["saturates"]]
@@ -155,16 +171,16 @@ def diagnose(ranges: dict, kv_cache_dtype: str = "fp8", scales: dict | None = No
     return out
 
 
-def _query_summary(ranges: dict, maximum: float | None, canonical: str | None) -> dict | None:
+def _query_summary(ranges: schema.KvRanges, maximum: float | None, canonical: str | None) -> dict | None:
     """The query's range per layer, where it was measured: vLLM's FlashAttention-3 backend quantises the
     query to FP8 too when the KV cache is FP8 (at q_scale 1.0 unless the checkpoint gives one), so a
     query past the FP8 limit clips there even where K and V fit. Kept apart from the cache's rows: it
     decides nothing about which layers' cache to keep, it explains damage the K/V ranges cannot."""
-    layers = [layer for layer in ranges.get("layers") or [] if layer.get("q")]
+    layers = [layer for layer in ranges.layers or [] if layer.q]
     if not layers:
         return None
-    rows = [_row(layer, "q", layer["q"], maximum, canonical, 1.0)
-            for layer in sorted(layers, key=lambda entry: int(entry["layer"]))]
+    rows = [_row(layer, "q", layer.q, maximum, canonical, 1.0)
+            for layer in sorted(layers, key=lambda entry: entry.layer)]
     median = float(np.median([r["absmax"] for r in rows if r["absmax"] is not None] or [0.0]))
     return {"rows": rows, "largest": _largest(rows, "q"), "median_absmax": median,
             "over_layers": [r["layer"] for r in rows if r["saturates"]]}

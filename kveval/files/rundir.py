@@ -277,20 +277,29 @@ class RunDir:
         """The prompts of round k's degeneration probes (run/rounds.py), PromptSpec dicts like workloads.json."""
         return self.path / self.ROUNDS_DIR / f"probes-r{round_number}.json"
 
-    def load_workloads(self, manifest: dict | None = None) -> list[dict]:
-        """workloads.json, then every later round's probes the manifest records (each round once)."""
+    def load_workloads(self, manifest: schema.Manifest | dict | None = None) -> list[dict]:
+        """workloads.json, then every later round's probes the manifest records (each round once). A manifest
+        given as `load_manifest`'s dict is read as the typed model."""
+        if isinstance(manifest, dict):
+            manifest = schema.parse(schema.Manifest, manifest, str(self.manifest_path))
         prompts = read_json(self.workloads_path) if self.workloads_path.is_file() else []
         seen: set[str] = set()
-        for entry in ((manifest or {}).get("task_rounds") or {}).get("rounds") or []:
-            relative = (entry.get("probes") or {}).get("file")
+        record = manifest.task_rounds if manifest is not None else None
+        for entry in record.rounds if record is not None else []:
+            relative = entry.probes.file if entry.probes is not None else None
             if relative and relative not in seen and (self.path / relative).is_file():
                 seen.add(relative)
                 prompts = prompts + read_json(self.path / relative)
         return prompts
 
-    def load_kv_ranges(self) -> dict | None:
-        """The per-layer K/V range measurement, or None when this run made none."""
-        return _validated("kv_ranges", self.kv_ranges_path) if self.kv_ranges_path.is_file() else None
+    def load_kv_ranges(self) -> schema.KvRanges | None:
+        """The per-layer K/V range measurement (typed), or None when this run made none."""
+        if not self.kv_ranges_path.is_file():
+            return None
+        try:
+            return schema.load(schema.KvRanges, self.kv_ranges_path)
+        except schema.FileError as error:
+            raise StoreError(str(error)) from None
 
     def finished_cell_count(self) -> int:
         """Cell files that hold a complete record (what a resume keeps), read leniently."""
@@ -312,7 +321,7 @@ class RunDir:
             return None
         return _validated("cell", path) if validate else read_json(path)
 
-    def cell_result(self, cell: str, manifest: dict | None = None) -> schema.CellResult | None:
+    def cell_result(self, cell: str, manifest: schema.Manifest | None = None) -> schema.CellResult | None:
         """One cell's result as the typed model, its later rounds merged in (files/task_rounds.py);
         None before it has a result file. Each file is validated once (errors name the file)."""
         path = self.cell_path(cell)
@@ -331,26 +340,26 @@ class RunDir:
             raise StoreError(str(error)) from None
         return merge_rounds(result, records, design, streams_of(manifest, cell))
 
-    def cell_results(self, manifest: dict | None = None) -> dict[str, schema.CellResult]:
+    def cell_results(self, manifest: schema.Manifest | None = None) -> dict[str, schema.CellResult]:
         """The typed cells in the manifest's planned order, rounds merged (`cell_result`); a planned cell
         with no file yet is left out. What the analyses read (evidence.build_evidence)."""
-        manifest = manifest or self.load_manifest()
+        manifest = manifest or self.manifest()
         cells = {}
-        for planned in manifest.get("cells", []):
-            result = self.cell_result(planned["id"], manifest)
+        for planned in manifest.cells:
+            result = self.cell_result(planned.id, manifest)
             if result is not None:
-                cells[planned["id"]] = result
+                cells[planned.id] = result
         return cells
 
-    def load_cells(self, manifest: dict | None = None) -> dict[str, dict]:
+    def load_cells(self, manifest: schema.Manifest | None = None) -> dict[str, dict]:
         """Cells in the manifest's planned order, as plain dicts (for the run/ modules that still read
         them by key; the analyses read `cell_results`); a planned cell with no file yet is left out. A
         cell with later rounds (manifest `task_rounds`) carries their task samples and probe outputs
         too (files/task_rounds.py)."""
-        manifest = manifest or self.load_manifest()
+        manifest = manifest or self.manifest()
         cells = {}
-        for planned in manifest.get("cells", []):
-            cell = planned["id"]
+        for planned in manifest.cells:
+            cell = planned.id
             if rounds_of(manifest, cell) or design_of(manifest, cell):
                 merged = self.cell_result(cell, manifest)
                 if merged is not None:

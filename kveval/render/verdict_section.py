@@ -78,8 +78,8 @@ def _profile_line(verdict: Verdict) -> str:
             f"{fmt_share(budget.get('top1_agreement_fail'))}.")
 
 
-def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: dict) -> str:
-    model_dtype = (manifest.get("model") or {}).get("dtype") or "bf16"
+def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: schema.Manifest) -> str:
+    model_dtype = manifest.model.dtype or "bf16"
     out = [f"## Verdict: **{verdict.status}**", "", f"**{headline(verdict, evidence, model_dtype)}**", ""]
     decisions = decision_table(verdict, evidence)
     if decisions:

@@ -315,7 +315,8 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
         _run_quality_references(setup, show)
         # A plain FP8 cell may FAIL only once task rounds have decided it: then its remedy runs in a second pass.
         for attempt in range(2):
-            review = judge_stored_run(run, manifest, run.cell_results(manifest), thresholds)
+            stored = run.manifest()   # as written: `manifest` is the dict this run adds to
+            review = judge_stored_run(run, stored, run.cell_results(stored), thresholds)
             remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
             extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype)
                      for spec, length in remedy["cells"]]
@@ -337,7 +338,8 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
                             lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray))
     except KeyboardInterrupt:
         # Finished cells are on disk already; render what exists so the user has a review now.
-        judge_stored_run(run, manifest, run.cell_results(manifest), thresholds)
+        stored = run.manifest()
+        judge_stored_run(run, stored, run.cell_results(stored), thresholds)
         raise RunInterrupted(run.path) from None
     finally:
         if setup.ray is not None:
@@ -349,7 +351,7 @@ def _run_quality_references(setup: RunSetup, show) -> None:
     cell started (run/reference.py); kept in the manifest so that a resume reuses it."""
     run, manifest = setup.run, setup.manifest
     stored = run.manifest()
-    planned = plan_references(run.cell_results(manifest), setup.plans, stored)
+    planned = plan_references(run.cell_results(stored), setup.plans, stored)
     if not planned:
         return
     references = manifest.setdefault("quality_references", {})

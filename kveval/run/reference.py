@@ -33,8 +33,7 @@ def reference_cells(manifest: schema.Manifest | None) -> dict[str, schema.Refere
 
 def _budget(manifest: schema.Manifest, length: int, failed_budget: int | None) -> int | None:
     model = manifest.model
-    layout = schema.dump(model.kv_layout) if model.kv_layout is not None else {}
-    per_token = bytes_per_token(layout, KVSpec(BASELINE_KV), model.dtype or "bfloat16", every_layer_full=True)
+    per_token = bytes_per_token(model.kv_layout, KVSpec(BASELINE_KV), model.dtype or "bfloat16", every_layer_full=True)
     need = int(needed_bytes(length, per_token, FALLBACK_BLOCK) * HEADROOM) if per_token else None
     grown = int(failed_budget * MIN_GROWTH) if failed_budget else None
     candidates = [x for x in (need, grown) if x]

@@ -213,9 +213,10 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     stopped = f"{MAX_ROUNDS} rounds, the most kveval runs"
     waiting: dict[str, int] = {}   # cells of the last round -> their paired samples before it
     for number in range(1, MAX_ROUNDS + 2):
-        cells = run.cell_results(manifest)
-        review = judge_stored_run(run, manifest, cells, thresholds)
-        rounds_run = run.manifest().task_rounds.rounds   # `record` as last written
+        written = run.manifest()   # `manifest` (and `record`) as last written
+        cells = run.cell_results(written)
+        review = judge_stored_run(run, written, cells, thresholds)
+        rounds_run = written.task_rounds.rounds
         evidence = review.evidence
         paired = _paired(evidence)
         if waiting and not any(paired.get(c, 0) > n for c, n in waiting.items()):

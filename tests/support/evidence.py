@@ -95,3 +95,14 @@ def _branch(args: tuple, metadata: list, value: Any) -> Any:
     models = [arg for arg in args if isinstance(_unwrap(arg, None)[0], type)
               and issubclass(_unwrap(arg, None)[0], BaseModel)]
     return models[0] if len(models) == 1 else None
+
+
+def typed_manifest(partial: dict[str, Any] | schema.Manifest | None = None) -> schema.Manifest:
+    """`partial` (any subset of manifest.json, nested parts partial too) as `schema.Manifest`, completed
+    like `typed_evidence`: what a test leaves out is empty (required fields only). A typed manifest
+    comes back as it is."""
+    if isinstance(partial, schema.Manifest):
+        return partial
+    start = {"schema_version": schema.MANIFEST_VERSION}
+    document = _model(schema.Manifest, {**start, **(partial or {})})
+    return schema.parse(schema.Manifest, document, "the test's manifest")

@@ -16,6 +16,7 @@ from kveval.evidence import build_evidence
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Thresholds, evaluate
 from kveval.render.headline import deploy_line, headline
 from tests.support.constructed import manifest_for, started_cell, write_run
+from tests.support.evidence import typed_manifest
 
 LENGTH = 1024
 POSITIONS = 900
@@ -51,7 +52,7 @@ def _cells(plain, remedy=None, keep: str = "3,17") -> dict[str, dict]:
 
 
 def _judge(cells: dict[str, dict], thresholds: Thresholds | None = None):
-    evidence = build_evidence(manifest_for(cells), [], cells)
+    evidence = build_evidence(typed_manifest(manifest_for(cells)), [], cells)
     return evidence, evaluate(evidence, thresholds)
 
 

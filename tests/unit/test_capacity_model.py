@@ -9,10 +9,11 @@ from kveval.analysis.capacity_model import (bytes_per_token, capacity_rows, hybr
                                             hybrid_groups, hybrid_pool, largest_max_model_len, needed_bytes,
                                             predicted_pool)
 from kveval.inputs.kvspec import parse_kv
+from kveval.files import schema
 from tests.support.constructed import complete_cell
 
-SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
-           "sliding_window_layers": [], "sliding_window": None}
+SMOLLM2 = schema.KvLayout.model_validate({"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
+           "sliding_window_layers": [], "sliding_window": None})
 GiB, MiB = 1024 ** 3, 1024 ** 2
 
 
@@ -70,12 +71,12 @@ def test_without_a_budget_the_baseline_implies_it_and_a_15x_ratio_is_flagged():
 
 
 # Gemma-3-270M: 18 layers, every 6th full attention, 1 KV head of 256, window 512 (its config.json).
-GEMMA3 = {"layers": 18, "kv_heads": 1, "head_dim": 256, "attention": "mqa", "per_layer_elements": 512,
-          "sliding_window_layers": [i for i in range(18) if i % 6 != 5], "sliding_window": 512}
+GEMMA3 = schema.KvLayout.model_validate({"layers": 18, "kv_heads": 1, "head_dim": 256, "attention": "gqa", "per_layer_elements": 512,
+          "sliding_window_layers": [i for i in range(18) if i % 6 != 5], "sliding_window": 512})
 
 
 def test_hybrid_groups_follow_vllms_allocator():
-    assert hybrid_groups(18, GEMMA3["sliding_window_layers"]) == (3, 1, 5)   # 3 full + 15 sliding
+    assert hybrid_groups(18, GEMMA3.sliding_window_layers) == (3, 1, 5)   # 3 full + 15 sliding
     assert hybrid_groups(24, list(range(12))) == (12, 1, 1)                   # gpt-oss: 12 + 12
     assert hybrid_groups(25, list(range(12))) == (13, 1, 1)                   # 13 < 1.5 × 12: pad to 13
     assert hybrid_groups(32, list(range(32))) == (32, 0, 1)                   # a window on every layer
@@ -135,7 +136,7 @@ def test_review_shows_predicted_next_to_measured_and_names_the_departure():
     cells["auto-1024"]["capacity"].update(num_blocks=14, block_size=128)
     cells["fp8-1024"]["capacity"].update(num_blocks=20, block_size=128)   # 20 of the predicted 28 blocks
     manifest = manifest_for(cells)
-    manifest["model"]["kv_layout"] = SMOLLM2
+    manifest["model"]["kv_layout"] = schema.dump(SMOLLM2)
     manifest["options"]["kv_cache_memory_bytes"] = 40 * MiB
     review = review_of(manifest, [], cells)
     section = " ".join(review[review.index("## KV capacity: predicted vs measured"):].split(" "))
@@ -185,7 +186,7 @@ def test_recommendation_puts_capacity_and_verdict_side_by_side():
     cells["auto-1024"]["capacity"].update(num_blocks=14, block_size=128)
     cells["fp8-1024"]["capacity"].update(num_blocks=28, block_size=128)
     manifest = manifest_for(cells)
-    manifest["model"].update(kv_layout=SMOLLM2, max_position_embeddings=8192)
+    manifest["model"].update(kv_layout=schema.dump(SMOLLM2), max_position_embeddings=8192)
     manifest["options"]["kv_cache_memory_bytes"] = 40 * MiB
     review = re.sub(r" {2,}", " ", review_of(manifest, [], cells))
     section = review[review.index("## Recommendation"):]

@@ -17,6 +17,7 @@ from kveval.evidence import build_evidence
 from kveval.files import schema
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
 from tests.support.constructed import planned_manifest, expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
+from tests.support.evidence import typed_manifest
 
 N = 700  # scored positions per cell: 200+ in all, 100+ from position 512 (the late half of 1024)
 CPU = Thresholds().budget("cpu")  # constructed cells ran on CPU_ATTN: the CPU profile applies
@@ -97,7 +98,7 @@ def _kv(results, cell="fp8-1024"):
 
 def test_evidence_has_the_gate_shape_and_is_json():
     cells = make_cells("harmed")
-    evidence = build_evidence({}, WORKLOADS, cells)
+    evidence = build_evidence(typed_manifest({}), WORKLOADS, cells)
     json.dumps(schema.dump(evidence), allow_nan=False)
     assert schema.dump(evidence.cells["fp8-1024"]) == {"kv_cache_dtype": "fp8", "max_model_len": 1024, "started": True,
                                                        "failure_reason": None, "kv_pool_tokens": 3584}

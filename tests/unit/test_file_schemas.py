@@ -167,9 +167,28 @@ def test_whole_numbers_in_number_fields_stay_ints():
 
 def test_newer_optional_keys_are_kept_in_place():
     data = _read(CPU / "manifest.json")
-    data = {"schema_version": 1, "new_top_key": {"x": 1}, **data}
+    data = {"schema_version": 1, **data}
     data["model"]["revision"] = "abc"
     assert json.dumps(files.dump(files.parse("manifest", data))) == json.dumps(data)
+
+
+@pytest.mark.parametrize("where,change", [
+    ("new_top_key", lambda d: d.update(new_top_key={"x": 1})),
+    ("model.new_fact", lambda d: d["model"].update(new_fact=1)),
+    ("options.new_option", lambda d: d["options"].update(new_option=True)),
+    ("cells[0].new_field", lambda d: d["cells"][0].update(new_field="x")),
+])
+def test_unknown_field_in_a_manifest_is_refused_naming_it(tmp_path, where, change):
+    # Like a cell file: a manifest key this kveval does not declare (a newer kveval's) is refused, not kept.
+    path = _damaged(tmp_path, CPU / "manifest.json", change)
+    assert _error("manifest", path) == (f"{path}: field {where}: not a field this kveval knows (a file from a newer "
+                                        "kveval? its schema_version says which kveval reads it)")
+
+
+def test_unknown_field_in_kv_ranges_is_refused_naming_it(tmp_path):
+    path = _damaged(tmp_path, CPU / "kv_ranges.json", lambda d: d["layers"][0]["k"].update(new_stat=1.0))
+    assert _error("kv_ranges", path) == (f"{path}: field layers[0].k.new_stat: not a field this kveval knows (a file "
+                                         "from a newer kveval? its schema_version says which kveval reads it)")
 
 
 # --- damaged files ---------------------------------------------------------------------------------

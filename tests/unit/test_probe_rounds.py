@@ -14,6 +14,7 @@ from kveval.inputs.workloads import round_probe_pool_size
 from kveval.run.round_plan import LengthShape, plan_round
 from tests.support.constructed import manifest_for, started_cell
 from tests.support.evidence import typed_evidence
+from tests.support.evidence import typed_manifest
 
 T = Thresholds()
 LOOP = "the cat sat on the mat " * 30
@@ -118,14 +119,14 @@ def test_round_outputs_join_the_cell_and_give_the_looks():
     workloads = _prompts(first + later)
     row = degeneration_summary(scan_cells(workloads, merged), merged, workloads).set_index("cell").loc["fp8-1024"]
     assert row["looks"] == [20, 40] and row["outputs_with_new_findings"] == 3 and row["baseline_only_degenerate"] == 1
-    entry = build_evidence(manifest_for(merged), workloads, merged).degeneration.cells["fp8-1024"]
+    entry = build_evidence(typed_manifest(manifest_for(merged)), workloads, merged).degeneration.cells["fp8-1024"]
     assert (entry.looks, entry.n_max, entry.final) == ([20, 40], 600, True)
 
 
 def test_streams_of_a_round_name_the_baseline_too_and_old_rounds_ran_tasks():
-    manifest = {"task_rounds": {"rounds": [
+    manifest = typed_manifest({"task_rounds": {"rounds": [
         {"round": 1, "cells": ["auto-1024", "fp8-1024"]},
-        {"round": 2, "cells": ["auto-1024", "fp8-1024"], "task_cells": [], "probe_cells": ["auto-1024", "fp8-1024"]}]}}
+        {"round": 2, "cells": ["auto-1024", "fp8-1024"], "task_cells": [], "probe_cells": ["auto-1024", "fp8-1024"]}]}})
     assert streams_of(manifest, "auto-1024") == RoundStreams(tasks=[1], probes=[2])
     assert streams_of(manifest, "fp8:keep=0-1024") == RoundStreams(tasks=[], probes=[])
 

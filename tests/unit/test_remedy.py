@@ -19,8 +19,8 @@ def ranges(over: dict[int, int], layers: int = 6) -> dict:
         return {"count": 1000, "absmax": absmax, "mean_abs": 1.0, "p50": 1.0, "p99": absmax / 2, "p99_9": absmax,
                 "p99_99": absmax, "scale": 1.0, "limits": {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0},
                 "over": {"fp8_e4m3": n_over, "fp8_e5m2": 0}, "nonfinite": 0}
-    return {"schema_version": 1, "measurement": {"tokens": 1000, "documents_used": 1},
-            "layers": [{"layer": i, "k": stats(900.0 if i in over else 20.0, over.get(i, 0)), "v": stats(3.0, 0)}
+    return {"schema_version": 1, "model": {}, "measurement": {"tokens": 1000, "documents_used": 1},
+            "layers": [{"layer": i, "attention_type": None, "k": stats(900.0 if i in over else 20.0, over.get(i, 0)), "v": stats(3.0, 0)}
                        for i in range(layers)]}
 
 

@@ -246,8 +246,8 @@ def _loop(setup, stand_in, monkeypatch):
                                                                                 Quiet()))
     from kveval.pipeline import judge_stored_run
 
-    manifest = setup.run.load_manifest()
-    return manifest, judge_stored_run(setup.run, manifest, setup.run.load_cells(manifest), T)
+    manifest = setup.run.manifest()
+    return schema.dump(manifest), judge_stored_run(setup.run, manifest, setup.run.load_cells(manifest), T)
 
 
 @pytest.fixture(scope="module")
