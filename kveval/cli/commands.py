@@ -167,7 +167,9 @@ def compare_arguments(given: dict) -> dict:
 @vllm_options
 @click.option("--engine-arg", "engine_args", cls=MultiValueOption, split_commas=False, default=(), metavar="KEY=VALUE",
               help="Any other vllm.LLM argument, e.g. --engine-arg dtype=float32 (repeatable; JSON values).")
-@click.option("--seed", type=int, default=defaults.SEED, show_default=True)
+@click.option("--seed", type=int, default=defaults.SEED, show_default=True,
+              help="Seed of every random choice kveval makes (scoring documents, task samples, probe order); "
+                   "generation is greedy, so the same seed gives the same inputs in every cell.")
 @click.option("--prompts", type=click.Path(dir_okay=False), default=None, metavar="FILE.jsonl",
               help='Your own prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]}.')
 @click.option("--suite", type=click.Choice(list(SUITES)), default=defaults.SUITE, show_default=True,
@@ -401,7 +403,7 @@ def tasks_path() -> None:
 @click.option("--tasks", "--task", "tasks", cls=MultiValueOption, default=None, metavar="NAME...",
               help="kveval tasks to generate (default: all six).")
 @task_shape_options("")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated samples (needles, filler).")
 def tasks_generate(model, max_model_len, out, tasks, task_lengths, task_depths, task_samples, seed) -> None:
     """Generate task data for the stock lm_eval CLI:
 
