@@ -20,6 +20,7 @@ from kveval.analysis.json_values import json_safe, records
 from kveval.analysis.kv_range import diagnose
 from kveval.analysis.speed import speed_table
 from kveval.analysis.throughput import throughput_table
+from kveval.analysis.timings import timing_rows, timing_totals
 from kveval.analysis.task_accuracy import task_evidence
 from kveval.files import schema
 from kveval.files.schema import CellResult
@@ -185,17 +186,19 @@ def diagnosis_evidence(manifest: schema.Manifest, kv_ranges: schema.KvRanges | d
 
 
 def build_evidence(manifest: schema.Manifest, workloads: list[dict], cells: dict[str, CellLike],
-                   baseline_kv: str = BASELINE_KV, kv_ranges: schema.KvRanges | None = None) -> schema.Evidence:
+                   baseline_kv: str = BASELINE_KV, kv_ranges: schema.KvRanges | None = None,
+                   rounds: dict[str, CellResult] | None = None) -> schema.Evidence:
     """Everything the verdict and the review need, as the typed `schema.Evidence` (what results.json
     stores). `gate.evaluate(evidence)` reads `cells`, `divergence`, `degeneration` and `tasks`.
-    `cells`: the typed cells (`RunDir.cell_results`); plain cell dicts are validated once, here."""
+    `cells`: the typed cells (`RunDir.cell_results`); plain cell dicts are validated once, here.
+    `rounds`: the task rounds' own records (`RunDir.round_results`), for the time table's round processes."""
     cells = typed_cells(cells)
-    return schema.parse(schema.Evidence, _evidence_document(manifest, workloads, cells, baseline_kv, kv_ranges),
-                        "the evidence")
+    return schema.parse(schema.Evidence, _evidence_document(manifest, workloads, cells, baseline_kv, kv_ranges,
+                                                            rounds or {}), "the evidence")
 
 
 def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: dict[str, CellResult],
-                       baseline_kv: str, kv_ranges: schema.KvRanges | None) -> dict:
+                       baseline_kv: str, kv_ranges: schema.KvRanges | None, rounds: dict[str, CellResult]) -> dict:
     model_limit = manifest.model.max_position_embeddings
     # Quality references (run/reference.py) are baselines for quality only: no capacity or speed figure.
     references = manifest.quality_references or {}
@@ -203,6 +206,7 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
     tasks = task_evidence(cells, baseline_kv)
     if tasks:
         tasks["pace"] = json_safe(_task_pace(manifest, cells, tasks))
+    timings = timing_rows(manifest, cells, rounds)   # every process, quality references included: time is time
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "baseline_kv": baseline_kv,
@@ -218,6 +222,8 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
         "speed": records(speed_table(measured)),
         "speed_settings": _speed_settings(measured),
         "throughput": records(throughput_table(measured, baseline_kv)),
+        "timings": [schema.dump(row) for row in timings],
+        "timing_totals": schema.dump(timing_totals(manifest, timings)),
         "acceptance": _acceptance_evidence(workloads, measured),
         "capacity_model": _capacity_evidence(manifest, measured, baseline_kv),
         "quality_references": json_safe({name: schema.dump(ref) for name, ref in references.items()}),

@@ -41,7 +41,8 @@ def stored_run_verdict(run: RunDir, manifest: schema.Manifest, cells: dict[str, 
     cells (`RunDir.cell_results`); None reads them; plain dicts are validated once by build_evidence."""
     if cells is None:
         cells = run.cell_results(manifest)
-    evidence = build_evidence(manifest, run.load_workloads(manifest), cells, kv_ranges=run.load_kv_ranges())
+    evidence = build_evidence(manifest, run.load_workloads(manifest), cells, kv_ranges=run.load_kv_ranges(),
+                              rounds=run.round_results(manifest))
     return evidence, evaluate(evidence, thresholds)
 
 

@@ -46,6 +46,9 @@ class PhaseOptions(_Message):
     speed: SpeedOptions
     tasks: TasksOptions
     throughput: ThroughputOptions
+    # Requests in each phase's efficiency reference (worker/efficiency.py). 0: not measured, as in
+    # spec files written before issue 18.
+    efficiency_sample: int = 0
 
 
 class CellSpec(_Message):

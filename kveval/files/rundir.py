@@ -351,6 +351,21 @@ class RunDir:
                 cells[planned.id] = result
         return cells
 
+    def round_results(self, manifest: schema.Manifest | None = None) -> dict[str, schema.CellResult]:
+        """Each task round's own record (cells/<cell>.tasks-r<k>.json, not merged), by its id, for the
+        planned cells' rounds that have a file: the time table counts each round's process."""
+        manifest = manifest or self.manifest()
+        out = {}
+        try:
+            for planned in manifest.cells:
+                for number in rounds_of(manifest, planned.id):
+                    path = self.cell_path(round_cell_id(planned.id, number))
+                    if path.is_file():
+                        out[round_cell_id(planned.id, number)] = schema.load(schema.CellResult, path)
+        except schema.FileError as error:
+            raise StoreError(str(error)) from None
+        return out
+
     def load_cells(self, manifest: schema.Manifest | None = None) -> dict[str, dict]:
         """Cells in the manifest's planned order, as plain dicts (for the run/ modules that still read
         them by key; the analyses read `cell_results`); a planned cell with no file yet is left out. A

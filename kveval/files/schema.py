@@ -20,7 +20,9 @@ it, or re-run the cell). Two parts of a cell stay open: `engine_settings` (the u
 values for vLLM, as given) and a task sample's row (`TaskSample`: extra per-sample fields reach the
 samples table). The manifest (`ManifestModel`: open only in the user's engine args and the dumped phase
 settings) and kv_ranges.json (`KvRangesModel`: open only in its model and measurement facts) refuse unknown
-keys alike; results models still keep extra keys.
+keys alike, and so does results.json (every part of `Results`): its `schema_version` says which kveval
+reads it. Open there too: a task sample's row (`TaskSampleRow`, the cell's `TaskSample` with its extra
+fields).
 Only pydantic and the standard library are imported: the files are the layer everything else stands on.
 """
 from __future__ import annotations
@@ -59,9 +61,10 @@ Number = Annotated[Union[int, float], PlainValidator(_number), WithJsonSchema({"
 
 
 class FileModel(BaseModel):
-    """Base: extra keys kept, strict types, and the source's key order kept for `dump`."""
+    """Base: unknown keys refused, strict types, and the source's key order kept for `dump`. The few
+    open records (`_Open`) say why they keep keys they do not declare."""
 
-    model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", strict=True, protected_namespaces=())
     _keys: list[str] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="wrap")
@@ -103,8 +106,9 @@ def _either(full: Any, other: Any, other_tag: str, is_other) -> Any:
 
 class ManifestModel(FileModel):
     """Base of every part of manifest.json: a key this kveval does not declare is refused (see the module
-    doc on versions), never silently kept. Two parts stay open: `Options.engine_args` (the user's
-    --engine-arg values, as given) and `Options.phase_options`/`budget` (dumps of typed settings)."""
+    doc on versions), never silently kept. Two parts stay open: `Options.engine_args` and each planned
+    cell's `engine.extra` (the user's --engine-arg values, as given) and `Options.phase_options`/`budget`
+    (dumps of typed settings)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -153,7 +157,7 @@ class Options(ManifestModel):
     suite: str
     counts: Optional[dict[str, int]]
     phases: list[str]
-    phase_options: dict[str, dict[str, Any]]  # per phase: its settings (scoring top_k, speed runs, ...)
+    phase_options: dict[str, Any]   # per phase: its settings (scoring top_k, speed runs, ...); efficiency_sample
     prompts_file: Optional[str]
     cell_timeout_s: Optional[Number]
     stall_timeout_s: Optional[Number] = None   # issue 23
@@ -185,10 +189,28 @@ class KvScales(ManifestModel):
     notes: list[str]
 
 
+class PlannedEngine(ManifestModel):
+    """The engine settings a cell is started with (run/plan.cell_plan's `engine`, less the model path that
+    `model.path` gives): what the worker hands vLLM, before it adds its fixed ones (stats on, prefix caching
+    off) and, on a GPU, the attention backend of a cell that keeps layers; `cells/<cell>.json`'s
+    `engine_settings` holds what vLLM got. `kv_cache_dtype` is the engine's: `auto` runs as the model dtype
+    where vLLM would resolve it to FP8 (the manifest's `baseline_engine_dtype`)."""
+
+    kv_cache_dtype: str
+    kv_cache_dtype_skip_layers: list[str]
+    max_model_len: int
+    seed: int
+    kv_cache_memory_bytes: Optional[int]     # a quality reference's own budget (run/reference.py) differs from options'
+    gpu_memory_utilization: Optional[Number]
+    enforce_eager: bool
+    extra: dict[str, Any]                    # the user's --engine-arg values, as given (open, as Options.engine_args)
+
+
 class PlannedCell(ManifestModel):
     id: str
     kv_cache_dtype: str
     max_model_len: int
+    engine: Optional[PlannedEngine] = None   # issue 19; absent in manifests of older runs
 
 
 class Versions(ManifestModel):
@@ -279,6 +301,16 @@ class ReferenceCell(ManifestModel):
     why: str
 
 
+class RunTiming(ManifestModel):
+    """run/compare.py (issue 18): the parent's own time, outside every cell process."""
+
+    setup_seconds: Number                       # model, tokenising, planning, task data, the run's input files
+    diagnosis_seconds: Optional[Number] = None  # the K/V range pass (None: none ran)
+    run_seconds: Optional[Number] = None        # from set-up to the end of the last cell (None: not reached)
+    cells_overlap: bool = False                 # cells ran at once (several devices, Ray): their times overlap
+    resumed: bool = False                       # an earlier run's finished cells may be kept: their time is not this run's
+
+
 class Manifest(ManifestModel):
     schema_version: int
     tool: Literal["kveval"]
@@ -298,6 +330,7 @@ class Manifest(ManifestModel):
     remedy: Optional[Remedy] = None               # only after a remedy was planned
     task_rounds: Optional[TaskRounds] = None      # only after task rounds were planned (issue 23)
     quality_references: Optional[dict[str, ReferenceCell]] = None  # only after one was planned (run/reference.py)
+    timing: Optional[RunTiming] = None            # the parent's own time (issue 18); absent before
 
 
 # --- cells/<cell>.json (worker/cell_main.py, worker/phases/*.py, run/cell_process._finish) ---------
@@ -361,7 +394,14 @@ class CellInfo(CellModel):
     model_max_model_len: Optional[int] = None
 
 
-class EngineSettings(FileModel):
+class _Open(FileModel):
+    """A record whose extra keys are someone else's and are kept as given (vLLM's engine arguments, a
+    task's own per-sample fields)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=())
+
+
+class EngineSettings(_Open):
     """engine.EngineSettings.llm_kwargs(): what the engine was started with. An open record (like
     `TaskSample`): any --engine-arg the user gave passes through to `vllm.LLM` and is stored here as
     given, so keys beyond the declared ones are kept (they are vLLM's, not kveval's schema)."""
@@ -386,6 +426,7 @@ class Process(CellModel):
     interrupted: Optional[bool] = None   # ditto, from issue 11 on
     cause: Optional[str] = None          # ditto: run/death.py's cause (timeout, oom_killed, ...)
     node: Optional[str] = None           # --executor ray: the node's IP that ran the cell (issue 12)
+    warm: Optional[bool] = None          # the process was started ahead, while the previous cell ran (issue 18)
 
 
 class Stalled(CellModel):
@@ -441,8 +482,9 @@ class GenerationRecord(CellModel):
 class Sampling(CellModel):
     temperature: Optional[Number] = None
     seed: Optional[int] = None
-    one_request_at_a_time: Optional[bool] = None
-    probes_in_one_batch: Optional[int] = None
+    one_request_at_a_time: Optional[bool] = None   # until issue 18: workload prompts went one by one
+    probes_in_one_batch: Optional[int] = None      # ... and the probes in one batch
+    in_one_batch: Optional[int] = None             # from issue 18: every prompt in one batch (worker/batching)
 
 
 class GenerationDesign(CellModel):
@@ -496,7 +538,7 @@ class ScoringNoise(CellModel):
     sequences: list[ScoredSequence]
 
 
-class TaskSample(FileModel):
+class TaskSample(_Open):
     """worker/phases/tasks: one lm-eval sample as the cell answered it. An open row, like
     `engine_settings`: a field a sample adds beyond these is kept and reaches tables/task_samples.csv
     (analysis/task_accuracy.task_samples), so a task can report more without a schema change."""
@@ -590,12 +632,27 @@ class ThroughputRun(CellModel):
     preemptions: Optional[int] = None    # the engine counter's growth over the level
 
 
+class PhaseEfficiency(CellModel):
+    """worker/efficiency.py (issue 18): the phase's engine throughput against the same engine's batched
+    reference, one `LLM.generate` (or prompt-logprobs) call of a sample of the phase's own requests."""
+
+    tokens: int                  # prompt + output tokens of the phase's engine calls
+    engine_seconds: Number       # time inside those calls
+    reference_requests: int
+    reference_tokens: int
+    reference_seconds: Number
+    ratio: Number                # (tokens / engine_seconds) / (reference_tokens / reference_seconds)
+    method: str
+
+
 class Phase(CellModel):
     """One phase's record. A phase that raised keeps what it had stored plus `error`, so its own
     keys are required only when there is no error; `seconds` is missing while a phase checkpoints."""
 
     error: Optional[str] = None
     seconds: Optional[Number] = None
+    engine_seconds: Optional[Number] = None     # time inside engine calls (issue 18); the rest is kveval's
+    efficiency: Optional[PhaseEfficiency] = None
     _needs: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="after")
@@ -750,6 +807,9 @@ class Thresholds(FileModel):
     task_noninferiority_margin: Number
     task_recovery_min: Number
     alpha: Number
+    degeneration_noninferiority_margin: Optional[Number] = None   # absent in results from before it existed
+    attribution_min_reduction: Optional[Number] = None
+    defect_factor: Optional[Number] = None
 
 
 class NoiseSource(FileModel):
@@ -775,6 +835,8 @@ class VerdictRecord(FileModel):
     checks: list[Check]
     thresholds: Thresholds
     noise_floor: Optional[NoiseFloor]
+    defects: Optional[list[dict[str, Any]]] = None          # {"cell", "message"}: engine-path defects
+    attributed: Optional[dict[str, list[str]]] = None       # plain FP8 cell -> the layers its harm is attributed to
 
 
 class Platform(FileModel):
@@ -998,7 +1060,7 @@ class Pace(FileModel):
     cells: int
 
 
-class TaskSampleRow(FileModel):
+class TaskSampleRow(_Open):
     """analysis.task_accuracy sample row (SAMPLE_COLUMNS, then the sample's other keys): one task sample."""
 
     cell: str
@@ -1293,6 +1355,53 @@ class StartupRow(FileModel):
     crash_cause: Optional[str] = None          # only "stalled"
 
 
+class PhaseTiming(FileModel):
+    """analysis.timings: one phase of one cell process: its wall time, the part inside engine calls, and
+    the engine's efficiency against a batched reference call (schema.PhaseEfficiency)."""
+
+    phase: str
+    seconds: Optional[Number]             # None: the phase stopped before it recorded its time
+    engine_seconds: Optional[Number]      # None: not recorded (cells before issue 18)
+    efficiency: Optional[Number] = None   # engine tokens/s over the batched reference's; None: not measured
+    engine_tok_s: Optional[Number] = None
+    reference_tok_s: Optional[Number] = None
+    reference_requests: Optional[int] = None
+    method: Optional[str] = None
+
+
+class TimingRow(FileModel):
+    """analysis.timings.timing_rows row: one cell process (a cell, or one of its task rounds) and where
+    its time went."""
+
+    process: str                          # the cell, or <cell>.tasks-r<k> for its round k
+    cell: str
+    round: Optional[int]                  # None: the cell's own process
+    started: bool
+    warm: Optional[bool]                  # started while the previous cell ran: its imports do not show
+    process_seconds: Optional[Number]     # the child's whole life as the parent saw it (None: not recorded)
+    startup_seconds: Optional[Number]
+    phases: list[PhaseTiming]
+    engine_seconds: Number                # inside engine calls; a phase without the split counts whole
+    outside_engine_seconds: Optional[Number]   # process - start-up - engine (None without process_seconds)
+    split_known: bool                     # every phase recorded its engine time
+
+
+class TimingTotals(FileModel):
+    """analysis.timings.timing_totals: every cell process summed, and the parent's own time (manifest)."""
+
+    processes: int
+    process_seconds: Number
+    startup_seconds: Number
+    phases: list[PhaseTiming]             # per phase summed (no efficiency: engines differ)
+    engine_seconds: Number
+    outside_engine_seconds: Number
+    split_known: bool
+    setup_seconds: Optional[Number]       # None: the run did not record its own time (before issue 18)
+    diagnosis_seconds: Optional[Number]
+    run_seconds: Optional[Number]
+    between_cells_seconds: Optional[Number]   # run - set-up - diagnosis - processes; None where not one run's sum
+
+
 class SpeedRow(FileModel):
     """analysis.speed.speed_table row: one workload in one cell at concurrency 1, and its change vs the baseline."""
 
@@ -1428,6 +1537,8 @@ class Evidence(FileModel):
     speed_settings: SpeedSettings
     capacity_model: Optional[list[CapacityRow]] = None  # predicted vs measured pool per cell (issue 10)
     throughput: Optional[list[ThroughputRow]] = None    # per cell and concurrency level (issue 10)
+    timings: Optional[list[TimingRow]] = None           # per cell process: start-up, phases, engine (issue 18)
+    timing_totals: Optional[TimingTotals] = None        # ditto, summed, with the parent's own time
     acceptance: Acceptance
     sample_outputs: Optional[SampleOutputs]
     tasks: TasksOrNone

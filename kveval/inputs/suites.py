@@ -38,6 +38,11 @@ class Suite:
     throughput_levels: tuple[int, ...] = (1, 4, 16, 64)
     throughput_prompt_share: float = 0.5
     throughput_max_tokens: int = 64
+    # The engine-efficiency reference (worker/efficiency.py): the run's first cell replays up to this
+    # many of each phase's accepted requests as one batched call after the phase. All of them in every
+    # built-in workload, so the reference batch is the phase's own: a smaller one runs slower per token
+    # and would flatter the phase.
+    efficiency_sample: int = 512
     description: str = ""
 
 

@@ -3,7 +3,9 @@
 The parent never imports vLLM. It writes a spec for the cell, starts `python -m kveval.worker.cell_main`
 with the cell's log as stdout/stderr, follows its progress events, and — if the child dies
 without finishing (segfault, OOM kill, timeout, a stall) — classifies the death from the log and stores
-it, merged with whatever the child had already written.
+it, merged with whatever the child had already written. Given a `WarmProcess`, a cell whose environment
+matches is handed to the process waiting there (already past its imports), and the next one is started
+ahead (run/warm_process.py); everything after the hand-over is the same for a warm child as for a cold one.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from kveval.files.cell_spec import CellSpec, PhaseOptions
 from kveval.files.startup_failure import StartupFailure, classify_startup_failure, not_started_record
 from kveval.files.rundir import DISK_FULL_EXIT, NO_SPACE_WORDS, DiskFull, RunDir, write_json_atomic
 from kveval.inputs.kvspec import KVSpec
+from kveval.run.warm_process import WarmChild, WarmProcess
 
 
 @dataclass
@@ -112,11 +115,13 @@ class _ProgressWatch:
 def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None,
                      on_event: Callable[[CellEvent], None], env: dict[str, str] | None = None,
                      stop: threading.Event | None = None,
-                     stall_s: float | None = defaults.STALL_TIMEOUT_S) -> dict:
+                     stall_s: float | None = defaults.STALL_TIMEOUT_S, warm: WarmProcess | None = None) -> dict:
     """Run one cell in its own process and return its stored facts. `env`: extra environment for the
     child (CUDA_VISIBLE_DEVICES when cells share a host's GPUs); `stop`: set by another thread to end the
     cell as interrupted (Ctrl-C while cells run in parallel). A None value in `env` removes that variable.
-    `stall_s`: a started cell with no progress event for this long is stopped and recorded as stalled."""
+    `stall_s`: a started cell with no progress event for this long is stopped and recorded as stalled.
+    `warm`: take its waiting process when it was started with this cell's environment, and start the
+    next one there once this cell has its process."""
     spec = CellSpec(
         cell_id=plan.id, run_dir=str(run_dir.path.resolve()), engine=plan.engine, kv_spec=plan.kv.text,
         phases=plan.phases, phase_options=plan.phase_options,
@@ -128,18 +133,29 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     for stale in (run_dir.cell_path(plan.id), run_dir.cell_events_path(plan.id)):
         stale.unlink(missing_ok=True)
     write_json_atomic(run_dir.cell_spec_path(plan.id), spec.model_dump(mode="json"))
-    began = time.monotonic()
     timed_out = False
     stalled = None
     watch = _ProgressWatch()
+    child_env = {k: v for k, v in {**_child_env(), **(env or {})}.items() if v is not None}
+    spec_path = run_dir.cell_spec_path(plan.id).resolve()
     with run_dir.cell_log_path(plan.id).open("w", encoding="utf-8") as log:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "kveval.worker.cell_main", str(run_dir.cell_spec_path(plan.id).resolve())],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={k: v for k, v in {**_child_env(), **(env or {})}.items() if v is not None},
-        )
+        # The clock starts at the hand-over: a warm child's time spent waiting is not the cell's.
+        began = time.monotonic()
+        waiting = warm.take(child_env) if warm is not None else None
+        if waiting is not None and not waiting.hand_over(spec_path):
+            waiting = None
+        if waiting is not None:
+            child = waiting.process
+        else:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "kveval.worker.cell_main", str(spec_path)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=child_env,
+            )
+        is_warm = waiting is not None
         offset = 0
         try:
+            if warm is not None:   # in the try: a Ctrl-C now still stops this cell's process
+                warm.prestart(child_env)   # the next cell's imports overlap this cell's work
             while child.poll() is None:
                 events, offset = _read_events(run_dir.cell_events_path(plan.id), offset)
                 for event in events:
@@ -156,20 +172,39 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
                     break
                 if stop is not None and stop.is_set():
                     _kill_group(child)
+                    _keep_waiting_output(waiting, run_dir.cell_log_path(plan.id))
                     return _finish(run_dir, plan, child.returncode, False, timeout_s, time.monotonic() - began,
-                                   interrupted=True)
+                                   interrupted=True, warm=is_warm)
                 time.sleep(0.3)
         except KeyboardInterrupt:
             # Stop the cell, and say in its file that it was interrupted (a resume redoes it).
             _kill_group(child)
-            _finish(run_dir, plan, child.returncode, False, timeout_s, time.monotonic() - began, interrupted=True)
+            _keep_waiting_output(waiting, run_dir.cell_log_path(plan.id))
+            _finish(run_dir, plan, child.returncode, False, timeout_s, time.monotonic() - began, interrupted=True,
+                    warm=is_warm)
             raise
         child.wait()
     _end_orphans(child)
+    _keep_waiting_output(waiting, run_dir.cell_log_path(plan.id))
     events, offset = _read_events(run_dir.cell_events_path(plan.id), offset)
     for event in events:
         on_event(event)
-    return _finish(run_dir, plan, child.returncode, timed_out, timeout_s, time.monotonic() - began, stalled=stalled)
+    return _finish(run_dir, plan, child.returncode, timed_out, timeout_s, time.monotonic() - began, stalled=stalled,
+                   warm=is_warm)
+
+
+def _keep_waiting_output(waiting: WarmChild | None, log_path: Path) -> None:
+    """A warm child copies what it printed while waiting to the head of the cell's log and removes its own
+    log; one that died first (an import that failed) left it: its words go to the cell's log, where a
+    cold child would have written them and where the death is classified from."""
+    if waiting is None or not waiting.log.exists():
+        return
+    try:
+        with log_path.open("ab") as log:
+            log.write(waiting.log.read_bytes())
+        waiting.log.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _end_orphans(child: subprocess.Popen) -> None:
@@ -203,10 +238,10 @@ def _kill_group(child: subprocess.Popen) -> None:
 
 
 def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: bool, timeout_s, seconds: float,
-            *, interrupted: bool = False, stalled: schema.Stalled | None = None) -> dict:
+            *, interrupted: bool = False, stalled: schema.Stalled | None = None, warm: bool = False) -> dict:
     facts = run_dir.load_cell(plan.id, validate=False)
     if facts is not None and facts.get("complete") and not interrupted and stalled is None:
-        facts["process"] = {"exit_code": exit_code, "seconds": seconds}
+        facts["process"] = {"exit_code": exit_code, "seconds": seconds, "warm": warm}
         write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
         return facts
     try:
@@ -238,7 +273,7 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
                           **({"stalled": schema.dump(stalled)} if stalled is not None else {})}
     facts["complete"] = True
     facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out,
-                        "interrupted": interrupted, "cause": death["cause"]}
+                        "interrupted": interrupted, "cause": death["cause"], "warm": warm}
     write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
     return facts
 

@@ -10,6 +10,7 @@ import dataclasses
 import datetime as _dt
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from kveval.inputs.resources import LM_EVAL_TASKS_DIR
 from kveval.inputs.task_selection import TaskSelectionError, TaskShape, check_lm_eval_names, task_shape, write_run_task_data
 from kveval.inputs.units import parse_size
 from kveval.inputs.workloads import PromptFileError, PromptSpec, build_workloads, load_user_prompts
-from kveval.pipeline import judge_stored_run
+from kveval.pipeline import judge_stored_run, stored_run_verdict
 from kveval.run import environment
 from kveval.run.cell_process import CellPlan, run_cell_process
 from kveval.run.death import log_tail
@@ -41,12 +42,13 @@ from kveval.run.ray_executor import RayCells
 from kveval.run.diagnosis import run_diagnosis
 from kveval.run.options import CompareOptions
 from kveval.run.plan import (cell_plan, check_keep_layers, default_out, lengths_for_model, plan_cells,
-                             scoring_documents, suite_counts)
+                             planned_cell, scoring_documents, suite_counts)
 from kveval.run.reference import REFERENCE_SUFFIX, plan_references
 from kveval.run.remedy import plan_remedy
 from kveval.run.resume import earlier_chosen_budget, prepare_run_dir, redo_reason
 from kveval.run.rounds import run_task_rounds
 from kveval.run.vllm_vocabulary import check_against_vllm, vllm_vocabulary
+from kveval.run.warm_process import WarmProcess, warm_cells_enabled
 
 
 # KV dtypes every supported vLLM knows: runs with only these (and no --engine-arg) skip the probe.
@@ -80,6 +82,7 @@ class RunSetup:
     devices: list[str] | None = None   # --gpus: cells run at once, one per device
     ray: RayCells | None = None        # --executor ray: cells run as tasks on this cluster
     lock: RunLock | None = None        # held until compare returns: one live run per run directory
+    started: float = 0.0               # time.monotonic() when set-up began: the run's wall time (manifest timing)
 
 
 def _local_gpus(options: CompareOptions) -> bool:
@@ -150,7 +153,8 @@ def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSp
                            max_tokens=options.speed_max_tokens or suite.speed_max_tokens),
         tasks=TasksOptions(tasks=task_names, limit=options.task_limit),
         throughput=ThroughputOptions(levels=_levels(options, suite), prompt_share=suite.throughput_prompt_share,
-                                     max_tokens=suite.throughput_max_tokens))
+                                     max_tokens=suite.throughput_max_tokens),
+        efficiency_sample=0)   # only the run's first cell measures it (plan_cells)
 
 
 def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: ModelInfo, tokenizer,
@@ -182,13 +186,14 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
         "kv_scales": kv_scales,
         "baseline_engine_dtype": baseline_dtype,
         "scoring_ids": [d["id"] for d in documents],
-        "cells": [plan.to_dict() for plan in plans],
+        "cells": [planned_cell(plan) for plan in plans],
         **environment_facts,
     }
 
 
 def set_up_run(options: CompareOptions, show) -> RunSetup:
     """Resolve the model and every input, plan the cells, and write the run's input files."""
+    started = time.monotonic()
     suite, shape, options = _suite_and_tasks(options)
     user_prompts = _user_prompts(options)
     lock = None
@@ -199,7 +204,7 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
             raise KvevalError(str(error)) from None
         lock = _lock(Path(options.out))   # first: a second run into this --out stops here, in seconds
     try:
-        return _set_up_locked_run(options, suite, shape, user_prompts, show, lock)
+        return _set_up_locked_run(options, suite, shape, user_prompts, show, lock, started)
     except BaseException:
         if lock is not None:
             lock.discard()
@@ -216,7 +221,7 @@ def _lock(path: Path) -> RunLock:
 
 
 def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, user_prompts: list[dict], show,
-                       lock: RunLock | None) -> RunSetup:
+                       lock: RunLock | None, started: float) -> RunSetup:
     if _needs_vocabulary(options):
         check_against_vllm([spec.dtype for spec in options.kv_specs], options.engine_args, vllm_vocabulary())
     try:
@@ -270,7 +275,8 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         # For ModelOpt FP8-KV checkpoints vLLM resolves `auto` to FP8 (vllm#34752): `auto` would be no
         # baseline, so the baseline cells run the model dtype instead, and the review says so.
         baseline_dtype = facts.dtype if kv_scales.get("auto_is_fp8") else None
-        plans = plan_cells(options, model.path, phase_options, baseline_dtype)
+        plans = plan_cells(options, model.path, phase_options, baseline_dtype,
+                           efficiency_sample=suite.efficiency_sample)
         manifest = _manifest(options, suite, shape, model, tokenizer, facts, prompts, documents, phase_options,
                              kv_scales, baseline_dtype, plans, hardware)
         manifest["model"]["kv_layout"] = layout
@@ -295,9 +301,18 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         except OSError as error:
             raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
         show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
+        # The parent's own time (issue 18): set-up, the diagnosis pass, and later the whole run (run_matrix).
+        timing = {"setup_seconds": round(time.monotonic() - started, 3), "diagnosis_seconds": None, "run_seconds": None,
+                  "cells_overlap": ray is not None or len(devices or []) > devices_per_cell(options.engine_args),
+                  "resumed": reuse}
         if options.diagnose and any(spec.dtype.startswith("fp8") for spec in options.kv_specs):
+            begun = time.monotonic()
             run_diagnosis(run, source, run.manifest().kv_scales, show)
-        return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock)
+            timing["diagnosis_seconds"] = round(time.monotonic() - begun, 3)
+        manifest["timing"] = timing
+        run.write_manifest(manifest)
+        return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock,
+                        started)
     except BaseException:
         if ray is not None:  # the Python API may call compare again in this process
             ray.close()
@@ -310,14 +325,18 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     """Every planned cell; then, when the verdict asks for it, the remedy cells (kept in the manifest).
     Ctrl-C keeps finished cells and writes a partial review before it stops the run."""
     run, manifest, options = setup.run, setup.manifest, setup.options
+    # The next cell's process, started while this one runs (run/warm_process.py); ended with the run.
+    gpu_host = bool(setup.manifest["hardware"]["gpus"])
+    warm = WarmProcess(run.cells_dir) if setup.ray is None and warm_cells_enabled(gpu_host) else None
     try:
-        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray)
-        _run_quality_references(setup, show)
+        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray, warm)
+        _run_quality_references(setup, show, warm)
         # A plain FP8 cell may FAIL only once task rounds have decided it: then its remedy runs in a second pass.
         for attempt in range(2):
             stored = run.manifest()   # as written: `manifest` is the dict this run adds to
-            review = judge_stored_run(run, stored, run.cell_results(stored), thresholds)
-            remedy = plan_remedy(review.verdict, review.evidence, options.remedy)
+            # A look only decides what runs next: the review is written once, at the end (api.report).
+            evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
+            remedy = plan_remedy(verdict, evidence, options.remedy)
             extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype)
                      for spec, length in remedy["cells"]]
             if attempt and not extra:
@@ -328,25 +347,38 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
                 manifest["remedy"] = {"mode": options.remedy, "notes": remedy["notes"],
                                       "cells": list(dict.fromkeys([*earlier, *(plan.id for plan in extra)]))}
                 known = {c.id for c in stored.cells}
-                manifest["cells"] += [plan.to_dict() for plan in extra if plan.id not in known]
+                manifest["cells"] += [planned_cell(plan) for plan in extra if plan.id not in known]
                 run.write_manifest(manifest)
                 for note in remedy["notes"]:
                     show.note(note)
-            _run_cells(run, extra, True, options, show, setup.devices, setup.ray)
+            _run_cells(run, extra, True, options, show, setup.devices, setup.ray, warm)
             # Cells undecided only by task accuracy: more task samples, in rounds, until decided or the budget is spent.
             run_task_rounds(setup, thresholds, show,
-                            lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray))
+                            lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray, warm))
+        _note_run_time(setup)
     except KeyboardInterrupt:
+        if warm is not None:   # no process left waiting while the partial review is written
+            warm.close()
         # Finished cells are on disk already; render what exists so the user has a review now.
+        _note_run_time(setup)
         stored = run.manifest()
         judge_stored_run(run, stored, run.cell_results(stored), thresholds)
         raise RunInterrupted(run.path) from None
     finally:
+        if warm is not None:
+            warm.close()
         if setup.ray is not None:
             setup.ray.close()
 
 
-def _run_quality_references(setup: RunSetup, show) -> None:
+def _note_run_time(setup: RunSetup) -> None:
+    """The run's wall time so far, into the manifest's timing: the review written next shows it."""
+    if "timing" in setup.manifest:
+        setup.manifest["timing"]["run_seconds"] = round(time.monotonic() - setup.started, 3)
+        setup.run.write_manifest(setup.manifest)
+
+
+def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | None = None) -> None:
     """An `auto` cell for quality only at each length where `auto` failed for KV capacity and a tested
     cell started (run/reference.py); kept in the manifest so that a resume reuses it."""
     run, manifest = setup.run, setup.manifest
@@ -360,18 +392,19 @@ def _run_quality_references(setup: RunSetup, show) -> None:
         references[plan.id] = {"for": plan.id.removesuffix(REFERENCE_SUFFIX),
                                "kv_cache_memory_bytes": plan.engine["kv_cache_memory_bytes"], "why": why}
         if plan.id not in known:
-            manifest["cells"].append(plan.to_dict())
+            manifest["cells"].append(planned_cell(plan))
         show.note(f"Quality reference: {why}")
     run.write_manifest(manifest)
-    _run_cells(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray)
+    _run_cells(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray, warm)
 
 
 def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show,
-               devices: list[str] | None = None, ray: RayCells | None = None) -> None:
+               devices: list[str] | None = None, ray: RayCells | None = None, warm: WarmProcess | None = None) -> None:
     """Every plan, reusing what an identical earlier run finished. With several devices, cells run at
     once, one per device (their engines see only theirs); on Ray, as many at once as the cluster has
-    room for. The scoring reference runs first, alone, because every other cell scores its outputs."""
-    def run_one(plan: CellPlan, env: dict | None = None, stop=None) -> None:
+    room for. The scoring reference runs first, alone, because every other cell scores its outputs.
+    `warm`: cells one after another take the process started ahead there (not cells at once)."""
+    def run_one(plan: CellPlan, env: dict | None = None, stop=None, warm: WarmProcess | None = None) -> None:
         try:
             previous = run_dir.cell_result(plan.id) if reuse else None
         except StoreError as error:  # a damaged result is measured again, not trusted
@@ -392,7 +425,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
                 return
         else:
             written = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
-                                       on_event=on_event, stall_s=options.stall_timeout)
+                                       on_event=on_event, stall_s=options.stall_timeout, warm=warm)
         facts = _typed_cell(run_dir, plan.id, written)
         show.cell_finished(plan.id, facts)
         rejected = rejected_engine_arg(facts, options.engine_args, _log_tail(run_dir, plan.id))
@@ -409,7 +442,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
     elif not devices or len(devices) <= devices_per_cell(options.engine_args):
         env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
         for plan in plans:
-            run_one(plan, env)
+            run_one(plan, env, warm=warm)
     else:
         run_in_parallel(plans, devices, devices_per_cell(options.engine_args), run_one, first=first)
 

@@ -85,14 +85,19 @@ def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_
 
 
 def plan_cells(options: CompareOptions, model_path: str, phase_options: PhaseOptions,
-               baseline_dtype: str | None = None) -> list[CellPlan]:
-    """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length."""
+               baseline_dtype: str | None = None, efficiency_sample: int = 0) -> list[CellPlan]:
+    """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length.
+    The first cell also replays its phases' requests as one batched call each, up to
+    `efficiency_sample` of them (worker/efficiency.py): the engine-efficiency reference, measured once
+    per run because it repeats the phase's work."""
     specs = list(dict.fromkeys(options.kv_specs))
     kv_order = sorted(specs, key=lambda spec: (spec.dtype != "auto", specs.index(spec)))
     plans = []
     for length in sorted(dict.fromkeys(int(x) for x in options.max_model_len)):
         for spec in kv_order:
-            plans.append(cell_plan(options, model_path, phase_options, spec, length, baseline_dtype))
+            options_here = phase_options if plans or not efficiency_sample else \
+                phase_options.model_copy(update={"efficiency_sample": efficiency_sample})
+            plans.append(cell_plan(options, model_path, options_here, spec, length, baseline_dtype))
     return plans
 
 
@@ -111,3 +116,9 @@ def cell_plan(options: CompareOptions, model_path: str, phase_options: PhaseOpti
                 "enforce_eager": options.enforce_eager, "extra": dict(options.engine_args)},
         phases=list(options.phases), phase_options=phase_options,
     )
+
+
+def planned_cell(plan: CellPlan) -> dict:
+    """The manifest's entry for a cell: its id, KV spec and length, and the engine settings it is started
+    with (schema.PlannedEngine: the plan's `engine` less the model path, which the manifest's model gives)."""
+    return {**plan.to_dict(), "engine": {key: value for key, value in plan.engine.items() if key != "model"}}

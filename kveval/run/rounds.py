@@ -28,7 +28,7 @@ from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.model_config import ModelSource, load_tokenizer
 from kveval.inputs.task_data import TASKS, write_task_data
 from kveval.inputs.workloads import round_probe_pool_size, round_probe_prompts
-from kveval.pipeline import judge_stored_run
+from kveval.pipeline import stored_run_verdict
 from kveval.run.cell_process import CellPlan
 from kveval.run.plan import cell_plan
 from kveval.run.round_plan import (MAX_ROUNDS, Costs, LengthRound, LengthShape, RoundPlan, plan_round,
@@ -104,13 +104,14 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | 
         phases = []
         if probes_file and (cell in length_round.probe_cells or (is_reference and length_round.probe_cells)):
             phases.append("generation")
-        phase_options = setup.phase_options
+        # A round's few requests are not worth a second, reference run of them (worker/efficiency.py).
+        phase_options = setup.phase_options.model_copy(update={"efficiency_sample": 0})
         if data_dir and (cell in length_round.task_cells or (is_reference and length_round.task_cells)):
             phases.append("tasks")
             # Only kveval's own tasks get new samples; an lm-eval task would repeat its first round's.
             tasks = TasksOptions(tasks=[t for t in setup.phase_options.tasks.tasks if t in TASKS],
                                  limit=length_round.limit, data_dir=data_dir)
-            phase_options = setup.phase_options.model_copy(update={"tasks": tasks})
+            phase_options = phase_options.model_copy(update={"tasks": tasks})
         plans.append(dataclasses.replace(base, id=round_cell_id(cell, number), phases=phases,
                                          phase_options=phase_options,
                                          workloads=probes_file if "generation" in phases else None))
@@ -215,16 +216,16 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     for number in range(1, MAX_ROUNDS + 2):
         written = run.manifest()   # `manifest` (and `record`) as last written
         cells = run.cell_results(written)
-        review = judge_stored_run(run, written, cells, thresholds)
+        # A look only plans the next round: the review is written once, at the end (api.report).
+        evidence, verdict = stored_run_verdict(run, written, cells, thresholds)
         rounds_run = written.task_rounds.rounds
-        evidence = review.evidence
         paired = _paired(evidence)
         if waiting and not any(paired.get(c, 0) > n for c, n in waiting.items()):
             stopped = f"round {number - 1} paired no new sample (see its cells' logs)"
             break
         if number > MAX_ROUNDS:
             break
-        plan = plan_round(review.verdict, evidence, budget, thresholds,
+        plan = plan_round(verdict, evidence, budget, thresholds,
                           shapes if task_rounds else {},
                           round_costs(cells, evidence), seconds_used(run, rounds_run),
                           probes_left=max(0, probe_pool - _probes_used(rounds_run)) if probe_pool else None)
@@ -255,7 +256,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
         for cell_round in plans:
             _forget_if_changed(run, cell_round)
         run_cells(plans)
-    _finish(run, manifest, record, review, stopped, show)
+    _finish(run, manifest, record, evidence, verdict, stopped, show)
 
 
 def _with_reference(length_round: LengthRound, cells: list[str]) -> list[str]:
@@ -279,13 +280,13 @@ def _why_stopped(plan: RoundPlan) -> str:
     return "every tested cell is decided, or undecided for a reason more task samples and probes cannot settle"
 
 
-def _finish(run: RunDir, manifest: dict, record: dict, review, stopped: str, show) -> None:
+def _finish(run: RunDir, manifest: dict, record: dict, evidence, verdict, stopped: str, show) -> None:
     """Mark as final every tested cell whose task or degeneration comparison is still open at the last
-    judgment (`review`, of every round's samples): no look follows, so the last one spends the alpha left."""
-    tasks = review.evidence.tasks
+    judgment (`evidence` and `verdict`, of every round's samples): no look follows, so the last one spends the alpha left."""
+    tasks = evidence.tasks
     tested = list(tasks.cells) if isinstance(tasks, schema.TaskEvidence) else []
-    record["final"] = [name for name in tested if not task_decided(review.verdict, name)]
-    record["final_degeneration"] = [c.cell for c in review.verdict.checks
+    record["final"] = [name for name in tested if not task_decided(verdict, name)]
+    record["final_degeneration"] = [c.cell for c in verdict.checks
                                     if c.name == "degeneration_noninferiority" and c.passed is None]
     record["stopped"] = stopped
     run.write_manifest(manifest)

@@ -4,6 +4,12 @@ Run as `python -m kveval.worker.cell_main SPEC.json`. The parent (run/cell_proce
 stderr to the cell's log, where vLLM writes its own words; a start-up failure is classified from
 that log. The result file is rewritten atomically after start-up and after every phase, so a crash
 in a late phase keeps what the earlier phases measured.
+
+Warm (issue 18; run/warm_process.py): `python -m kveval.worker.cell_main --warm LOG` imports vLLM and torch (or
+the fake engine) and the phases ahead, touching no device (vLLM's import reads the GPUs through NVML, which
+makes no CUDA context), then reads one line on stdin, the spec's path: its output so far (LOG) goes to the
+head of the cell's log, stdout and stderr are pointed at that log, and the cell runs as a cold one does.
+EOF on stdin (no cell came, or the parent is gone) ends it with 0.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from pathlib import Path
 from kveval.files.cell_spec import CellSpec
 from kveval.files.startup_failure import classify_startup_failure, detect_backend, not_started_record
 from kveval.files.logfacts import kv_pool_from_log
+from kveval.worker.engine_clock import EngineClock
 from kveval.worker.engine_results import EngineInfo
 from kveval.worker.phases.context import CellContext
 from kveval.files.rundir import DISK_FULL_EXIT, DiskFull, RunDir, read_json, write_json_atomic
@@ -108,12 +115,17 @@ def run_cell(spec: CellSpec) -> dict:
         run_dir=RunDir(spec.run_dir), model_path=settings.model,
         checkpoint=lambda: write_json_atomic(result_path, facts, compact=True),
     )
+    # The phases see the engine through a clock: each phase's time inside engine calls is its
+    # `engine_seconds`, the rest of its time is kveval's own (issue 18).
+    clock = EngineClock(engine)
     for name in spec.phases:
         emit(event="phase", phase=name)
         began = time.perf_counter()
+        clock.lap()
         try:
-            outcome = PHASES[name](engine, context)
+            outcome = PHASES[name](clock, context)
             outcome["seconds"] = time.perf_counter() - began
+            outcome["engine_seconds"] = round(clock.lap()[0], 4)
         except Exception as error:  # noqa: BLE001 - one broken phase must not lose the others
             if isinstance(error, DiskFull):   # not the phase's fault: the run stops (main)
                 raise
@@ -129,15 +141,47 @@ def run_cell(spec: CellSpec) -> dict:
     return facts
 
 
+def _wait_for_spec(waiting_log: Path) -> CellSpec | None:
+    """Warm: import what a cell needs, then wait for the spec's path; None on EOF."""
+    from kveval.worker import phases  # noqa: F401 - imported ahead, as the engine is
+
+    _engine_module()
+    line = sys.stdin.readline().strip()
+    if not line:
+        return None
+    spec = CellSpec.model_validate(read_json(Path(line)))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The parent has created (truncated) the cell's log; what was printed while importing goes first.
+    with open(spec.log_path, "ab") as log:
+        try:
+            log.write(waiting_log.read_bytes())
+            log.flush()
+            waiting_log.unlink()   # copied: the parent adds it to the cell's log only if still there
+        except OSError:
+            pass
+        # Descriptors, not sys.stdout: vLLM's log handlers and C-level output write to fds 1 and 2.
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    return spec
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m kveval.worker.cell_main SPEC.json", file=sys.stderr)
+    warm = len(argv) == 2 and argv[0] == "--warm"
+    if len(argv) != 1 and not warm:
+        print("usage: python -m kveval.worker.cell_main SPEC.json | --warm LOG", file=sys.stderr)
         return 2
     # A parent that finds this cell stalled sends SIGUSR1 first: every thread's Python stack goes to the
-    # cell's log, which then shows where the engine hung.
+    # cell's log, which then shows where the engine hung (fd 2, whichever file it points at by then).
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
-        run_cell(CellSpec.model_validate(read_json(Path(argv[0]))))
+        if warm:
+            spec = _wait_for_spec(Path(argv[1]))
+            if spec is None:
+                return 0
+        else:
+            spec = CellSpec.model_validate(read_json(Path(argv[0])))
+        run_cell(spec)
     except DiskFull as error:
         # The exit code tells the parent even when the full disk swallows this line in the log.
         print(f"kveval cell: {error}", file=sys.stderr, flush=True)

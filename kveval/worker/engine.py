@@ -1,9 +1,10 @@
 """One cell's vLLM engine: start it, read its KV pool, generate and score. The one module that imports vLLM.
 
 An `Engine` wraps `vllm.LLM` for one cell: start it with the cell's KV dtype and max_model_len,
-read what it holds, and submit prompts one at a time so that a refused prompt is recorded with
-vLLM's own message instead of sinking a batch. Everything returned is plain data (dicts, lists),
-so the rest of kveval never touches vLLM objects.
+read what it holds, and submit prompts in batches (worker/batching.py) so that the scheduler batches
+them, while a refused prompt still ends alone and is recorded with vLLM's own message instead of
+sinking the batch. Everything returned is plain data (dicts, lists), so the rest of kveval never
+touches vLLM objects.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ try:  # moved between releases
 except ImportError:  # pragma: no cover
     from vllm.inputs.data import TokensPrompt  # type: ignore  # noqa: E402
 
+from kveval.worker.batching import submit_in_batches  # noqa: E402
 from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings  # noqa: E402
 
 # The prompt-too-long texts of vLLM 0.26 and 0.32 ("This model's maximum context length is ...").
@@ -147,45 +149,25 @@ class Engine:
                 return {"accepted": False, "rejection": text, "error": None}
             return {"accepted": False, "rejection": None, "error": text}
         wall = time.perf_counter() - began
-        request = outputs[0]
-        completion = request.outputs[0]
-        return {
-            "accepted": True,
-            "rejection": None,
-            "error": None,
-            "text": completion.text,
-            "token_ids": list(completion.token_ids),
-            "finish_reason": completion.finish_reason,
-            "prompt_tokens": len(request.prompt_token_ids or token_ids),
-            "output_tokens": len(completion.token_ids),
-            "wall_seconds": wall,
-            "timing": _timing(request.metrics, wall),
-        }
+        return _generated(outputs[0], token_ids, wall, wall)
 
 
     def generate_batch(self, requests: list[tuple[list[int], int, list[str] | None]]) -> list[dict[str, Any]]:
-        """Greedy-generate for many prompts in one vLLM call (continuous batching): for task samples
-        that were already checked to fit. If vLLM refuses the batch, every prompt is retried alone so
-        the refusal lands on the prompt that caused it. Per-request timing is not kept here."""
-        if not requests:
-            return []
-        params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=self.settings.seed,
-                                 stop=list(stop) if stop else None) for _, max_tokens, stop in requests]
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _ in requests]
-        began = time.perf_counter()
-        try:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        except Exception:  # noqa: BLE001 - find the culprit one request at a time
-            return [self.generate(ids, max_tokens, stop=stop) for ids, max_tokens, stop in requests]
-        share = (time.perf_counter() - began) / len(requests)
-        results = []
-        for request, output in zip(requests, outputs):
-            completion = output.outputs[0]
-            results.append({"accepted": True, "rejection": None, "error": None, "text": completion.text,
-                            "token_ids": list(completion.token_ids), "finish_reason": completion.finish_reason,
-                            "prompt_tokens": len(output.prompt_token_ids or request[0]),
-                            "output_tokens": len(completion.token_ids), "wall_seconds": share})
-        return results
+        """Greedy-generate for many prompts in as few vLLM calls as their refusals allow
+        (worker/batching.py): accepted prompts run batched, each refused one ends alone with vLLM's words.
+        `wall_seconds` is the prompt's share of its batch's wall time."""
+        def run_batch(batch):
+            params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=self.settings.seed,
+                                     stop=list(stop) if stop else None) for _, max_tokens, stop in batch]
+            began = time.perf_counter()
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _ in batch],
+                                        params, use_tqdm=False)
+            wall = time.perf_counter() - began
+            return [_generated(output, ids, wall / len(batch), wall) for (ids, _, _), output in zip(batch, outputs)]
+
+        # vLLM 0.32 refuses a prompt of max_model_len tokens or more; a longer answer is cut, not refused.
+        return submit_in_batches(requests, run_batch, lambda r: self.generate(r[0], r[1], stop=r[2]),
+                                 lambda r: len(r[0]) >= self.settings.max_model_len)
 
     def generate_concurrent(self, token_ids: list[int], max_tokens: int, concurrency: int) -> dict[str, Any]:
         """`concurrency` copies of one prompt submitted at once (vLLM schedules as many together as its
@@ -214,33 +196,50 @@ class Engine:
                   and isinstance(getattr(m, "value", None), (int, float))]
         return int(sum(values)) if values else None
 
-    def score(self, sequences: list[list[int]], top_k: int, *, together: bool = False) -> list[dict[str, Any]]:
+    def score(self, sequences: list[list[int]], top_k: int, *, batched: bool = True) -> list[dict[str, Any]]:
         """Teacher-forced log-probabilities of every position of each sequence (prompt_logprobs).
 
         Returns, per sequence, `positions[i-1]` for i = 1..len-1: the logprob of token i given
-        tokens[:i] and the top-k candidates there. `together=True` submits all sequences in one
-        batch (another batch composition: used to measure the noise floor); a refusal then falls
-        back to one request at a time so one long sequence cannot hide the others.
+        tokens[:i] and the top-k candidates there. Batched (worker/batching.py) unless
+        `batched=False`: one request at a time, the other batch composition the noise floor measures.
         """
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, seed=self.settings.seed)
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in sequences]
-        if together and len(prompts) > 1:
+
+        def run_batch(batch):
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in batch], params,
+                                        use_tqdm=False)
+            return [_positions(output, top_k) for output in outputs]
+
+        def run_one(ids):
             try:
-                outputs = self.llm.generate(prompts, params, use_tqdm=False)
-                return [_positions(output, top_k) for output in outputs]
-            except Exception:  # noqa: BLE001 - fall back to one at a time, which records refusals
-                pass
-        results = []
-        for prompt in prompts:
-            try:
-                output = self.llm.generate([prompt], params, use_tqdm=False)[0]
-            except Exception as error:  # noqa: BLE001
+                output = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)[0]
+            except Exception as error:  # noqa: BLE001 - vLLM's validation error class moved between releases
                 text = f"{type(error).__name__}: {error}"
-                results.append({"accepted": False, "rejection": text if _TOO_LONG.search(str(error)) else None,
-                                "error": None if _TOO_LONG.search(str(error)) else text})
-                continue
-            results.append(_positions(output, top_k))
-        return results
+                too_long = bool(_TOO_LONG.search(str(error)))
+                return {"accepted": False, "rejection": text if too_long else None, "error": None if too_long else text}
+            return _positions(output, top_k)
+
+        if not batched:
+            return [run_one(ids) for ids in sequences]
+        # vLLM needs room for the one generated token after the prompt.
+        return submit_in_batches(sequences, run_batch, run_one, lambda ids: len(ids) >= self.settings.max_model_len)
+
+
+def _generated(request: Any, token_ids: list[int], wall: float, batch_wall: float) -> dict[str, Any]:
+    """One finished request as plain data; `wall` is its own (or its share of the batch's) wall time."""
+    completion = request.outputs[0]
+    return {
+        "accepted": True,
+        "rejection": None,
+        "error": None,
+        "text": completion.text,
+        "token_ids": list(completion.token_ids),
+        "finish_reason": completion.finish_reason,
+        "prompt_tokens": len(request.prompt_token_ids or token_ids),
+        "output_tokens": len(completion.token_ids),
+        "wall_seconds": wall,
+        "timing": _timing(request.metrics, batch_wall),
+    }
 
 
 def _positions(output: Any, top_k: int) -> dict[str, Any]:

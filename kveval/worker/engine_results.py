@@ -25,6 +25,7 @@ class Generated(_Result):
 
     text: Optional[str] = None
     finish_reason: Optional[str] = None
+    prompt_tokens: Optional[int] = None
     output_tokens: Optional[int] = None
     wall_seconds: Optional[Union[int, float]] = None
 
@@ -34,6 +35,21 @@ class Scored(_Result):
     ({"token", "logprob", "top": [[token, logprob], ...]}), kept as the engine gave them."""
 
     positions: Optional[list[Any]] = None
+
+
+class ConcurrentRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    output_tokens: Optional[int] = None
+
+
+class Concurrent(BaseModel):
+    """engine.generate_concurrent: copies of one prompt submitted at once."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    accepted: bool
+    requests: list[ConcurrentRequest] = []
 
 
 class EngineInfo(BaseModel):

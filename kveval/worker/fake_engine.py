@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from kveval.worker.batching import submit_in_batches
 from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings
 
 _BLOCK = 16
@@ -203,7 +204,15 @@ class Engine:
                            "generation_tokens": len(answer), "preemptions": 0, "source": "fake engine"}}
 
     def generate_batch(self, requests: list[tuple[list[int], int, list[str] | None]]) -> list[dict[str, Any]]:
-        return [self.generate(ids, max_tokens, stop=stop) for ids, max_tokens, stop in requests]
+        """As vLLM: a batch with one refused prompt is refused whole (worker/batching.py finds it)."""
+        def run_batch(batch):
+            results = [self.generate(ids, max_tokens, stop=stop) for ids, max_tokens, stop in batch]
+            if not all(result["accepted"] for result in results):
+                raise ValueError("a prompt of the batch was refused")
+            return results
+
+        return submit_in_batches(requests, run_batch, lambda r: self.generate(r[0], r[1], stop=r[2]),
+                                 lambda r: len(r[0]) + r[1] > self.settings.max_model_len)
 
     def generate_concurrent(self, token_ids: list[int], max_tokens: int, concurrency: int) -> dict[str, Any]:
         one = self.generate(token_ids, max_tokens, ignore_eos=True)
@@ -215,21 +224,28 @@ class Engine:
     def preemptions_total(self) -> int | None:
         return 0
 
-    def score(self, sequences: list[list[int]], top_k: int, *, together: bool = False) -> list[dict[str, Any]]:
-        results = []
-        for ids in sequences:
+    def score(self, sequences: list[list[int]], top_k: int, *, batched: bool = True) -> list[dict[str, Any]]:
+        def run_one(ids):
             refused = self._refusal(len(ids), 0) if len(ids) >= self.settings.max_model_len else None
-            results.append(refused or {"accepted": True, "rejection": None, "error": None,
-                                       "positions": [self._position(ids, i, top_k, together) for i in range(1, len(ids))]})
-        return results
+            return refused or {"accepted": True, "rejection": None, "error": None,
+                               "positions": [self._position(ids, i, top_k, batched) for i in range(1, len(ids))]}
 
-    def _position(self, ids: list[int], i: int, top_k: int, together: bool) -> dict[str, Any]:
+        def run_batch(batch):
+            if any(len(ids) >= self.settings.max_model_len for ids in batch):
+                raise ValueError("a sequence of the batch was refused")
+            return [run_one(ids) for ids in batch]
+
+        if not batched:
+            return [run_one(ids) for ids in sequences]
+        return submit_in_batches(sequences, run_batch, run_one, lambda ids: len(ids) >= self.settings.max_model_len)
+
+    def _position(self, ids: list[int], i: int, top_k: int, batched: bool) -> dict[str, Any]:
         """The distribution over the next token after ids[:i]: the actual token and top_k others."""
         context = tuple(ids[max(0, i - 3):i])
         candidates = [ids[i]] + [_FIRST_TOKEN + int(_unit(context, j) * _SPAN) for j in range(top_k + 4)]
         candidates = list(dict.fromkeys(candidates))
-        noise = self.noise + (1e-3 if together else 0.0)  # another batch: the tiny noise of batch composition
-        salt = (self.settings.kv_cache_dtype, together)
+        noise = self.noise + (0.0 if batched else 1e-3)  # another batch: the tiny noise of batch composition
+        salt = (self.settings.kv_cache_dtype, not batched)
         logits = [2.5 * _normal(context, c) + noise * _normal(salt, i, c) for c in candidates]
         top = max(logits)
         log_norm = top + math.log(sum(math.exp(x - top) for x in logits) + math.exp(-2.0 - top))  # + the rest

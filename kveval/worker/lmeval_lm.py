@@ -43,6 +43,8 @@ class EngineLM(LM):
         self.max_model_len = int(max_model_len)
         self.on_request = on_request or (lambda record: None)
         self.records: list[dict[str, Any]] = []
+        # Accepted generation requests of every task, for the phase's efficiency reference.
+        self.accepted_generations: list[tuple[list[int], int, list[str]]] = []
 
     # -- generation tasks --------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -63,44 +65,49 @@ class EngineLM(LM):
                 batch.append((record, (ids, max_gen, until)))
             records.append(record)
         results = self.engine.generate_batch([job for _, job in batch])
-        for (record, _), result in zip(batch, map(Generated.model_validate, results)):
+        for (record, job), result in zip(batch, map(Generated.model_validate, results)):
             record.update(accepted=result.accepted, rejection=result.rejection, error=result.error,
                           response=result.text or "", finish_reason=result.finish_reason,
                           output_tokens=result.output_tokens, seconds=result.wall_seconds)
+            if result.accepted:
+                self.accepted_generations.append(job)
         for record in records:
             self._keep(record)
         return [record["response"] for record in records]
 
     # -- likelihood tasks (multiple choice etc.), for lm-eval built-ins given with --task --------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        answers = []
-        for request in requests:
+        """Requests that fit are scored together in one batch (worker/batching.py finds a refusal);
+        those that do not are rejected without being submitted."""
+        answers: list[tuple[float, bool]] = [(float("-inf"), False)] * len(requests)
+        records, batch = [], []
+        for index, request in enumerate(requests):
             context, continuation = request.args
             context_ids, continuation_ids = self._encode_pair(context, continuation)
             ids = context_ids + continuation_ids
             record = self._new_record(request, "loglikelihood", len(ids), 0)
             if len(ids) >= self.max_model_len or not continuation_ids:
-                why = (self._too_long(len(ids), 0) if continuation_ids else
-                       {"accepted": False, "rejection": None, "error": "empty continuation"})
-                record.update(why)
-                self._keep(record)
-                answers.append((float("-inf"), False))
-                continue
-            began = time.perf_counter()
-            scored = Scored.model_validate(self.engine.score([ids], top_k=1)[0])
-            record["seconds"] = time.perf_counter() - began
+                record.update(self._too_long(len(ids), 0) if continuation_ids else
+                              {"accepted": False, "rejection": None, "error": "empty continuation"})
+            else:
+                batch.append((index, record, ids, len(context_ids)))
+            records.append(record)
+        began = time.perf_counter()
+        scored_all = self.engine.score([ids for _, _, ids, _ in batch], top_k=1) if batch else []
+        share = (time.perf_counter() - began) / max(1, len(batch))
+        for (index, record, _, context_length), scored in zip(batch, map(Scored.model_validate, scored_all)):
+            record["seconds"] = share
             if not scored.accepted:
                 record.update(accepted=False, rejection=scored.rejection, error=scored.error)
-                self._keep(record)
-                answers.append((float("-inf"), False))
                 continue
-            # positions[j] is about token j+1; the continuation starts at token len(context_ids).
-            positions = scored.positions[len(context_ids) - 1:]
+            # positions[j] is about token j+1; the continuation starts at token context_length.
+            positions = scored.positions[context_length - 1:]
             logprob = sum(p["logprob"] for p in positions)
             greedy = all(p["top"] and p["top"][0][0] == p["token"] for p in positions)
             record.update(accepted=True, rejection=None, error=None, response=f"logprob {logprob:.4f}")
+            answers[index] = (logprob, greedy)
+        for record in records:
             self._keep(record)
-            answers.append((logprob, greedy))
         return answers
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:

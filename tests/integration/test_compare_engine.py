@@ -100,9 +100,16 @@ def test_over_long_prompt_is_rejected_with_engine_message_and_rest_still_runs(ru
         assert {r["prompt_id"]: r for r in cell["phases"]["generation"]["records"]}["over_1024-0"]["accepted"]
 
 
-def test_degeneration_probes_run_in_one_batch_on_the_real_engine(run):
-    generation = run.cell("auto", 1024)["phases"]["generation"]
-    assert generation["sampling"]["probes_in_one_batch"] == COUNTS["probe"]
+def test_prompts_and_probes_run_batched_on_the_real_engine_with_the_time_split(run):
+    cell = run.cell("auto", 1024)
+    generation = cell["phases"]["generation"]
+    assert generation["sampling"]["in_one_batch"] == len(generation["records"]) > COUNTS["probe"]
+    assert generation["sampling"]["one_request_at_a_time"] is False
+    # Issue 18: the time inside engine calls and the efficiency against one batched call of a sample.
+    for name in ("generation", "scoring"):
+        phase = cell["phases"][name]
+        assert 0 < phase["engine_seconds"] <= phase["seconds"]
+        assert phase["efficiency"]["reference_requests"] > 0 and phase["efficiency"]["ratio"] > 0
     probes = [r for r in generation["records"] if r["workload"] == "probe"]
     assert len(probes) == COUNTS["probe"] and all(r["accepted"] and r["output_tokens"] > 0 for r in probes)
     assert run.evidence.degeneration.cells["auto-1024"].outputs >= COUNTS["probe"]

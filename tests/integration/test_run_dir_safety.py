@@ -36,7 +36,8 @@ def _command(prompts: Path, out: Path) -> list[str]:
 
 
 def _env() -> dict:
-    return {**os.environ, "KVEVAL_ENGINE": "fake"}
+    # No figures: the cells are what is compared here (render/outputs.py NO_PLOTS_ENV; CPU time).
+    return {**os.environ, "KVEVAL_ENGINE": "fake", "KVEVAL_NO_PLOTS": "1"}
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess:
@@ -47,14 +48,16 @@ def _measured(out: Path, cell: str) -> dict:
     """What a cell measured: its outputs and its teacher-forced figures (not its timings or pids)."""
     facts = json.loads((out / "cells" / f"{cell}.json").read_text())
     records = {pid: (r.text, r.token_ids, r.accepted) for pid, r in generation_records(facts).items()}
-    scoring = {key: value for key, value in (facts["phases"].get("scoring") or {}).items() if key != "seconds"}
+    timing = ("seconds", "engine_seconds", "efficiency")   # how long it took, not what it measured
+    scoring = {key: value for key, value in (facts["phases"].get("scoring") or {}).items() if key not in timing}
     return {"complete": facts["complete"], "started": facts.get("started"),
             "pool": (facts.get("capacity") or {}).get("kv_pool_tokens"), "records": records, "scoring": scoring}
 
 
 @pytest.fixture(scope="module")
-def alone(tmp_path_factory):
-    """The same command run alone: what every other run here must end with."""
+def alone(tmp_path_factory, default_model_dir):
+    """The same command run alone: what every other run here must end with. (default_model_dir: on a
+    fresh machine the model is converted once, under the fixture's lock, not by each run here.)"""
     root = tmp_path_factory.mktemp("alone")
     prompt_file = root / "prompts.jsonl"
     prompt_file.write_text(json.dumps({"id": "count", "prompt": "Count from one to one hundred in words.",

@@ -185,6 +185,18 @@ def test_unknown_field_in_a_manifest_is_refused_naming_it(tmp_path, where, chang
                                         "kveval? its schema_version says which kveval reads it)")
 
 
+@pytest.mark.parametrize("where,change", [
+    ("new_top_key", lambda d: d.update(new_top_key=1)),
+    ("verdict.thresholds.new_limit", lambda d: d["verdict"]["thresholds"].update(new_limit=0.1)),
+    ("evidence.startup[0].new_figure", lambda d: d["evidence"]["startup"][0].update(new_figure=2)),
+])
+def test_unknown_field_in_results_is_refused_naming_it(tmp_path, where, change):
+    # results.json too (issue 17): a key a newer kveval added is refused, never half-read.
+    path = _damaged(tmp_path, QWEN / "results.json.gz", change)
+    assert _error("results", path) == (f"{path}: field {where}: not a field this kveval knows (a file from a newer "
+                                       "kveval? its schema_version says which kveval reads it)")
+
+
 def test_unknown_field_in_kv_ranges_is_refused_naming_it(tmp_path):
     path = _damaged(tmp_path, CPU / "kv_ranges.json", lambda d: d["layers"][0]["k"].update(new_stat=1.0))
     assert _error("kv_ranges", path) == (f"{path}: field layers[0].k.new_stat: not a field this kveval knows (a file "

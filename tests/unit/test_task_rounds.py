@@ -224,7 +224,7 @@ class StandIn:
         self.written[round_number] = samples_per_point * DOCS_PER_STEP
         return {}
 
-    def run_cell_process(self, run_dir, plan, *, timeout_s, on_event, env=None, stop=None, stall_s=None):
+    def run_cell_process(self, run_dir, plan, *, timeout_s, on_event, env=None, stop=None, stall_s=None, warm=None):
         number = int(re.search(r"tasks-r(\d+)$", plan.id).group(1))
         options = plan.phase_options.tasks
         assert plan.phases == ["tasks"] and options.data_dir == f"taskdata/L1024/r{number}"

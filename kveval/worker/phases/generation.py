@@ -1,30 +1,31 @@
-"""Greedy generation of every workload prompt.
+"""Greedy generation of every workload prompt and degeneration probe.
 
-Workload prompts go one request at a time: that is what makes acceptance honest, since vLLM refuses a
-too-long prompt for the whole batch, so a batch would hide which prompt it was. Each refusal is stored
-with vLLM's own message; the prompt is never truncated and never predicted to fail. The degeneration
-probes (short questions, kind "probe") are generated together in one batch: there are a hundred of
-them, they all fit, and if vLLM refuses the batch `Engine.generate_batch` retries them one by one.
+All prompts go to the engine as one batch, so vLLM's scheduler batches them (issue 18); a prompt vLLM
+refuses still ends alone with vLLM's own message (worker/batching.py): acceptance stays honest, and no
+prompt is truncated or predicted to fail. The batch composition depends only on the prompts and their
+refusals, so cells of the same max_model_len get the same batches and their greedy outputs compare.
 """
 from __future__ import annotations
 
+from kveval.worker import efficiency
+from kveval.worker.engine_results import Generated
+
 
 def run(engine, cell) -> dict:
-    single = [p for p in cell.prompts if p.kind != "probe"]
-    probes = [p for p in cell.prompts if p.kind == "probe"]
-    total = len(cell.prompts)
-    records = []
-    for index, prompt in enumerate(single):
-        cell.emit(event="step", phase="generation", done=index, total=total, item=prompt.id)
-        result = engine.generate(list(prompt.token_ids), prompt.max_tokens)
-        records.append({"prompt_id": prompt.id, "workload": prompt.workload, **result})
-    if probes:
-        cell.emit(event="step", phase="generation", done=len(single), total=total, item=f"{len(probes)} probes")
-        results = engine.generate_batch([(list(p.token_ids), p.max_tokens, None) for p in probes])
-        records += [{"prompt_id": p.id, "workload": p.workload, **result} for p, result in zip(probes, results)]
+    prompts = list(cell.prompts)
+    total = len(prompts)
+    cell.emit(event="step", phase="generation", done=0, total=total, item=f"{total} prompts in one batch")
+    requests = [(list(p.token_ids), p.max_tokens, None) for p in prompts]
+    results = engine.generate_batch(requests)
+    records = [{"prompt_id": p.id, "workload": p.workload, **result} for p, result in zip(prompts, results)]
     cell.emit(event="step", phase="generation", done=total, total=total)
-    return {
-        "sampling": {"temperature": 0.0, "seed": engine.settings.seed, "one_request_at_a_time": True,
-                     **({"probes_in_one_batch": len(probes)} if probes else {})},
+    accepted = [request for request, result in zip(requests, results) if Generated.model_validate(result).accepted]
+    phase = {
+        "sampling": {"temperature": 0.0, "seed": engine.settings.seed, "one_request_at_a_time": False,
+                     "in_one_batch": total},
         "records": records,
     }
+    measured = efficiency.measure(engine, "generate", accepted, cell.options.efficiency_sample if cell.options else 0)
+    if measured:
+        phase["efficiency"] = measured
+    return phase

@@ -10,8 +10,9 @@ due to the cell (its KV dtype), not to greedy outputs that drifted apart. Sequen
 - `doc:<n>` — plain corpus documents sized to each max_model_len of the run (scoring.json in the
   run directory); a cell scores those that fit it.
 
-`auto` cells score everything a second time in one batch (a different batch composition): the
-difference is the noise floor — what "no real change" looks like on this platform.
+Every cell scores its sequences batched (worker/batching.py: a refused sequence ends alone with vLLM's
+words). `auto` cells score everything a second time one request at a time (another batch
+composition): the difference is the noise floor — what "no real change" looks like on this platform.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from kveval.defaults import BASELINE_KV
 from kveval.files import schema
 from kveval.files.rundir import read_json
+from kveval.worker import efficiency
 from kveval.worker.engine_results import Scored
 
 
@@ -116,15 +118,17 @@ def run(engine, cell) -> dict:
     options = cell.options.scoring
     top_k = options.top_k
     sequences, reference_cell = _sequences(cell)
-    cell.emit(event="step", phase="scoring", done=0, total=len(sequences))
-    results = []
-    for index, sequence in enumerate(sequences):
-        cell.emit(event="step", phase="scoring", done=index, total=len(sequences), item=sequence["id"])
-        results.extend(engine.score([sequence["token_ids"]], top_k))
+    cell.emit(event="step", phase="scoring", done=0, total=len(sequences), item=f"{len(sequences)} sequences in one batch")
+    token_ids = [s["token_ids"] for s in sequences]
+    results = engine.score(token_ids, top_k)
     phase = {"top_k": top_k, "reference_cell": reference_cell, "sequences": _attach(sequences, results)}
+    accepted = [ids for ids, result in zip(token_ids, results) if Scored.model_validate(result).accepted]
+    measured = efficiency.measure(engine, "score", accepted, cell.options.efficiency_sample, top_k=top_k)
+    if measured:
+        phase["efficiency"] = measured
     if cell.kv_spec == BASELINE_KV and options.noise and sequences:
         cell.emit(event="step", phase="scoring", done=len(sequences), total=len(sequences), item="noise re-score")
-        together = engine.score([s["token_ids"] for s in sequences], top_k, together=True)
-        phase["noise"] = {"method": "same sequences re-scored in one batch (different batch composition)",
-                          "sequences": _attach(sequences, together)}
+        alone = engine.score(token_ids, top_k, batched=False)
+        phase["noise"] = {"method": "same sequences re-scored one request at a time (different batch composition)",
+                          "sequences": _attach(sequences, alone)}
     return phase

@@ -190,6 +190,7 @@ def run(engine, cell) -> dict:
     from lm_eval.tasks import TaskManager
     from transformers import AutoTokenizer
 
+    from kveval.worker import efficiency
     from kveval.worker.lmeval_lm import EngineLM
     from kveval.inputs.task_selection import spread
     from kveval.inputs.resources import LM_EVAL_TASKS_DIR as TASKS_DIR
@@ -256,4 +257,7 @@ def run(engine, cell) -> dict:
                                                    cell.max_model_len))
         cell.facts["phases"]["tasks"] = phase
         cell.checkpoint()
+    measured = efficiency.measure(engine, "generate", lm.accepted_generations, cell.options.efficiency_sample)
+    if measured:
+        phase["efficiency"] = measured
     return phase
