@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kveval.files import schema
-from kveval.render.markdown import escape_cell, escape_name, fmt_int, rows_frame, table
+from kveval.render.markdown import escape_cell, escape_name, fmt_int, long_table, rows_frame
 
 
 def acceptance_section(evidence: schema.Evidence) -> str:
@@ -23,7 +23,8 @@ def acceptance_section(evidence: schema.Evidence) -> str:
         view[name] = view[name].map(lambda status: symbols.get(status, status))
     out = ["## Prompt acceptance", "",
            "Every prompt was submitted to every started cell; ✗ means the engine refused it "
-           "(nothing is predicted or truncated).", "", table(view, names=("prompt",))]
+           "(nothing is predicted or truncated).", "",
+           long_table(view, f"{len(view)} prompts × {len(started)} cells", names=("prompt",))]
     refused = rows_frame(acceptance.rejections, columns=["cell", "prompt", "kind", "message"])
     if not refused.empty:
         out += ["", "Engine messages (the first refusal of each cell; every message is in the cell files):", ""]

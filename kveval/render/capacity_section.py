@@ -7,7 +7,7 @@ import pandas as pd
 
 from kveval.files import schema
 from kveval.files.rundir import RunDir
-from kveval.render.markdown import fmt_int, fmt_pct, table
+from kveval.render.markdown import fmt_int, fmt_pct, long_table
 
 
 def capacity_section(evidence: schema.Evidence) -> str:
@@ -39,7 +39,7 @@ def capacity_section(evidence: schema.Evidence) -> str:
         "Δ": [fmt_pct(100 * r.deviation) if r.deviation is not None else "" for r in rows],
         "longest max_model_len it holds": [fmt_int(r.predicted_max_model_len) for r in rows],
     })
-    out.append(table(view))
+    out.append(long_table(view, f"{len(view)} cells"))
     flagged = [r for r in rows if r.flag and r.predicted_tokens]
     if flagged:
         out += ["", *(f"- **{r.cell}**: {fmt_pct(100 * r.deviation)} — {r.flag}." for r in flagged)]

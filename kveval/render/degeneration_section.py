@@ -8,7 +8,7 @@ import pandas as pd
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.degeneration import FINDING_COLUMNS, INFORMATIONAL_DETECTORS
 from kveval.files import schema
-from kveval.render.markdown import fmt_int, fmt_share, rows_frame, shorten, table
+from kveval.render.markdown import fmt_int, fmt_share, folded, long_table, rows_frame, shorten, table
 
 MAX_FINDING_ROWS = 30
 
@@ -20,7 +20,10 @@ def _new_findings_table(new: pd.DataFrame) -> str:
     if "baseline_excerpt" in new and new.baseline_excerpt.notna().any():  # the baseline's answer, beside it
         view[f"{BASELINE_KV}'s output"] = new.baseline_excerpt.map(lambda t: shorten(t if isinstance(t, str) else "", 160))
         untrusted += (f"{BASELINE_KV}'s output",)
-    text = table(view.head(MAX_FINDING_ROWS), untrusted=untrusted)
+    shown = view.head(MAX_FINDING_ROWS)
+    summary = (f"{len(view)} new findings" if len(shown) == len(view)
+               else f"the first {len(shown)} of {len(view)} new findings")
+    text = folded(table(shown, untrusted=untrusted), len(shown), summary)
     if len(view) > MAX_FINDING_ROWS:
         text += f"\n\n_{len(view) - MAX_FINDING_ROWS} more in `tables/degeneration_findings.csv`._"
     return text
@@ -28,7 +31,7 @@ def _new_findings_table(new: pd.DataFrame) -> str:
 
 def _already_table(old: pd.DataFrame) -> str:
     counts = old.groupby(["cell", "detector"], sort=False)["prompt"].nunique().reset_index(name="outputs")
-    return table(counts.assign(outputs=counts.outputs.map(fmt_int)))
+    return long_table(counts.assign(outputs=counts.outputs.map(fmt_int)), f"{len(counts)} rows: cell and detector")
 
 
 def _already_section(old: pd.DataFrame, nothing_new: bool) -> str:
@@ -49,7 +52,7 @@ def _degeneration_cells_table(cells: dict[str, schema.DegenerationCell]) -> str:
                      "not judged: no baseline" if entry.judged_outputs == 0 else fmt_int(entry.new_degenerate),
                      "findings by detector": fired or "none",
                      "stopped at the token limit": fmt_share(entry.token_limit_rate)})
-    return table(pd.DataFrame(rows))
+    return long_table(pd.DataFrame(rows), f"{len(rows)} cells")
 
 
 def degeneration_section(evidence: schema.Evidence) -> str:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from kveval.analysis.kv_range import skip_layers_argument
 from kveval.files import schema
-from kveval.render.markdown import escape_cell, fmt_int, fmt_sig, table
+from kveval.render.markdown import escape_cell, fmt_int, fmt_sig, long_table
 
 HEADING = "## Per-layer KV range vs the FP8 range"
 MAX_ROWS = 20
@@ -59,7 +59,8 @@ def _offending_table(diagnosis: schema.Diagnosis) -> str:
         "limit": [fmt_sig(r.limit) for r in rows],
         "share over": [_share(r.share_over) + ("" if r.share_exact else " (≤, estimated)") for r in rows],
     })
-    return table(view.head(MAX_ROWS))
+    shown = view.head(MAX_ROWS)
+    return long_table(shown, f"{len(shown)} rows: layer and tensor")
 
 
 def render_diagnosis_section(diagnosis: schema.Diagnosis | schema.DiagnosisFailed | None,

@@ -9,7 +9,7 @@ import pandas as pd
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.diff import PAIR_COLUMNS, SUMMARY_COLUMNS
 from kveval.files import schema
-from kveval.render.markdown import escape_cell, fmt_float, fmt_int, fmt_share, rows_frame, table
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, fmt_share, long_table, rows_frame, table
 
 MAX_EXAMPLES = 24
 _NO_EXCERPT = schema.DiffExcerpt(char_offset=None, before=None, candidate=None, reference=None)
@@ -54,7 +54,7 @@ def diff_section(evidence: schema.Evidence) -> str:
                     "max_model_len must both have started._"]
     else:
         out += ["", _identical_sentence(pairs[pairs.comparison == "kv"]), "",
-                table(_diff_view(kv), untrusted=("workload",))]
+                long_table(_diff_view(kv), f"{len(kv)} rows: each workload in each cell", untrusted=("workload",))]
     out += ["", f"### Noise reference: `{BASELINE_KV}` vs `{BASELINE_KV}` at another max_model_len", "",
             "Same KV dtype, a different engine shape: how much greedy outputs move without any KV-dtype change."]
     length = summary[summary.comparison == "length"]
@@ -62,7 +62,8 @@ def diff_section(evidence: schema.Evidence) -> str:
         out += ["", f"_No reference: it needs two started `{BASELINE_KV}` cells that accepted the same prompt._"]
     else:
         out += ["", _identical_sentence(pairs[pairs.comparison == "length"]), "",
-                table(_diff_view(length), untrusted=("workload",))]
+                long_table(_diff_view(length), f"{len(length)} rows: each workload in each cell",
+                           untrusted=("workload",))]
     return "\n".join(out)
 
 

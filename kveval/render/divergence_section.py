@@ -10,7 +10,7 @@ from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.files.rundir import RunDir
 from kveval.render.divergence_plot import NOISE_KINDS
-from kveval.render.markdown import escape_cell, fmt_int, fmt_share, fmt_sig, table
+from kveval.render.markdown import escape_cell, fmt_int, fmt_share, fmt_sig, long_table
 
 
 _KIND_LABELS = {"kv": "KV dtype", "noise_batch": "noise: another batch", "noise_length": "noise: another max_model_len"}
@@ -44,7 +44,7 @@ def _divergence_table(divergence: schema.Divergence) -> str:
         rows.append({"comparison": "**noise floor** (worst noise row)", "kind": "noise",
                      **_shown(kl_mean=floor.kl_mean, kl_p99=floor.kl_p99,
                               top1=None if disagreement is None else 1 - disagreement)})
-    return table(pd.DataFrame(rows))
+    return long_table(pd.DataFrame(rows), f"{len(divergence.comparisons)} comparisons")
 
 
 def _bucket_table(divergence: schema.Divergence) -> str:
@@ -53,7 +53,8 @@ def _bucket_table(divergence: schema.Divergence) -> str:
         for bucket in comp.buckets:
             rows.append({"comparison": _comparison_label(comp), "kind": _KIND_LABELS.get(comp.kind, comp.kind),
                          "positions": bucket.bucket, **_figures(bucket)})
-    return table(pd.DataFrame(rows))
+    compared = sum(1 for comp in divergence.comparisons if comp.buckets)
+    return long_table(pd.DataFrame(rows), f"{len(rows)} rows: each position bucket of {compared} comparisons")
 
 
 def _top_k_text(top_k: list) -> str:

@@ -85,6 +85,25 @@ def table(frame: pd.DataFrame, untrusted: tuple[str, ...] = (), names: tuple[str
     return safe.to_markdown(index=False, disable_numparse=True)
 
 
+# The one threshold for every long table of the review: a table of more rows folds into a <details>
+# block, so the sections stay short to scroll past and the figures are one click away.
+MAX_OPEN_ROWS = 12
+
+
+def folded(text: str, rows: int, summary: str) -> str:
+    """`text` (a table of `rows` rows) as it is, or past MAX_OPEN_ROWS rows inside a <details> block
+    whose <summary> is `summary` (kveval's own words). The blank line after the summary is what makes
+    GitHub render the markdown table inside the block."""
+    if rows <= MAX_OPEN_ROWS:
+        return text
+    return f"<details><summary>{summary}</summary>\n\n{text}\n\n</details>"
+
+
+def long_table(frame: pd.DataFrame, summary: str, untrusted: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> str:
+    """`table`, folded (see `folded`) when the frame has more than MAX_OPEN_ROWS rows."""
+    return folded(table(frame, untrusted=untrusted, names=names), len(frame), summary)
+
+
 def bullet(text: str) -> str:
     """A verdict reason: kveval's own sentence (cell names are validated dtype names), one line."""
     return "- " + " ".join(str(text).split())

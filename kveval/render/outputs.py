@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -126,13 +127,35 @@ def results_document(evidence: schema.Evidence, verdict, manifest: schema.Manife
     })
 
 
+# Tests only: KVEVAL_NO_PLOTS=1 draws no figure and leaves any PNG there as it is. Drawing is most of a
+# report's CPU time, review.md names the figures either way (so it reads the same), and the tests that
+# look at a figure leave the variable unset.
+NO_PLOTS_ENV = "KVEVAL_NO_PLOTS"
+
+
 def write_results(run_dir: RunDir | str | Path, evidence: schema.Evidence, verdict,
                   manifest: schema.Manifest | None = None) -> Path:
     """RUN_DIR/results.json (every figure, the verdict and its checks), RUN_DIR/tables/*.csv and
-    RUN_DIR/tasks_heatmap.png (only when tasks have a depth × length grid; a stale one is removed)."""
+    the figures (write_figures)."""
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     for name, frame in evidence_tables(evidence, verdict).items():
         write_text_atomic(run_dir.table_path(name), frame.to_csv(index=False))
+    if os.environ.get(NO_PLOTS_ENV) != "1":
+        write_figures(run_dir, evidence)
+    path = run_dir.results_path
+    document = results_document(evidence, verdict, manifest)
+    try:
+        schema.parse("results", document, str(path))
+    except schema.FileError as error:
+        # A kveval bug, not the user's: the measured evidence is still written, and the bug is shown.
+        warnings.warn(f"results.json does not match its own schema (please report): {error}", stacklevel=2)
+    write_json_atomic(path, document)
+    return path
+
+
+def write_figures(run_dir: RunDir, evidence: schema.Evidence) -> None:
+    """The PNGs review.md links, each only when its evidence has rows (a stale one is removed):
+    RUN_DIR/tasks_heatmap.png only when tasks have a depth × length grid."""
     heatmap = run_dir.task_heatmap_path
     grid = evidence.tasks.grid if isinstance(evidence.tasks, schema.TaskEvidence) else []
     if not (grid and task_heatmap(grid, heatmap, evidence.baseline_kv or BASELINE_KV)):
@@ -147,12 +170,3 @@ def write_results(run_dir: RunDir | str | Path, evidence: schema.Evidence, verdi
         figure = run_dir.path / name
         if not (rows and draw(rows, figure)):
             figure.unlink(missing_ok=True)
-    path = run_dir.results_path
-    document = results_document(evidence, verdict, manifest)
-    try:
-        schema.parse("results", document, str(path))
-    except schema.FileError as error:
-        # A kveval bug, not the user's: the measured evidence is still written, and the bug is shown.
-        warnings.warn(f"results.json does not match its own schema (please report): {error}", stacklevel=2)
-    write_json_atomic(path, document)
-    return path

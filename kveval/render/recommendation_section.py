@@ -28,9 +28,10 @@ def recommendation_section(evidence: schema.Evidence, verdict: Verdict, manifest
         started = [r.max_model_len for r in mine if r.started]
         if predicted and not started:
             longest = f"{fmt_int(predicted)} predicted, but it started at none of the lengths run"
+        elif predicted and limit and predicted > limit:
+            longest = f"{fmt_int(limit)} (the model's limit; predicted to hold {fmt_int(predicted)} on this budget)"
         elif predicted:
-            longest = fmt_int(min(predicted, limit) if limit else predicted) + (
-                f" (the model's limit; the pool holds {fmt_int(predicted)})" if limit and predicted > limit else "")
+            longest = f"{fmt_int(predicted)} (predicted)"
         else:
             longest = f"≥ {fmt_int(max(started))} (largest that started; not predicted)" if started else "none of the lengths run"
         held = ", ".join(f"{fmt_int(r.max_model_len)}: {fmt_float(concurrency.get(r.cell), 1)}×"

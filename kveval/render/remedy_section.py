@@ -7,6 +7,7 @@ import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
+from kveval.inputs.kvspec import keep_spec
 from kveval.render.markdown import bullet, fmt_float, fmt_int, table
 
 
@@ -15,9 +16,10 @@ def remedy_section(evidence: schema.Evidence) -> str:
     if not (remedy and remedy.notes):
         return ""
     out = ["## Remedy", "", f"Mode `--remedy {remedy.mode}`: kveval keeps the layers whose K or V leave the FP8 "
-                            "range in the model dtype (vLLM's kv_cache_dtype_skip_layers) and judges that "
-                            "configuration with the same gate.", ""]
+                            "range in the model dtype (vLLM's kv_cache_dtype_skip_layers), or where none does the "
+                            "outlier layers that peak near it, and judges that configuration with the same gate.", ""]
     out += [bullet(note) for note in remedy.notes]
+    out += _outliers_untried(remedy.notes, evidence)
     pools = [row for row in evidence.pools if row.kv_cache_dtype]
     if pools:
         rows = [{"max_model_len": row.max_model_len, "KV configuration": row.kv_cache_dtype,
@@ -28,3 +30,18 @@ def remedy_section(evidence: schema.Evidence) -> str:
         out += ["", "KV capacity per configuration (a cell that did not start shows vLLM's estimate):", "",
                 table(pd.DataFrame(rows))]
     return "\n".join(out)
+
+
+def _outliers_untried(notes: list[str], evidence: schema.Evidence) -> list[str]:
+    """A note of a run whose planner did not yet try outlier layers ("No remedy" beside a diagnosis that
+    names some): what run/remedy.py plans for such a diagnosis now, so the review does not say both that
+    nothing is to be kept and which layers to keep."""
+    lines = []
+    for dtype, diagnosis in evidence.diagnosis.items():
+        outliers = diagnosis.outlier_layers if isinstance(diagnosis, schema.Diagnosis) else None
+        if outliers and any(note.startswith(f"No remedy for {dtype}:") for note in notes):
+            layers = ", ".join(map(str, outliers))
+            lines.append(bullet(f"That note is this run's: its planner did not yet try outlier layers. The K/V range "
+                                f"section names layer{'s' if len(outliers) > 1 else ''} {layers}, which `--remedy auto` "
+                                f"now keeps when no layer clips: `--kv {keep_spec(dtype, outliers).text}`"))
+    return lines

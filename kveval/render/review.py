@@ -1,6 +1,6 @@
 """review.md from the evidence and the verdict (pure: manifest, evidence and verdict in, markdown out).
 
-The verdict leads; then start-up, acceptance and speed; then the quality evidence (output diff,
+The verdict leads; then start-up, acceptance, speed and where the time went; then the quality evidence (output diff,
 degeneration, teacher-forced divergence, long-context task accuracy). Each section lives in its own
 module (render/*_section.py); this one assembles them in order. Model output and engine messages are
 untrusted text: always escaped with `markdown.escape_cell` (or a table's `untrusted` columns).
@@ -26,6 +26,7 @@ from kveval.render.speed_section import speed_section
 from kveval.render.startup_section import LOG_LINE_START, startup_section
 from kveval.render.tasks_section import tasks_section
 from kveval.render.throughput_section import throughput_section
+from kveval.render.timing_section import timing_section
 from kveval.render.verdict_section import verdict_section
 
 __all__ = ["LOG_LINE_START", "MAX_EXAMPLES", "MAX_FINDING_ROWS", "render_review"]
@@ -45,6 +46,7 @@ def render_review(manifest: schema.Manifest, evidence: schema.Evidence, verdict:
         acceptance_section(evidence),
         speed_section(evidence),
         throughput_section(evidence),
+        timing_section(evidence),
         diff_section(evidence),
         diff_examples_section(evidence),
         degeneration_section(evidence),

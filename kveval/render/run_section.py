@@ -1,6 +1,6 @@
-"""The review's run section: command, model, prompt format, FP8 scales, cells, engine options,
-versions, hardware, trust_remote_code, rounds of more evidence. Pure: manifest and evidence in,
-markdown out.
+"""The review's run section: command, model, prompt format, FP8 scales, cells, engine options (and the
+cells started otherwise), versions, hardware, trust_remote_code, rounds of more evidence. Pure: manifest
+and evidence in, markdown out.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def run_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
         f", enforce_eager {options.enforce_eager}, seed {options.seed}, suite `{options.suite}`"
         + (f", extra {escape_cell(options.engine_args, None)}" if options.engine_args else "")
         + (f" ({options.kv_budget_note})" if options.kv_budget_note else ""),
+        _departing_engine_line(manifest),
         f"- **Versions:** kveval {versions.kveval}, vLLM {versions.vllm} "
         f"({versions.vllm_distribution}), torch {versions.torch}, transformers {versions.transformers}",
         f"- **Hardware:** {escape_cell(hardware.cpu, None)}, {hardware.cores} cores, "
@@ -41,6 +42,39 @@ def run_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
         f"- **Created:** {manifest.created}",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def _engine_departures(engine: schema.PlannedEngine, options: schema.Options) -> tuple[str, ...]:
+    """The settings a cell was started with that the engine options line does not say (its KV dtype, kept
+    layers and max_model_len are the cell's name)."""
+    parts = []
+    if engine.kv_cache_memory_bytes != options.kv_cache_memory_bytes:
+        budget = engine.kv_cache_memory_bytes
+        parts.append(f"KV budget {fmt_int(budget) + ' bytes' if budget else 'vLLM default'}")
+    if engine.gpu_memory_utilization != options.gpu_memory_utilization:
+        parts.append(f"gpu_memory_utilization {engine.gpu_memory_utilization or 'vLLM default'}")
+    if engine.enforce_eager != options.enforce_eager:
+        parts.append(f"enforce_eager {engine.enforce_eager}")
+    if engine.seed != options.seed:
+        parts.append(f"seed {engine.seed}")
+    if engine.extra != options.engine_args:
+        parts.append(f"extra {escape_cell(engine.extra, None)}")
+    return tuple(parts)
+
+
+def _departing_engine_line(manifest: schema.Manifest) -> str | None:
+    """One line for the cells started with engine settings other than the options line's (a quality
+    reference's own KV budget), one group per distinct set; None when every cell ran as the options say
+    or the manifest predates per-cell settings (issue 19)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for cell in manifest.cells:
+        departures = _engine_departures(cell.engine, manifest.options) if cell.engine is not None else ()
+        if departures:
+            groups.setdefault(departures, []).append(cell.id)
+    if not groups:
+        return None
+    return ("- **Cells started with other engine settings** (manifest `cells[].engine`): "
+            + "; ".join(f"{', '.join(cells)}: {', '.join(parts)}" for parts, cells in groups.items()))
 
 
 def _rounds_line(record: schema.TaskRounds | None) -> str | None:

@@ -7,7 +7,7 @@ import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
-from kveval.render.markdown import fmt_float, fmt_int, fmt_pct, rows_frame, table
+from kveval.render.markdown import fmt_float, fmt_int, fmt_pct, long_table, rows_frame
 
 
 _NOISE_WORDS = {"within": " (within run-to-run spread)", "too few runs": " (too few runs to tell from noise)",
@@ -40,7 +40,8 @@ def speed_section(evidence: schema.Evidence) -> str:
         "in every cell (ignore_eos; fewer than asked only where the prompt nearly fills max_model_len). "
         "Median over the measured runs after warm-up; Δ is against the `auto` cell at the same max_model_len.",
         "" if eager is None else f"enforce_eager: {eager}.",
-        "", table(view), *(["", note] if (note := _speed_note(measured)) else []),
+        "", long_table(view, f"{len(view)} rows: each workload in each cell"),
+        *(["", note] if (note := _speed_note(measured)) else []),
     ])
 
 

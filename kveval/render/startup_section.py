@@ -10,7 +10,7 @@ from kveval.analysis.capacity_model import pool_token_shift
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.files.rundir import RunDir
-from kveval.render.markdown import escape_cell, fmt_float, fmt_int, rows_frame, table
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, long_table, rows_frame
 
 
 # What to do about the start-up failures whose cause lies outside the cell (a re-run redoes these).
@@ -23,6 +23,7 @@ _REASON_ADVICE = {
 }
 
 LOG_LINE_START = "Engine logs of the cells that did not start or crashed: "
+_ESTIMATE = "vLLM's estimate"   # a pool vLLM logged or estimated for a cell that did not start
 
 
 def startup_section(evidence: schema.Evidence) -> str:
@@ -39,12 +40,10 @@ def startup_section(evidence: schema.Evidence) -> str:
             f"ratio vs {BASELINE_KV}": pools.ratio.map(lambda r: f"{r:.2f}×" if r is not None and not pd.isna(r) else ""),
             "did not start": pools.not_started,
         })
-        out += [table(view), ""]
+        out += [long_table(view, f"{len(view)} pools: each max_model_len and KV dtype"), ""]
         fallback = pools[pools.fallback_ratio.notna()]
         for row in fallback.itertuples():
-            out.append(f"- At max_model_len {row.max_model_len:,} a cell did not start, but its pool is known from "
-                       f"{row.fallback_sources}: {BASELINE_KV} {fmt_int(row.baseline_fallback_tokens)} vs "
-                       f"{row.kv_cache_dtype} {fmt_int(row.fallback_tokens)} tokens ({row.fallback_ratio:.2f}×).")
+            out.append(_fallback_line(row))
         if not fallback.empty:
             out.append("")
     startup = rows_frame(evidence.startup)
@@ -59,7 +58,7 @@ def startup_section(evidence: schema.Evidence) -> str:
         "reason": startup.reason.fillna(""),
         "vLLM estimated max length": startup.estimated_max_model_len.map(fmt_int),
     })
-    out += [table(view)]
+    out += [long_table(view, f"{len(view)} cells")]
     out += _hybrid_pool_note(evidence.startup)
     failed = startup[~startup.started]
     if not failed.empty:
@@ -79,6 +78,18 @@ def startup_section(evidence: schema.Evidence) -> str:
         out += ["", LOG_LINE_START + ", ".join(f"[{name}]({RunDir.CELLS_DIR}/{name}.log)" for name in troubled)
                 + " (vLLM's whole output; in the run directory)"]
     return "\n".join(out)
+
+
+def _fallback_line(row) -> str:
+    """A length where a cell did not start: its ratio rests on vLLM's estimate, and each figure says
+    whether it was measured or is that estimate, so an estimate is never read as a measured pool."""
+    def figure(measured, tokens) -> str:
+        return f"{fmt_int(tokens)} ({'measured' if measured is not None and not pd.isna(measured) else _ESTIMATE})"
+
+    cells = "a cell" if row.not_started.count(" (") == 1 else "cells"
+    return (f"- At max_model_len {row.max_model_len:,} {cells} did not start, so this ratio rests on {_ESTIMATE} "
+            f"({row.fallback_sources}): {BASELINE_KV} {figure(row.baseline_pool_tokens, row.baseline_fallback_tokens)} "
+            f"vs {row.kv_cache_dtype} {figure(row.pool_tokens, row.fallback_tokens)} tokens, {row.fallback_ratio:.2f}×.")
 
 
 def _hybrid_pool_note(startup: list[schema.StartupRow]) -> list[str]:

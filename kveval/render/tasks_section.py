@@ -9,7 +9,7 @@ import pandas as pd
 from kveval.analysis.task_accuracy import ALL_TASKS
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
-from kveval.render.markdown import escape_cell, fmt_int, fmt_share, fmt_sig, table
+from kveval.render.markdown import escape_cell, fmt_int, fmt_share, fmt_sig, long_table
 from kveval.files.rundir import RunDir
 
 MAX_TASK_EXAMPLES = 10
@@ -53,7 +53,7 @@ def _accuracy_table(accuracy: list[schema.TaskAccuracyRow], cells: list[str], ta
             continue
         rows.append({"task": _task_label(task),
                      **{cell: _accuracy_text(by[(cell, task)]) if (cell, task) in by else "—" for cell in cells}})
-    return table(pd.DataFrame(rows), untrusted=("task",))
+    return long_table(pd.DataFrame(rows), f"{len(rows)} rows: each task, then all tasks", untrusted=("task",))
 
 
 def _comparison_table(comparisons: list[schema.TaskComparisonRow], baseline_kv: str) -> str:
@@ -69,7 +69,7 @@ def _comparison_table(comparisons: list[schema.TaskComparisonRow], baseline_kv: 
                      f"b: only {baseline_kv} right": fmt_int(r.baseline_only),
                      "c: only cell right": fmt_int(r.cell_only),
                      f"rejected by the cell, not by {baseline_kv}": fmt_int(r.cell_rejected)})
-    return table(pd.DataFrame(rows), untrusted=("task",))
+    return long_table(pd.DataFrame(rows), f"{len(rows)} rows: each cell and task, paired", untrusted=("task",))
 
 
 def _grid_text(row: schema.TaskGridRow) -> str:
@@ -87,7 +87,7 @@ def _grid_table(grid: list[schema.TaskGridRow], cell: str) -> str:
     at = {(r.depth, int(r.target_tokens)): r for r in mine}
     rows = [{"depth \\ prompt tokens": f"{d:g}",
              **{f"{t:,}": _grid_text(at[(d, t)]) if (d, t) in at else "" for t in lengths}} for d in depths]
-    return table(pd.DataFrame(rows))
+    return long_table(pd.DataFrame(rows), f"{len(rows)} needle depths")
 
 
 def _discordant_examples(samples: list[schema.TaskSampleRow], comparisons: list[schema.TaskComparisonRow]) -> pd.DataFrame:
@@ -166,7 +166,8 @@ def tasks_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
             if not examples.empty:
                 out += ["", f"Samples `{baseline_kv}` answered correctly and the cell did not (first {MAX_TASK_EXAMPLES}; "
                             "all in `tables/task_samples.csv`):", "",
-                        table(examples.head(MAX_TASK_EXAMPLES), untrusted=tuple(examples.columns))]
+                        long_table(examples.head(MAX_TASK_EXAMPLES), f"{min(len(examples), MAX_TASK_EXAMPLES)} samples",
+                                   untrusted=tuple(examples.columns))]
         grid_cells = _task_cells(grid, length, baseline_kv)
         if grid_cells:
             out += ["", "Accuracy by needle depth (share of the haystack) × prompt length (tokens), pooled over the "

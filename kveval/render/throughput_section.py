@@ -9,7 +9,7 @@ from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.throughput import ThroughputFinding, throughput_findings
 from kveval.files import schema
 from kveval.files.rundir import RunDir
-from kveval.render.markdown import escape_cell, fmt_float, fmt_int, rows_frame, table
+from kveval.render.markdown import escape_cell, fmt_float, fmt_int, long_table, rows_frame
 
 
 def throughput_section(evidence: schema.Evidence) -> str:
@@ -32,7 +32,8 @@ def throughput_section(evidence: schema.Evidence) -> str:
            "At each level N, N copies of one long prompt are submitted at once and each decodes the same number of "
            "tokens; vLLM runs as many together as the KV pool (and max_num_seqs) allows and queues the rest. One run "
            "per level, so small differences are not significant. × auto: output tokens/s against the `auto` cell at "
-           "the same length and level.", "", table(view)]
+           "the same length and level.", "",
+           long_table(view, f"{len(view)} rows: each concurrency level in each cell")]
     out += _findings_lines(throughput_findings(evidence.throughput))
     if rows.output_tok_s.notna().any():
         out += ["", f"![output tokens/s and TTFT against concurrency]({RunDir.THROUGHPUT_PLOT})"]

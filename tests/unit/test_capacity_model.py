@@ -190,8 +190,8 @@ def test_recommendation_puts_capacity_and_verdict_side_by_side():
     manifest["options"]["kv_cache_memory_bytes"] = 40 * MiB
     review = re.sub(r" {2,}", " ", review_of(manifest, [], cells))
     section = review[review.index("## Recommendation"):]
-    assert "| auto | 1,792 | 1,024: 1.8× | baseline |" in section
-    assert "| fp8 | 3,584 | 1,024: 3.5× |" in section
+    assert "| auto | 1,792 (predicted) | 1,024: 1.8× | baseline |" in section
+    assert "| fp8 | 3,584 (predicted) | 1,024: 3.5× |" in section
 
 
 def test_same_blocks_with_different_token_figures_is_told_as_a_hybrid_token_count():

@@ -91,7 +91,8 @@ def test_logged_pool_ratio_for_cells_that_failed_after_sizing():
     pools = pool_by_length(cells)
     assert pools.iloc[0].fallback_ratio == 2.0
     review = review_of(MANIFEST | {"cells": [{"id": c} for c in cells]}, WORKLOADS, cells)
-    assert "known from the engine log" in review and "(2.00×)" in review
+    assert ("rests on vLLM's estimate (the engine log): auto 1,792 (measured) vs fp8 3,584 (vLLM's estimate) tokens, "
+            "2.00×" in review)
 
 
 def test_speed_deltas_against_auto_at_same_length():
