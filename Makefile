@@ -37,11 +37,18 @@ demo-full: $(STAMP)
 		--suite quick --enforce-eager --out $(DEMO_OUT)-full; rc=$$?; \
 		case $$rc in 0|1|3) echo "verdict exit code $$rc (0 PASS, 1 FAIL, 3 INCONCLUSIVE; see the review)";; *) exit $$rc;; esac
 
+# Two speeds (pyproject.toml's `engine` marker): the fast part (unit tests and end-to-end runs on the
+# fake engine) on two workers, then the engine part serially: it times CPU engines, so it must not
+# share the cores.
+# loadscope: a module's tests on one worker, so a module-scoped fake run is made once, not once per worker.
+UNIT_PYTEST := $(BIN)/python -m pytest -m "not engine" -n 2 --dist loadscope
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(UNIT_PYTEST)
+	$(BIN)/python -m pytest -m engine
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit
+	$(UNIT_PYTEST)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_vs_naive.py

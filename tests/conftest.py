@@ -5,13 +5,19 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def default_model_dir():
+def default_model_dir(tmp_path_factory):
+    import fcntl
+
     from kveval.inputs.models import ModelError, prepare_default_model
 
-    try:
-        return prepare_default_model()
-    except ModelError as error:  # pragma: no cover - the README install provides it
-        pytest.fail(f"default model unavailable: {error}")
+    # Under pytest-xdist (make unit, make test: -n 2) every worker asks for it: on a fresh machine one
+    # converts and the others wait for it instead of converting it again (their temp dirs share a parent).
+    with open(tmp_path_factory.getbasetemp().parent / "default-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return prepare_default_model()
+        except ModelError as error:  # pragma: no cover - the README install provides it
+            pytest.fail(f"default model unavailable: {error}")
 
 
 @pytest.fixture(scope="session")

@@ -21,10 +21,12 @@ def _compare(root, default_model_dir, loops: dict, name: str):
     patch = pytest.MonkeyPatch()
     patch.setenv("KVEVAL_ENGINE", "fake")
     patch.setenv("KVEVAL_FAKE_DAMAGE", json.dumps({"fp8_noise": 0.15, "loops": loops}))
+    patch.setenv("KVEVAL_NO_PLOTS", "1")   # the review and the stored evidence are read here, no figure
     try:
         return kveval.compare(model=str(default_model_dir), kv=["fp8", "auto"], max_model_len=[1024],
                               kv_cache_memory="60MiB", suite="quick", tasks=["none"], out=root / name,
-                              progress=Quiet(), counts=ONLY_PROBES, phases=("generation", "scoring"))
+                              progress=Quiet(), counts=ONLY_PROBES, phases=("generation", "scoring"),
+                              diagnose=False)  # no K/V range pass: degeneration is the subject, not its cause
     finally:
         patch.undo()
 
@@ -63,7 +65,8 @@ def test_no_round_repeats_a_probe_and_the_baseline_answers_the_same_ones(leaning
     assert answered["auto-1024"] == answered["fp8-1024"] == {p["id"] for p in prompts}
 
 
-def test_report_re_judges_the_stored_rounds_the_same_way(leaning, tmp_path):
+def test_report_re_judges_the_stored_rounds_the_same_way(leaning, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVEVAL_NO_PLOTS", "1")
     result = CliRunner().invoke(cli, ["report", str(leaning.run_dir)])
     assert result.exit_code == 3, result.output
     stored = read_json(RunDir(leaning.run_dir).results_path)

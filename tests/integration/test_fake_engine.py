@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from click.testing import CliRunner
 
 import kveval
+from kveval.cli.commands import cli
 from tests.support.planted import plant
 from tests.support.quiet import Quiet
 
@@ -57,3 +59,25 @@ def test_pools_follow_the_bytes_per_token_and_the_probes_are_one_row(run):
     assert {row["auto-1024"] for row in matrix} == {"accepted", "rejected"}
     degeneration = run.evidence.degeneration.cells["fp8-1024"]
     assert degeneration.outputs == 22 and degeneration.judged_outputs == 22
+
+
+def test_plain_fp8_passes_on_the_healthy_model_and_gate_exits_0(tmp_path, default_model_dir, monkeypatch):
+    """The PASS end to end on every CPU kind: the default model, the fake engine's healthy FP8 noise (no
+    damaged layer), nothing to remedy; `kveval gate` on the stored run exits 0."""
+    monkeypatch.setenv("KVEVAL_ENGINE", "fake")
+    monkeypatch.delenv("KVEVAL_FAKE_DAMAGE", raising=False)   # Damage() defaults: fp8_noise 0.15 everywhere
+    monkeypatch.setenv("KVEVAL_NO_PLOTS", "1")                # review and verdict are read here, no figure
+    run = kveval.compare(model=str(default_model_dir), kv=["fp8", "auto"], max_model_len=[1024],
+                         kv_cache_memory="60MiB", suite="quick", tasks=["none"], out=tmp_path / "run",
+                         progress=Quiet(), counts=COUNTS, phases=("generation", "scoring"),
+                         diagnose=False)   # a PASS plans no remedy: the K/V range pass would be CPU time for nothing
+    assert run.verdict.cells == {"fp8-1024": "PASS"}, [r.message for r in run.verdict.reasons]
+    assert run.verdict.status == "PASS"
+    checks = [c for c in run.verdict.checks if c.cell == "fp8-1024"]
+    assert {c.name for c in checks} >= {"kl_mean", "top1_agreement", "new_degenerate_share"}
+    assert all(c.passed for c in checks)
+    assert [c["id"] for c in run.manifest["cells"]] == ["auto-1024", "fp8-1024"]   # no remedy cell
+    review = (run.run_dir / "review.md").read_text()
+    assert "## Verdict: **PASS**" in review and "`vllm serve MODEL --kv-cache-dtype fp8`" in review
+    gate = CliRunner().invoke(cli, ["gate", str(run.run_dir)])
+    assert gate.exit_code == 0 and gate.output.startswith("PASS"), gate.output

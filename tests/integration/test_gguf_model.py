@@ -16,6 +16,8 @@ gguf = pytest.importorskip("gguf")
 from kveval.inputs import models  # noqa: E402
 from kveval.inputs.models import ModelError, find_default_gguf, resolve_model  # noqa: E402
 
+pytestmark = pytest.mark.engine  # a real conversion: the slow suite (make test), not make unit
+
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):

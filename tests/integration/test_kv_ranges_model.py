@@ -19,6 +19,8 @@ from kveval.analysis.kv_range import diagnose, plan_keep_layers
 from kveval.inputs.models import default_model_info
 from tests.support.planted import plant
 
+pytestmark = pytest.mark.engine  # the real model's forward pass: the slow suite (make test), not make unit
+
 REPO = Path(__file__).resolve().parents[2]
 PLANTED_LAYERS = [3, 17]
 TOKENS = 512

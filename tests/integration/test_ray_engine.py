@@ -37,11 +37,13 @@ HELD_FAKE_START = ROOT / "tests" / "support" / "held_fake_start"
 
 
 @pytest.fixture(scope="module")
-def two_auto_cells_fake(tmp_path_factory):
-    """TWO_AUTO_CELLS run locally, one cell after the other, on the fake engine."""
+def two_auto_cells_fake(tmp_path_factory, default_model_dir):
+    """TWO_AUTO_CELLS run locally, one cell after the other, on the fake engine (default_model_dir: on a
+    fresh machine the model is converted once, under the fixture's lock, before any run here)."""
     patch = pytest.MonkeyPatch()
     patch.setenv("KVEVAL_ENGINE", "fake")
     patch.delenv("KVEVAL_FAKE_DAMAGE", raising=False)
+    patch.setenv("KVEVAL_NO_PLOTS", "1")   # cells and verdicts are compared here, no figure (CPU time)
     try:
         yield kveval.compare(out=tmp_path_factory.mktemp("two-auto-fake") / "r", progress=Quiet(), **TWO_AUTO_CELLS)
     finally:
@@ -61,7 +63,8 @@ def _env(hold_start_s: float = 0) -> dict[str, str]:
     # No RAY_ADDRESS: a Ray of its own on this machine, never a cluster the tester happens to have.
     # The fake engine in every cell: the driver's environment reaches the Ray workers of its own local Ray.
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "KVEVAL_FAKE_DAMAGE")}
-    env.update(KVEVAL_RAY_COPY_FILES="1", KVEVAL_TEST_COUNTS=json.dumps(TWO_AUTO_CELLS["counts"]), KVEVAL_ENGINE="fake")
+    env.update(KVEVAL_RAY_COPY_FILES="1", KVEVAL_TEST_COUNTS=json.dumps(TWO_AUTO_CELLS["counts"]), KVEVAL_ENGINE="fake",
+               KVEVAL_NO_PLOTS="1")   # no figures: what is compared are cells and verdicts (CPU time)
     if hold_start_s:
         env["KVEVAL_TEST_HOLD_FAKE_START_S"] = str(hold_start_s)
         env["PYTHONPATH"] = os.pathsep.join([str(HELD_FAKE_START), *filter(None, [env.get("PYTHONPATH")])])

