@@ -49,11 +49,16 @@ def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, 
     return by_spec
 
 
-def deploy_line(verdict, evidence: schema.Evidence) -> str | None:
-    """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV."""
+def deploy_line(verdict, evidence: schema.Evidence) -> str:
+    """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV; where
+    none passes, the cache the model already runs with (`auto`), and why."""
     spec = _deployable(_specs_by_status(verdict, evidence), evidence)
     if spec is None:
-        return None
+        if verdict.status == "FAIL":
+            return (f"Deploy: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` (no tested FP8 configuration "
+                    "passed: keep the model dtype's KV cache)")
+        return (f"Deploy until decided: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` (no FP8 configuration "
+                "has passed yet)")
     lengths = _lengths(_specs_by_status(verdict, evidence)[spec][PASS])
     return f"Deploy (passes at {lengths}): `vllm serve MODEL {stored_spec(spec).vllm_flags()}{_backend_flag(spec, evidence)}`"
 

@@ -23,8 +23,12 @@ def test_the_first_40_lines_decide(run_dir):
     assert any(line.startswith("| cell ") and "KV pool (× auto)" in line for line in head)
     for cell in tested:
         assert any(line.startswith(f"| {cell} ") for line in head), cell
+    deploy = [line for line in head if line.startswith("Deploy") and "`vllm serve MODEL --kv-cache-dtype " in line]
+    assert len(deploy) == 1, head
     if PASS in verdicts.values():
-        assert any(line.startswith("Deploy (passes at ") and "--kv-cache-dtype" in line for line in head)
+        assert deploy[0].startswith("Deploy (passes at ")
+    else:   # nothing passed: the cache the model already runs with, said as such
+        assert "--kv-cache-dtype auto`" in deploy[0]
 
 
 def test_the_qwen_row_shows_what_fp8_buys_and_costs():

@@ -80,6 +80,8 @@ def _without_decision_table(review: str) -> str:
     end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
     rows = [line.split("|")[1:3] for line in lines[start + 2:end]]
     del lines[start:end + 1]
+    if lines[start].startswith("Deploy"):   # the deploy line under it, also new (with `auto` when none passes)
+        del lines[start:start + 2]
     rows = [(cell.strip(), status.strip().strip("*")) for cell, status in rows]
     width = max([len("cell")] + [len(cell) for cell, _ in rows])
     status_width = max([len("verdict")] + [len(status) for _, status in rows])
