@@ -104,8 +104,7 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | 
         phases = []
         if probes_file and (cell in length_round.probe_cells or (is_reference and length_round.probe_cells)):
             phases.append("generation")
-        # A round's few requests are not worth a second, reference run of them (worker/efficiency.py).
-        phase_options = setup.phase_options.model_copy(update={"efficiency_sample": 0})
+        phase_options = setup.phase_options   # efficiency_sample 0: only the run's first cell measures it
         if data_dir and (cell in length_round.task_cells or (is_reference and length_round.task_cells)):
             phases.append("tasks")
             # Only kveval's own tasks get new samples; an lm-eval task would repeat its first round's.
