@@ -43,8 +43,8 @@ class RunResult:
     evidence: schema.Evidence | None = None
     results_path: Path | None = None
 
-    def cell(self, kv_cache_dtype: str, max_model_len: int) -> dict | None:
-        return self.cells.get(cell_id(kv_cache_dtype, max_model_len))
+    def cell(self, kv_spec: str, max_model_len: int) -> dict | None:
+        return self.cells.get(cell_id(kv_spec, max_model_len))
 
 
 def resolve_thresholds(thresholds: Thresholds | None = None, gate_config: str | Path | None = None,

@@ -36,7 +36,7 @@ def _cells_evidence(cells: dict[str, CellResult], planned: list[schema.PlannedCe
     that the verdict can never pass over it. A quality reference says which baseline it stands in for."""
     out = {}
     for name, facts in cells.items():
-        out[name] = {"kv_cache_dtype": facts.kv_cache_dtype, "max_model_len": facts.max_model_len,
+        out[name] = {"kv_spec": facts.kv_spec, "max_model_len": facts.max_model_len,
                      "started": facts.started,
                      "failure_reason": facts.failure.reason if facts.failure else None,
                      "kv_pool_tokens": facts.capacity.kv_pool_tokens if facts.capacity else None}
@@ -47,7 +47,7 @@ def _cells_evidence(cells: dict[str, CellResult], planned: list[schema.PlannedCe
             out[name].update(reference_for=references[name].for_, kv_pool_tokens=None)
     for plan in planned:
         if plan.id not in cells:
-            out[plan.id] = {"kv_cache_dtype": plan.kv_cache_dtype, "max_model_len": plan.max_model_len,
+            out[plan.id] = {"kv_spec": plan.kv_spec, "max_model_len": plan.max_model_len,
                                "started": False, "missing": True, "failure_reason": None, "kv_pool_tokens": None}
     return json_safe(out)
 
@@ -104,7 +104,7 @@ def _degeneration_evidence(workloads: list[dict], cells: dict[str, CellResult]) 
     per_cell = {}
     for row in records(summary):
         per_cell[row["cell"]] = {
-            "kv_cache_dtype": row["kv_cache_dtype"], "max_model_len": row["max_model_len"],
+            "kv_spec": row["kv_spec"], "max_model_len": row["max_model_len"],
             "outputs": row["outputs"],
             # Outputs with at least one finding the baseline's output for the same prompt lacks
             # (hit_token_limit is informational and not counted).
@@ -207,7 +207,7 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
     if tasks:
         tasks["pace"] = json_safe(_task_pace(manifest, cells, tasks))
     timings = timing_rows(manifest, cells, rounds)   # every process, quality references included: time is time
-    return {
+    document = {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "baseline_kv": baseline_kv,
         "platform": platform_profile(manifest, cells),
@@ -236,6 +236,12 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
         "attribution": json_safe(remedy_attribution(cells, baseline_kv)),
         "identical_specs": json_safe(identical_specs(cells, baseline_kv)),
     }
+    # Only in runs that have them (issue 20): the calibrated checkpoints and the --search ladder.
+    if manifest.calibration:
+        document["calibration"] = {word: schema.dump(entry) for word, entry in manifest.calibration.items()}
+    if manifest.search is not None:
+        document["search"] = schema.dump(manifest.search)
+    return document
 
 
 def _dumped(model: schema.FileModel | None) -> dict | None:

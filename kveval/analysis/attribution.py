@@ -100,7 +100,7 @@ def pair_figures(plain: pd.DataFrame, remedy: pd.DataFrame) -> dict:
 
 
 def _spec(facts: CellResult):
-    return stored_spec(facts.kv_cache_dtype or "auto")
+    return stored_spec(facts.kv_spec or "auto")
 
 
 def remedy_pairs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> list[tuple[str, str, str]]:
@@ -115,7 +115,7 @@ def remedy_pairs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> 
         if spec is None or not spec.keep:
             continue
         length = facts.max_model_len
-        base = next((n for n, f in scored.items() if f.kv_cache_dtype == baseline_kv and f.max_model_len == length),
+        base = next((n for n, f in scored.items() if f.kv_spec == baseline_kv and f.max_model_len == length),
                     None)
         plain = next((n for n in sorted(scored) if scored[n].max_model_len == length and specs[n] is not None
                       and not specs[n].keep and _family(specs[n].dtype) == _family(spec.dtype)), None)
@@ -145,7 +145,7 @@ def identical_specs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) 
     the two settings never reached the engine."""
     cells = typed_cells(cells)
     scored = {name: facts for name, facts in cells.items() if scored_sequences(facts) and _spec(facts) is not None
-              and facts.kv_cache_dtype != baseline_kv}
+              and facts.kv_spec != baseline_kv}
     found = []
     names = sorted(scored)
     for i, first in enumerate(names):
@@ -154,7 +154,7 @@ def identical_specs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) 
             length = scored[first].max_model_len
             if scored[second].max_model_len != length or _family(a.dtype) != _family(b.dtype) or a.keep == b.keep:
                 continue
-            base = next((n for n, f in cells.items() if f.kv_cache_dtype == baseline_kv
+            base = next((n for n, f in cells.items() if f.kv_spec == baseline_kv
                          and f.max_model_len == length and scored_sequences(f)), None)
             if base is None:
                 continue

@@ -13,7 +13,7 @@ def startup_table(cells: dict[str, CellLike]) -> pd.DataFrame:
         failure, capacity, crash = facts.failure, facts.capacity, facts.crash
         rows.append({
             "cell": name,
-            "kv_cache_dtype": facts.kv_cache_dtype,
+            "kv_spec": facts.kv_spec,
             "max_model_len": facts.max_model_len,
             "started": facts.started,
             "startup_s": facts.startup_seconds,
@@ -40,7 +40,7 @@ def pool_by_length(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -
     """One row per (max_model_len, non-baseline dtype): both pools and their ratio."""
     by_length: dict[int, dict[str, CellResult]] = {}
     for facts in typed_cells(cells).values():
-        by_length.setdefault(facts.max_model_len, {})[facts.kv_cache_dtype] = facts
+        by_length.setdefault(facts.max_model_len, {})[facts.kv_spec] = facts
     rows = []
     for length in sorted(by_length):
         dtypes = by_length[length]
@@ -56,7 +56,7 @@ def pool_by_length(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -
             mine, theirs = other_tokens or other_fallback, base_tokens or base_fallback
             rows.append({
                 "max_model_len": length,
-                "kv_cache_dtype": kv,
+                "kv_spec": kv,
                 "baseline_pool_tokens": base_tokens,
                 "pool_tokens": other_tokens,
                 "ratio": ratio,

@@ -186,7 +186,7 @@ def capacity_rows(cells: dict[str, CellLike], layout: KvLayout | None, model_dty
     rows = []
     for name, facts in cells.items():
         capacity = facts.capacity
-        kv, length = facts.kv_cache_dtype, facts.max_model_len
+        kv, length = facts.kv_spec, facts.max_model_len
         block = (capacity.block_size if capacity is not None else None) or run_block
         budget, source = budget_bytes, "--kv-cache-memory"
         if budget is None:
@@ -201,7 +201,7 @@ def capacity_rows(cells: dict[str, CellLike], layout: KvLayout | None, model_dty
         if facts.started:
             # The plain model's pool is whole blocks; a hybrid's is what vLLM reports (concurrency × L).
             measured = measured_tokens if hybrid else (measured_blocks or 0) * (block or 0)
-        row = {"cell": name, "kv_cache_dtype": kv, "max_model_len": length,
+        row = {"cell": name, "kv_spec": kv, "max_model_len": length,
                "bytes_per_token": prediction.per_token, "block_size": block, "budget_bytes": budget,
                "budget_source": source, "predicted_tokens": prediction.tokens,
                "predicted_blocks": prediction.blocks,
@@ -220,7 +220,7 @@ def capacity_rows(cells: dict[str, CellLike], layout: KvLayout | None, model_dty
 
 def with_pool_ratios(rows: list[dict], baseline_kv: str) -> list[dict]:
     """Each row's pool against the baseline row at its max_model_len: measured and predicted."""
-    baselines = {r["max_model_len"]: r for r in rows if r["kv_cache_dtype"] == baseline_kv}
+    baselines = {r["max_model_len"]: r for r in rows if r["kv_spec"] == baseline_kv}
     for row in rows:
         base = baselines.get(row["max_model_len"])
         row["measured_ratio"] = row["predicted_ratio"] = None
@@ -239,7 +239,7 @@ def _implied_budgets(cells: dict[str, CellResult], layout: KvLayout | None, mode
     out = {}
     for name, facts in cells.items():
         capacity = facts.capacity
-        if facts.kv_cache_dtype != baseline_kv or not facts.started or capacity is None:
+        if facts.kv_spec != baseline_kv or not facts.started or capacity is None:
             continue
         if not (capacity.num_blocks and capacity.block_size):
             continue
@@ -270,8 +270,8 @@ def pool_token_shift(startup: list[StartupRow]) -> tuple[str, float] | None:
     when no dtype shows it."""
     by_kv: dict[str, list[StartupRow]] = {}
     for row in startup or []:
-        if row.started and row.kv_cache_dtype is not None and _known(row.num_blocks) and _known(row.kv_pool_tokens):
-            by_kv.setdefault(row.kv_cache_dtype, []).append(row)
+        if row.started and row.kv_spec is not None and _known(row.num_blocks) and _known(row.kv_pool_tokens):
+            by_kv.setdefault(row.kv_spec, []).append(row)
     for kv in sorted(by_kv):
         mine = by_kv[kv]
         if len({r.num_blocks for r in mine}) == 1 and len({r.kv_pool_tokens for r in mine}) > 1:

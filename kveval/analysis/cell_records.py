@@ -37,7 +37,7 @@ def typed_record(record: GenerationRecord | dict | None) -> GenerationRecord | N
 
 @lru_cache(maxsize=None)
 def stored_spec(text: str | None) -> KVSpec | None:
-    """The KV configuration behind a spec text a run stored (a cell's `kv_cache_dtype`, the manifest's
+    """The KV configuration behind a spec text a run stored (a cell's `kv_spec`, the manifest's
     --kv values): the one place stored spec texts are read; None for a text this kveval cannot read.
     The user's --kv is parsed once, in run/options."""
     if not text:
@@ -63,9 +63,9 @@ def pool_tokens(facts: CellResult) -> int | None:
 def baseline_for(cells: Mapping[str, CellResult], facts: CellResult,
                  baseline_kv: str = BASELINE_KV) -> CellResult | None:
     """The baseline cell at the same max_model_len (None when it is this cell or absent)."""
-    if facts.kv_cache_dtype == baseline_kv:
+    if facts.kv_spec == baseline_kv:
         return None
     same = [other for other in cells.values()
-            if other.kv_cache_dtype == baseline_kv and other.max_model_len == facts.max_model_len]
+            if other.kv_spec == baseline_kv and other.max_model_len == facts.max_model_len]
     # A started one first: where `auto` failed on the run's budget, its quality reference stands in.
     return next((other for other in same if other.started), same[0] if same else None)

@@ -78,7 +78,7 @@ DETECTORS = ("ngram_loop_tokens", "ngram_loop_chars", "token_run", "alternating_
 # Reported and counted, but not a failure by itself (a long answer may just need more tokens).
 INFORMATIONAL_DETECTORS = frozenset({"hit_token_limit"})
 
-FINDING_COLUMNS = ["cell", "kv_cache_dtype", "max_model_len", "prompt", "workload", "detector", "detail",
+FINDING_COLUMNS = ["cell", "kv_spec", "max_model_len", "prompt", "workload", "detector", "detail",
                    "excerpt", "new_vs_baseline", "baseline_cell", "baseline_excerpt", "late"]
 # A loop or run that starts after this share of an answer cut at max_tokens came after the answer
 # (issue 22): it is listed, marked late, and not counted as a degenerate output.
@@ -409,7 +409,7 @@ def _baseline_source(cells: dict[str, CellResult], name: str, prompt_id: str, ba
     """
     facts = cells[name]
     same = baseline_for(cells, facts, baseline_kv)
-    candidates = [other for other, f in cells.items() if f.kv_cache_dtype == baseline_kv and f.started
+    candidates = [other for other, f in cells.items() if f.kv_spec == baseline_kv and f.started
                   and _accepted(records[other].get(prompt_id))]
     for other in candidates:
         if cells[other] is same:
@@ -442,7 +442,7 @@ def scan_cells(workloads: list[dict], cells: dict[str, CellLike], baseline_kv: s
     sources: dict[tuple[str, str], str | None] = {}
     for name, prompt, record in _scanned(workloads, cells, records):
         key = (name, prompt["id"])
-        is_base = cells[name].kv_cache_dtype == baseline_kv
+        is_base = cells[name].kv_spec == baseline_kv
         sources[key] = None if is_base else _baseline_source(cells, name, prompt["id"], baseline_kv, records)
         base_record = records[sources[key]].get(prompt["id"]) if sources[key] else None
         own[key] = scan_output(record, base_record)
@@ -450,18 +450,18 @@ def scan_cells(workloads: list[dict], cells: dict[str, CellLike], baseline_kv: s
     for name, prompt, record in _scanned(workloads, cells, records):
         key, facts = (name, prompt["id"]), cells[name]
         source = sources[key]
-        is_base = facts.kv_cache_dtype == baseline_kv
+        is_base = facts.kv_spec == baseline_kv
         # A finding the baseline also has for this prompt, at this length or at another one, is the
         # model's own habit on that prompt (greedy outputs of a small model loop readily), not new.
         base_hits = set() if not source else {
-            f.detector for other, f_cell in cells.items() if f_cell.kv_cache_dtype == baseline_kv
+            f.detector for other, f_cell in cells.items() if f_cell.kv_spec == baseline_kv
             for f in own.get((other, prompt["id"]), [])}
         for finding in own[key]:
             late = (record.finish_reason == "length" and finding.start_share is not None
                     and finding.start_share >= LATE_SHARE)
             detail = finding.detail + (f"; late: starts after {100 * LATE_SHARE:.0f} % of an answer cut at max_tokens, "
                                        "not counted" if late else "")
-            rows.append({"cell": name, "kv_cache_dtype": facts.kv_cache_dtype,
+            rows.append({"cell": name, "kv_spec": facts.kv_spec,
                          "max_model_len": facts.max_model_len, "prompt": prompt["id"],
                          "workload": prompt["workload"], "detector": finding.detector, "detail": detail,
                          "excerpt": finding.excerpt, "late": late,
@@ -523,7 +523,7 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellLike], wor
         mine = findings[findings["cell"] == name]
         failures = _counted(mine)
         new = failures[failures["new_vs_baseline"].fillna(False).astype(bool)]
-        is_base = facts.kv_cache_dtype == BASELINE_KV
+        is_base = facts.kv_spec == BASELINE_KV
         # Outputs with a baseline output for the same prompt: only these can show "new" degeneration.
         judged_rounds = [] if is_base else [
             int(record.round or 0) for _, prompt, record in _scanned(workloads, {name: facts}, {name: records[name]})
@@ -534,7 +534,7 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellLike], wor
         baseline_only = None if is_base else _baseline_only(findings, cells, name, workloads, records,
                                                             set(failures["prompt"]))
         limited = sum(1 for record in outputs if record.finish_reason == "length")
-        row = {"cell": name, "kv_cache_dtype": facts.kv_cache_dtype, "max_model_len": facts.max_model_len,
+        row = {"cell": name, "kv_spec": facts.kv_spec, "max_model_len": facts.max_model_len,
                "outputs": len(outputs),
                "outputs_with_findings": int(failures["prompt"].nunique()),
                "outputs_with_new_findings": int(new["prompt"].nunique()), "judged_outputs": judged,
@@ -546,7 +546,7 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellLike], wor
             row[detector] = int((mine["detector"] == detector).sum())
         row["token_limit_rate"] = limited / len(outputs) if outputs else None
         rows.append(row)
-    columns = ["cell", "kv_cache_dtype", "max_model_len", "outputs", "outputs_with_findings",
+    columns = ["cell", "kv_spec", "max_model_len", "outputs", "outputs_with_findings",
                "outputs_with_new_findings", "judged_outputs", "baseline_only_degenerate", "looks", *DETECTORS,
                "token_limit_rate"]
     return pd.DataFrame(rows, columns=columns)

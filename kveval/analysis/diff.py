@@ -92,7 +92,7 @@ def _kv_references(cells: dict[str, CellResult], baseline_kv: str) -> list[tuple
 
 def _started_baselines(cells: dict[str, CellResult], baseline_kv: str) -> list[str]:
     """Started baseline cells, smallest max_model_len first (the cross-length references)."""
-    names = [name for name, facts in cells.items() if facts.kv_cache_dtype == baseline_kv and facts.started]
+    names = [name for name, facts in cells.items() if facts.kv_spec == baseline_kv and facts.started]
     return sorted(names, key=lambda name: cells[name].max_model_len)
 
 

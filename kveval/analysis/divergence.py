@@ -245,12 +245,12 @@ def cell_divergence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV, 
     kv comparisons also carry `late`: the summary over positions from `late_start` of the cell on.
     """
     cells = typed_cells(cells)
-    order = sorted(cells, key=lambda name: (cells[name].max_model_len, cells[name].kv_cache_dtype, name))
-    bases = {n: cells[n] for n in order if cells[n].kv_cache_dtype == baseline_kv and _scored(cells[n])}
+    order = sorted(cells, key=lambda name: (cells[name].max_model_len, cells[name].kv_spec, name))
+    bases = {n: cells[n] for n in order if cells[n].kv_spec == baseline_kv and _scored(cells[n])}
     comparisons, unmatched = [], []
     for name in order:
         facts = cells[name]
-        if facts.kv_cache_dtype == baseline_kv:
+        if facts.kv_spec == baseline_kv:
             continue
         if not facts.started:
             unmatched.append({"cell": name, "reason": "did not start"})
@@ -265,7 +265,7 @@ def cell_divergence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV, 
         same = cells[ref].max_model_len == facts.max_model_len
         comparisons.append(_comparison("kv", name, ref, _scored(cells[ref]), _scored(facts), same_length=same,
                                        late_from=late_start(facts.max_model_len, model_limit),
-                                       kv_cache_dtype=facts.kv_cache_dtype, max_model_len=facts.max_model_len))
+                                       kv_spec=facts.kv_spec, max_model_len=facts.max_model_len))
     for shorter, longer in itertools.combinations(bases, 2):
         if cells[shorter].max_model_len != cells[longer].max_model_len:
             comparisons.append(_comparison("noise_length", longer, shorter, _scored(cells[shorter]), _scored(cells[longer])))

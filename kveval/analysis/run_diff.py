@@ -140,7 +140,7 @@ class PoolDiff(Model):
 
 class CellDiff(Model):
     cell: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[int]
     verdict_a: Optional[str]
     verdict_b: Optional[str]
@@ -295,7 +295,7 @@ def _tested_cells(results: schema.Results) -> dict[str, str | None]:
     if results.verdict is not None:
         return dict(results.verdict.cells)
     base = results.evidence.baseline_kv
-    return {name: None for name, cell in results.evidence.cells.items() if cell.kv_cache_dtype != base}
+    return {name: None for name, cell in results.evidence.cells.items() if cell.kv_spec != base}
 
 
 def _kv_comparison(results: schema.Results, cell: str) -> schema.Comparison | None:
@@ -413,7 +413,7 @@ def _pool_ratio(results: schema.Results, cell: schema.EvidenceCell | None) -> fl
     if cell is None:
         return None
     row = next((p for p in results.evidence.pools
-                if p.max_model_len == cell.max_model_len and p.kv_cache_dtype == cell.kv_cache_dtype), None)
+                if p.max_model_len == cell.max_model_len and p.kv_spec == cell.kv_spec), None)
     return _num(row.ratio) if row else None
 
 
@@ -463,7 +463,7 @@ def _cell_diff(cell: str, verdict_a: str | None, verdict_b: str | None, results_
                    f"(95 % interval of B - A {_fmt(tasks.ci_low)} to {_fmt(tasks.ci_high)})")
     codes_a, codes_b = _codes(results_a, cell), _codes(results_b, cell)
     return CellDiff(
-        cell=cell, kv_cache_dtype=evidence_cell.kv_cache_dtype if evidence_cell else None,
+        cell=cell, kv_spec=evidence_cell.kv_spec if evidence_cell else None,
         max_model_len=evidence_cell.max_model_len if evidence_cell else None, verdict_a=verdict_a,
         verdict_b=verdict_b, verdict_change=change, reasons_new=[c for c in codes_b if c not in codes_a],
         reasons_gone=[c for c in codes_a if c not in codes_b], divergence=divergence, tasks=tasks,

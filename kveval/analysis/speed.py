@@ -18,7 +18,7 @@ def speed_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> p
         phase = facts.phases.speed
         for entry in (phase.workloads or []) if phase else []:
             rows.append({
-                "workload": entry.workload, "cell": name, "kv_cache_dtype": facts.kv_cache_dtype,
+                "workload": entry.workload, "cell": name, "kv_spec": facts.kv_spec,
                 "max_model_len": facts.max_model_len, "prompt_tokens": entry.prompt_tokens,
                 "max_tokens": entry.max_tokens, "runs": _spread(entry.ttft_s, "n") or 0,
                 "ttft_ms": _ms(_spread(entry.ttft_s, "median")),
@@ -35,11 +35,11 @@ def speed_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> p
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    base = table[table.kv_cache_dtype == baseline_kv].set_index(["workload", "max_model_len"])
+    base = table[table.kv_spec == baseline_kv].set_index(["workload", "max_model_len"])
     for column, delta in (("ttft_ms", "ttft_delta_pct"), ("decode_tok_s", "decode_delta_pct")):
         def change(row, column=column):
             key = (row.workload, row.max_model_len)
-            if row.kv_cache_dtype == baseline_kv or key not in base.index:
+            if row.kv_spec == baseline_kv or key not in base.index:
                 return None
             reference = base.loc[key, column]
             if reference is None or pd.isna(reference) or row[column] is None or pd.isna(row[column]) or not reference:
@@ -58,7 +58,7 @@ def _against_noise(row, column: str, base: pd.DataFrame, baseline_kv: str) -> st
     """"beyond" when the measured ranges of cell and baseline do not overlap, "within" when they do,
     "too few runs" below MIN_RUNS_FOR_NOISE on either side; None where there is no baseline."""
     key = (row.workload, row.max_model_len)
-    if row.kv_cache_dtype == baseline_kv or key not in base.index:
+    if row.kv_spec == baseline_kv or key not in base.index:
         return None
     reference = base.loc[key]
     low, high = row[f"{column}_min"], row[f"{column}_max"]

@@ -32,18 +32,18 @@ CONFIDENCE = 0.95
 RECORD_FIELDS = ["task", "doc_id", "sample_id", "length_fraction", "depth", "target_tokens", "prompt_tokens",
                  "max_gen_toks", "accepted", "rejection", "error", "response", "expected", "score", "correct",
                  "partial", "finish_reason", "output_tokens", "seconds"]
-SAMPLE_COLUMNS = ["cell", "kv_cache_dtype", "max_model_len", *RECORD_FIELDS, "status", "scored", "scored_correct"]
+SAMPLE_COLUMNS = ["cell", "kv_spec", "max_model_len", *RECORD_FIELDS, "status", "scored", "scored_correct"]
 COUNT_COLUMNS = ["samples", "n", "correct", "rejected", "errors", "accuracy", "wilson_low", "wilson_high",
                  "prompt_tokens_mean"]
-ACCURACY_COLUMNS = ["cell", "kv_cache_dtype", "max_model_len", "level", "task", "length_fraction", "depth",
+ACCURACY_COLUMNS = ["cell", "kv_spec", "max_model_len", "level", "task", "length_fraction", "depth",
                     "target_tokens", *COUNT_COLUMNS]
-COMPARISON_COLUMNS = ["cell", "reference", "kv_cache_dtype", "max_model_len", "task", "n_paired", "baseline_correct",
+COMPARISON_COLUMNS = ["cell", "reference", "kv_spec", "max_model_len", "task", "n_paired", "baseline_correct",
                       "cell_correct", "both", "baseline_only", "cell_only", "neither", "baseline_accuracy",
                       "cell_accuracy", "recovery", "mcnemar_p", "cell_rejected", "baseline_rejected", "cell_errors",
                       "baseline_errors"]
-GRID_COLUMNS = ["cell", "kv_cache_dtype", "max_model_len", "depth", "target_tokens", "length_fraction", "samples", "n",
+GRID_COLUMNS = ["cell", "kv_spec", "max_model_len", "depth", "target_tokens", "length_fraction", "samples", "n",
                 "correct", "rejected", "errors", "accuracy", "wilson_low", "wilson_high", "prompt_tokens_mean"]
-CELL_KEYS = ["cell", "kv_cache_dtype", "max_model_len"]
+CELL_KEYS = ["cell", "kv_spec", "max_model_len"]
 
 
 # --- statistics ----------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def task_samples(cells: dict[str, CellLike]) -> pd.DataFrame:
         phase = facts.phases.tasks
         for stored in (phase.samples or []) if phase else []:
             sample = schema.dump(stored)   # the keys the sample holds, in its order (absent ones stay absent)
-            rows.append({"cell": name, "kv_cache_dtype": facts.kv_cache_dtype,
+            rows.append({"cell": name, "kv_spec": facts.kv_spec,
                          "max_model_len": facts.max_model_len, **sample})
             extra.extend(k for k in sample if k not in RECORD_FIELDS and k not in extra and k not in CELL_KEYS)
     columns = [c for c in SAMPLE_COLUMNS if c not in ("scored", "scored_correct")] + extra
@@ -129,7 +129,7 @@ def task_samples(cells: dict[str, CellLike]) -> pd.DataFrame:
     status = ["scored" if ok else "error" if bad else "rejected" if not taken else "unscored"
               for ok, bad, taken in zip(frame["scored"], errored, frame["accepted"])]
     frame["status"] = pd.Series(status, index=frame.index, dtype=object)
-    return frame[["cell", "kv_cache_dtype", "max_model_len", *RECORD_FIELDS, "status", "scored", "scored_correct",
+    return frame[["cell", "kv_spec", "max_model_len", *RECORD_FIELDS, "status", "scored", "scored_correct",
                   *extra]]
 
 
@@ -165,7 +165,7 @@ def task_accuracy(samples: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=ACCURACY_COLUMNS)
     for cell in _cell_order(samples):
         mine = samples[samples["cell"] == cell]
-        head = {"cell": cell, "kv_cache_dtype": mine["kv_cache_dtype"].iloc[0], "max_model_len": mine["max_model_len"].iloc[0]}
+        head = {"cell": cell, "kv_spec": mine["kv_spec"].iloc[0], "max_model_len": mine["max_model_len"].iloc[0]}
         for task in dict.fromkeys(mine["task"]):
             per_task = mine[mine["task"] == task]
             points = per_task.groupby(["length_fraction", "depth"], dropna=False, sort=True)
@@ -215,11 +215,11 @@ def _paired_row(merged: pd.DataFrame) -> dict:
 
 def baseline_cells(samples: pd.DataFrame, baseline_kv: str = BASELINE_KV) -> dict[str, str]:
     """Non-baseline cell -> the baseline cell with samples at its max_model_len (cells without one left out)."""
-    meta = samples.groupby("cell", sort=False)[["kv_cache_dtype", "max_model_len"]].first()
-    bases = meta[meta["kv_cache_dtype"] == baseline_kv]
+    meta = samples.groupby("cell", sort=False)[["kv_spec", "max_model_len"]].first()
+    bases = meta[meta["kv_spec"] == baseline_kv]
     out = {}
     for cell, row in meta.iterrows():
-        if row["kv_cache_dtype"] == baseline_kv:
+        if row["kv_spec"] == baseline_kv:
             continue
         same = bases[bases["max_model_len"] == row["max_model_len"]]
         if len(same):
@@ -251,7 +251,7 @@ def task_comparisons(samples: pd.DataFrame, baseline_kv: str = BASELINE_KV) -> p
         mine = samples[samples["cell"] == cell]
         merged = _keyed(mine).merge(_keyed(samples[samples["cell"] == reference]), on=["task", "key"],
                                     suffixes=("_cell", "_base"))
-        head = {"cell": cell, "reference": reference, "kv_cache_dtype": mine["kv_cache_dtype"].iloc[0],
+        head = {"cell": cell, "reference": reference, "kv_spec": mine["kv_spec"].iloc[0],
                 "max_model_len": mine["max_model_len"].iloc[0]}
         for task in dict.fromkeys(mine["task"]):
             rows.append({**head, "task": task, **_paired_row(merged[merged["task"] == task])})
@@ -270,7 +270,7 @@ def depth_length_grid(samples: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for cell in _cell_order(placed):
         mine = placed[placed["cell"] == cell]
-        head = {"cell": cell, "kv_cache_dtype": mine["kv_cache_dtype"].iloc[0], "max_model_len": mine["max_model_len"].iloc[0]}
+        head = {"cell": cell, "kv_spec": mine["kv_spec"].iloc[0], "max_model_len": mine["max_model_len"].iloc[0]}
         for (depth, target), group in mine.groupby(["depth", "target_tokens"], sort=True):
             rows.append({**head, "depth": depth, "target_tokens": int(target),
                          "length_fraction": _single(group["length_fraction"]), **_counts(group)})
@@ -315,7 +315,7 @@ def task_evidence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) ->
     unmatched = [{"cell": cell, "reason": f"no {baseline_kv} cell with task results at max_model_len "
                                           f"{samples.loc[samples['cell'] == cell, 'max_model_len'].iloc[0]}"}
                  for cell in _cell_order(samples)
-                 if cell not in matched and samples.loc[samples["cell"] == cell, "kv_cache_dtype"].iloc[0] != baseline_kv]
+                 if cell not in matched and samples.loc[samples["cell"] == cell, "kv_spec"].iloc[0] != baseline_kv]
     runs = {name: {"tasks": phase.tasks, "lm_eval_version": phase.lm_eval_version, "limit": phase.limit,
                    "data_dir": phase.data_dir, "lm_eval_results": phase.lm_eval_results}
             for name, phase in phases.items() if phase and not phase.error}

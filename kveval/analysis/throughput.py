@@ -11,7 +11,7 @@ import pandas as pd
 from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cells
 from kveval.files.schema import ThroughputRow
 
-COLUMNS = ["cell", "kv_cache_dtype", "max_model_len", "concurrency", "requests", "prompt_tokens", "wall_s",
+COLUMNS = ["cell", "kv_spec", "max_model_len", "concurrency", "requests", "prompt_tokens", "wall_s",
            "requests_per_s", "output_tok_s", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p90",
            "itl_ms_p99", "preemptions", "error", "output_tok_s_vs_baseline", "max_concurrency"]
 
@@ -33,7 +33,7 @@ def throughput_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV)
             preemptions = [run.preemptions] if run.preemptions is not None else \
                 [r.preemptions for r in requests if r.preemptions is not None]
             rows.append({
-                "cell": name, "kv_cache_dtype": facts.kv_cache_dtype, "max_model_len": facts.max_model_len,
+                "cell": name, "kv_spec": facts.kv_spec, "max_model_len": facts.max_model_len,
                 "concurrency": run.concurrency, "requests": len(requests),
                 "prompt_tokens": phase.prompt_tokens, "wall_s": wall,
                 "requests_per_s": len(requests) / wall if wall and requests else None,
@@ -51,10 +51,10 @@ def throughput_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV)
     table = pd.DataFrame(rows, columns=COLUMNS)
     if table.empty:
         return table
-    base = table[table.kv_cache_dtype == baseline_kv].set_index(["max_model_len", "concurrency"])["output_tok_s"]
+    base = table[table.kv_spec == baseline_kv].set_index(["max_model_len", "concurrency"])["output_tok_s"]
     def ratio(row):
         key = (row.max_model_len, row.concurrency)
-        if row.kv_cache_dtype == baseline_kv or key not in base.index or not base[key] or pd.isna(row.output_tok_s):
+        if row.kv_spec == baseline_kv or key not in base.index or not base[key] or pd.isna(row.output_tok_s):
             return None
         return row.output_tok_s / base[key]
     table["output_tok_s_vs_baseline"] = table.apply(ratio, axis=1)

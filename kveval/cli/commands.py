@@ -154,7 +154,8 @@ def compare_arguments(given: dict) -> dict:
               show_default=_spaced(defaults.KV),
               help="KV-cache configurations to compare (vLLM's --kv-cache-dtype values), e.g. --kv fp8 auto (also "
                    "--kv fp8 --kv auto, --kv fp8,auto); fp8:keep=0,1 keeps layers 0 and 1 in the model dtype "
-                   "(vLLM's --kv-cache-dtype-skip-layers 0 1).")
+                   "(vLLM's --kv-cache-dtype-skip-layers 0 1); fp8:scaled / fp8:scaled=head use per-tensor / per-head "
+                   "K/V scales calibrated once with llm-compressor (combinable: fp8:scaled,keep=0).")
 @click.option("--max-model-len", "max_model_len", cls=MultiValueOption, default=(),
               show_default=_spaced(defaults.MAX_MODEL_LEN) + ", without those over the model's limit",
               help="max_model_len values, e.g. --max-model-len 2048 8192 32768.")
@@ -197,6 +198,11 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--remedy", type=click.Choice(list(REMEDY_MODES)), default=defaults.REMEDY, show_default=True,
               help="auto: when an FP8 cell FAILs, run it again with the layers whose K/V leave the FP8 range kept in "
                    "the model dtype; always: try that after every started FP8 cell; off: never.")
+@click.option("--search", is_flag=True,
+              help="Find the KV configuration with the most capacity that passes: try fp8, then fp8:scaled (per-tensor "
+                   "scales calibrated with llm-compressor), fp8:scaled=head, the diagnosed layers kept in the model "
+                   "dtype (fewest first) and combinations, each judged by the same gate, until one PASSes at each "
+                   "--max-model-len (also --kv search).")
 @click.option("--budget", default=None, metavar="N|TIME|N,TIME",
               help="Task evidence until decided: while a tested cell is INCONCLUSIVE only because its task accuracy is "
                    "not yet shown non-inferior (or a drop not yet significant), run more task rounds on new samples "

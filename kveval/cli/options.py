@@ -46,8 +46,11 @@ def split_values(values: Iterable[str]) -> tuple[str, ...]:
     parts = []
     for value in values:
         for part in (p.strip() for p in str(value).split(",")):
-            # `fp8:keep=0,1`: the layer list after keep= is part of one KV spec, not more values.
-            if parts and ":keep=" in parts[-1] and (part.isdigit() or part in _KEEP_NAMES):
+            # `fp8:keep=0,1`, `fp8:scaled,keep=0`: a KV spec's options after ':' (keep=, its layer
+            # list, scaled) are part of that one spec, not more values.
+            if parts and ":" in parts[-1] and (
+                    (("keep=" in parts[-1]) and (part.isdigit() or part in _KEEP_NAMES))
+                    or part.startswith("keep=") or part == "scaled" or part.startswith("scaled=")):
                 parts[-1] += "," + part
             else:
                 parts.append(part)

@@ -116,8 +116,9 @@ def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
 
 
 def _validated(kind: str, path: Path) -> dict:
-    """One run file, checked against its schema; the plain dict as it was read (what its model dumps
-    to, without walking a 30 MB cell twice)."""
+    """One run file, checked against its schema; the plain dict as it was read, a file of the version
+    before brought up to date in place by schema.parse (what its model dumps to, without walking a 30 MB
+    cell twice)."""
     try:
         data = schema.read(path)
         schema.parse(kind, data, str(path))
@@ -137,8 +138,8 @@ def read_json(path: Path) -> Any:
         raise StoreError(f"{path} is not valid JSON ({error})") from None
 
 
-def cell_id(kv_cache_dtype: str, max_model_len: int) -> str:
-    return f"{kv_cache_dtype}-{max_model_len}"
+def cell_id(kv_spec: str, max_model_len: int) -> str:
+    return f"{kv_spec}-{max_model_len}"
 
 
 class RunDir:
@@ -315,11 +316,12 @@ class RunDir:
 
     def load_cell(self, cell: str, *, validate: bool = True) -> dict | None:
         """One cell's result, or None before it has one. `validate=False` for kveval's own processes
-        reading a file a child just wrote (still running, or to add what the parent saw)."""
+        reading a file a child just wrote (still running, or to add what the parent saw); a file of the
+        version before is brought up to date either way (schema.upgrade), so what is written back is current."""
         path = self.cell_path(cell)
         if not path.is_file():
             return None
-        return _validated("cell", path) if validate else read_json(path)
+        return _validated("cell", path) if validate else schema.upgrade("cell", read_json(path))
 
     def cell_result(self, cell: str, manifest: schema.Manifest | None = None) -> schema.CellResult | None:
         """One cell's result as the typed model, its later rounds merged in (files/task_rounds.py);

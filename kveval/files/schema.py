@@ -13,8 +13,10 @@ Required keys are required and strictly typed (no "5" for 5), so damage is caugh
 Versions and unknown fields. A cell file (`CellResult` and every part of it, `CellModel`) declares
 every key kveval writes, and a key it does not declare is refused with a FileError naming the field:
 a file from a newer kveval that added a field is never half-read with the new field silently kept.
-Each file kind has a `schema_version` (cell files write none yet: missing means CELL_VERSION); a
-kveval that changes what a file holds raises that kind's version, and a file of another version is
+Each file kind has a `schema_version` (cell files write it as their first key from version 2 on: a cell
+file without one is version 1); a kveval that changes what a file holds raises that kind's version. A file
+of the version just before the current one is brought up to date as it is read (`upgrade`, one step per
+kind, a table of key paths in `_UPGRADES`: see "Older versions" below); a file of any other version is
 refused before anything else is checked, with what to do (`_REDO`: re-run with the kveval that wrote
 it, or re-run the cell). Two parts of a cell stay open: `engine_settings` (the user's --engine-arg
 values for vLLM, as given) and a task sample's row (`TaskSample`: extra per-sample fields reach the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union, get_args
 
@@ -36,9 +39,13 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PlainValidato
                       ValidationError, WithJsonSchema, model_serializer, model_validator)
 from pydantic_core import PydanticCustomError
 
-MANIFEST_VERSION = 1
-CELL_VERSION = 1       # cell files carry no schema_version yet: a missing one means 1
-RESULTS_VERSION = 2    # 2: evidence holds acceptance, sample_outputs and speed_settings (render reads no cell)
+# Issue 17 raised the three below: the user's KV spec text (fp8, auto, fp8:keep=3,17) is `kv_spec` in every
+# file, and `kv_cache_dtype` is only ever vLLM's engine dtype (engine_settings, a planned cell's engine, a
+# diagnosis). Files of the version before are read through `upgrade`.
+MANIFEST_VERSION = 2   # 2: cells[].kv_spec (renamed: _UPGRADES)
+CELL_VERSION = 2       # 2: schema_version written first, kv_spec (renamed: _UPGRADES); 1: no schema_version
+RESULTS_VERSION = 3    # 3: kv_spec in the evidence's cells and rows (renamed: _UPGRADES); 2: evidence holds
+                       # acceptance, sample_outputs and speed_settings (render reads no cell)
 KV_RANGES_VERSION = 1  # a failed K/V range pass writes {"error": ...} with no version: means 1
 
 MAX_REPORTED_ERRORS = 5
@@ -187,6 +194,7 @@ class KvScales(ManifestModel):
     v_scale: dict[str, Number]
     auto_is_fp8: bool
     notes: list[str]
+    per_head: Optional[dict[str, dict[str, list[Number]]]] = None   # {"k_scale": {layer: [one per head]}}, when per head
 
 
 class PlannedEngine(ManifestModel):
@@ -208,7 +216,7 @@ class PlannedEngine(ManifestModel):
 
 class PlannedCell(ManifestModel):
     id: str
-    kv_cache_dtype: str
+    kv_spec: str
     max_model_len: int
     engine: Optional[PlannedEngine] = None   # issue 19; absent in manifests of older runs
 
@@ -311,6 +319,35 @@ class RunTiming(ManifestModel):
     resumed: bool = False                       # an earlier run's finished cells may be kept: their time is not this run's
 
 
+class CalibrationEntry(ManifestModel):
+    """run/calibration.CalibratedCheckpoint: the checkpoint a `fp8:scaled[=head]` cell loads."""
+
+    scaled: Literal["tensor", "head"]
+    path: str
+    calibrated_by_kveval: bool        # False: the model carries its own scales, used as they are
+    reused: bool                      # made by an earlier run (same weights, strategy, text, llm-compressor)
+    record: dict[str, Any]            # worker/calibrate.py's record: strategy, documents, tokens, seconds, versions
+    scales: KvScales
+
+
+class SearchLength(ManifestModel):
+    """run/search.LengthOutcome: where the search stands at one max_model_len."""
+
+    max_model_len: int
+    tried: list[str]
+    chosen: Optional[str] = None
+    next: Optional[str] = None
+    notes: list[str] = []
+
+
+class SearchRecord(ManifestModel):
+    """--search (issue 20): the ladder, what could not be prepared, and each length's outcome."""
+
+    candidates: list[str]
+    unavailable: dict[str, str]       # candidate -> why it was not run (e.g. its calibration failed)
+    lengths: list[SearchLength]
+
+
 class Manifest(ManifestModel):
     schema_version: int
     tool: Literal["kveval"]
@@ -331,15 +368,17 @@ class Manifest(ManifestModel):
     task_rounds: Optional[TaskRounds] = None      # only after task rounds were planned (issue 23)
     quality_references: Optional[dict[str, ReferenceCell]] = None  # only after one was planned (run/reference.py)
     timing: Optional[RunTiming] = None            # the parent's own time (issue 18); absent before
+    calibration: Optional[dict[str, CalibrationEntry]] = None   # scaled word -> checkpoint (issue 20); scaled specs only
+    search: Optional[SearchRecord] = None         # --search only
 
 
 # --- cells/<cell>.json (worker/cell_main.py, worker/phases/*.py, run/cell_process._finish) ---------
 #
 # Two shapes:
-# - started: cell, kv_cache_dtype, max_model_len, engine_settings, complete, phases, started=True,
+# - started: schema_version, cell, kv_spec, max_model_len, engine_settings, complete, phases, started=True,
 #   startup_seconds, capacity, info, logged_capacity [+ process, + crash].
 # - did not start (files/startup_failure.not_started_record, whether the child or the parent writes it):
-#   cell, kv_cache_dtype, max_model_len, engine_settings, complete, phases={}, started=False,
+#   schema_version, cell, kv_spec, max_model_len, engine_settings, complete, phases={}, started=False,
 #   startup_seconds, failure, logged_capacity, info [+ process {exit_code, seconds, timed_out}].
 #   Files written before that record was shared lack engine_settings and startup_seconds when
 #   the parent wrote them, so those keys stay optional.
@@ -722,9 +761,9 @@ class Phases(CellModel):
 
 
 class CellResult(CellModel):
-    schema_version: int = CELL_VERSION    # not written yet; see CELL_VERSION
+    schema_version: int                   # written first from version 2 on; a file without it is version 1
     cell: str
-    kv_cache_dtype: str
+    kv_spec: str                          # the KV spec the cell is named for (fp8, auto, fp8:keep=3,17)
     max_model_len: int
     started: bool
     complete: bool
@@ -845,7 +884,7 @@ class Platform(FileModel):
 
 
 class EvidenceCell(FileModel):
-    kv_cache_dtype: str
+    kv_spec: str
     max_model_len: int
     started: bool
     missing: bool = False                 # only written (True) for a planned cell with no file
@@ -859,7 +898,7 @@ class PoolRow(FileModel):
     """analysis.capacity.pool_by_length row; the headline reads the ratios."""
 
     max_model_len: int
-    kv_cache_dtype: Optional[str]       # None: only the baseline ran at this length
+    kv_spec: Optional[str]              # None: only the baseline ran at this length
     baseline_pool_tokens: Optional[Number]
     pool_tokens: Optional[Number]
     ratio: Optional[Number]
@@ -915,7 +954,7 @@ class Comparison(FileModel):
     skipped: list[dict[str, Any]]
     same_length: Optional[bool] = None    # kv comparisons only
     late: Optional[LateSummary] = None    # kv comparisons only
-    kv_cache_dtype: Optional[str] = None  # kv comparisons only: the cell's
+    kv_spec: Optional[str] = None         # kv comparisons only: the cell's
     max_model_len: Optional[int] = None   # kv comparisons only: the cell's
 
 
@@ -933,7 +972,7 @@ class Divergence(FileModel):
 
 
 class DegenerationCell(FileModel):
-    kv_cache_dtype: str
+    kv_spec: str
     max_model_len: int
     outputs: int
     new_degenerate: int
@@ -951,7 +990,7 @@ class Finding(FileModel):
     """analysis.degeneration.scan_cells row (FINDING_COLUMNS): one detector firing on one output."""
 
     cell: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[Number]
     prompt: str
     workload: Optional[str]
@@ -1064,7 +1103,7 @@ class TaskSampleRow(_Open):
     """analysis.task_accuracy sample row (SAMPLE_COLUMNS, then the sample's other keys): one task sample."""
 
     cell: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[Number]
     task: str
     doc_id: Optional[Union[Number, str]]
@@ -1112,7 +1151,7 @@ class TaskAccuracyRow(TaskCounts):
     """analysis.task_accuracy.task_accuracy row (ACCURACY_COLUMNS): per cell, level and task (or point)."""
 
     cell: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[Number]
     level: str
     task: str
@@ -1125,7 +1164,7 @@ class TaskGridRow(TaskCounts):
     """analysis.task_accuracy.depth_length_grid row (GRID_COLUMNS): per cell, needle depth and prompt length."""
 
     cell: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[Number]
     depth: Optional[Number]
     target_tokens: Optional[Number]
@@ -1137,7 +1176,7 @@ class TaskComparisonRow(FileModel):
 
     cell: str
     reference: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[Number]
     task: str
     n_paired: Number
@@ -1338,7 +1377,7 @@ class StartupRow(FileModel):
     """analysis.capacity.startup_table row: one cell's start-up, its KV pool, or why it did not start."""
 
     cell: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[Number]
     started: bool
     startup_s: Optional[Number]
@@ -1407,7 +1446,7 @@ class SpeedRow(FileModel):
 
     workload: str
     cell: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[Number]
     prompt_tokens: Optional[Number]
     max_tokens: Optional[Number]
@@ -1431,7 +1470,7 @@ class ThroughputRow(FileModel):
     """analysis.throughput.throughput_table row: one cell at one concurrency level."""
 
     cell: str
-    kv_cache_dtype: Optional[str]
+    kv_spec: Optional[str]
     max_model_len: Optional[Number]
     concurrency: Optional[Number]
     requests: int
@@ -1455,7 +1494,7 @@ class CapacityRow(FileModel):
     """analysis.capacity_model.capacity_rows row: one cell's KV pool predicted from the layout, and measured."""
 
     cell: str
-    kv_cache_dtype: str
+    kv_spec: str
     max_model_len: Number
     bytes_per_token: Optional[Number]
     block_size: Optional[Number]
@@ -1548,6 +1587,8 @@ class Evidence(FileModel):
     quality_references: Optional[dict[str, QualityReference]] = None  # reference cell -> what it stands in for
     attribution: Optional[list[Attribution]] = None        # absent in evidence from before remedies
     identical_specs: Optional[list[IdenticalSpecs]] = None  # ditto
+    calibration: Optional[dict[str, CalibrationEntry]] = None   # the manifest's, when a scaled spec ran (issue 20)
+    search: Optional[SearchRecord] = None                       # the manifest's, with --search (issue 20)
 
 
 class Results(FileModel):
@@ -1621,8 +1662,8 @@ KINDS: dict[str, type[FileModel]] = {"manifest": Manifest, "cell": CellResult, "
                                  "kv_ranges": KvRanges}
 VERSIONS: dict[type[FileModel], int] = {Manifest: MANIFEST_VERSION, CellResult: CELL_VERSION,
                                     Results: RESULTS_VERSION, Evidence: RESULTS_VERSION, KvRanges: KV_RANGES_VERSION}
-# Files written without a schema_version (all cell files; a failed kv_ranges.json) read as this.
-_DEFAULT_VERSION = {CellResult: CELL_VERSION, KvRanges: KV_RANGES_VERSION}
+# Files written without a schema_version (cell files before version 2; a failed kv_ranges.json) read as this.
+_DEFAULT_VERSION = {CellResult: 1, KvRanges: KV_RANGES_VERSION}
 _REDO = {Manifest: "re-run with the kveval that wrote it, or start a new run",
          CellResult: "re-run with the kveval that wrote it, or re-run the cell",
          Results: "re-run with the kveval that wrote it, or run `kveval report` on the run again",
@@ -1693,11 +1734,110 @@ def _describe(name: str, error: ValidationError) -> str:
     return "\n".join(lines)
 
 
+# --- older versions ------------------------------------------------------------------------------
+#
+# A file of the version just before its kind's current one is read after one step of `upgrade`, in place
+# and before validation: the keys below are renamed where the table says (keeping each key's position)
+# and the file's schema_version becomes the current one, so the model, `dump` and a reader that keeps the
+# read dict (rundir._validated) all see the current shape. Any other version is refused as ever (parse).
+#
+# Issue 17: the user's KV spec text was `kv_cache_dtype`, the name vLLM gives its engine dtype; it is
+# `kv_spec` now, and `kv_cache_dtype` stays only where it is vLLM's (a cell's engine_settings, a planned
+# cell's engine, a diagnosis in evidence.diagnosis): those are not on the paths below.
+#
+# A path is a tuple of keys from the top of the document; "*" is every item of a list or every value of an
+# object; a step that is absent or null (evidence of a run without throughput, `tasks` {} with no
+# tasks) holds nothing to rename.
+
+_Path = tuple[str, ...]
+_KV_SPEC_IN_EVIDENCE: tuple[_Path, ...] = (
+    ("cells", "*"),                        # EvidenceCell
+    ("pools", "*"),                        # PoolRow
+    ("divergence", "comparisons", "*"),    # Comparison (kv comparisons)
+    ("degeneration", "cells", "*"),        # DegenerationCell
+    ("degeneration", "findings", "*"),     # Finding
+    ("startup", "*"),                      # StartupRow
+    ("speed", "*"),                        # SpeedRow
+    ("throughput", "*"),                   # ThroughputRow
+    ("capacity_model", "*"),               # CapacityRow
+    ("tasks", "sample_rows", "*"),         # TaskSampleRow
+    ("tasks", "accuracy", "*"),            # TaskAccuracyRow
+    ("tasks", "comparisons", "*"),         # TaskComparisonRow
+    ("tasks", "grid", "*"),                # TaskGridRow
+)
+
+
+@dataclass(frozen=True)
+class _Upgrade:
+    """One step: a file of version `source` becomes its kind's current version."""
+
+    source: int                            # the version this step reads (a missing one: _DEFAULT_VERSION)
+    renamed: tuple[str, str]               # (old key, new key)
+    at: tuple[_Path, ...]                  # the records whose key is renamed
+    versions: tuple[_Path, ...] = ((),)    # the records whose schema_version becomes the current one
+
+
+_KV_SPEC = ("kv_cache_dtype", "kv_spec")
+_UPGRADES: dict[type[FileModel], _Upgrade] = {
+    CellResult: _Upgrade(source=1, renamed=_KV_SPEC, at=((),)),                   # the cell's own key
+    Manifest: _Upgrade(source=1, renamed=_KV_SPEC, at=(("cells", "*"),)),           # each planned cell
+    Results: _Upgrade(source=2, renamed=_KV_SPEC, at=tuple(("evidence", *path) for path in _KV_SPEC_IN_EVIDENCE),
+                      versions=((), ("evidence",))),
+    Evidence: _Upgrade(source=2, renamed=_KV_SPEC, at=_KV_SPEC_IN_EVIDENCE),
+}
+
+
+def _records(node: Any, path: _Path):
+    """The objects at `path` below `node` ("*": every item or value); none where a step is missing."""
+    if not path:
+        if isinstance(node, dict):
+            yield node
+        return
+    step, rest = path[0], path[1:]
+    if step == "*":
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    else:
+        children = [node[step]] if isinstance(node, dict) and step in node else []
+    for child in children:
+        yield from _records(child, rest)
+
+
+def _replace_items(record: dict, items: list[tuple[str, Any]]) -> None:
+    record.clear()
+    record.update(items)
+
+
+def upgrade(kind_or_model: str | type[FileModel], data: Any) -> Any:
+    """`data` (a file's JSON) of the version before its kind's current one, brought to the current one in
+    place (`_UPGRADES`); any other data is returned as it is, for `parse` to accept or refuse."""
+    model = _model(kind_or_model)
+    step = _UPGRADES.get(model)
+    if step is None or not isinstance(data, dict):
+        return data
+    version = data.get("schema_version", _DEFAULT_VERSION.get(model))
+    if type(version) is not int or version != step.source:
+        return data
+    old, new = step.renamed
+    for path in step.at:
+        for record in _records(data, path):
+            if old in record and new not in record:   # renamed where it stands
+                _replace_items(record, [(new if key == old else key, value) for key, value in record.items()])
+    for path in step.versions:
+        for record in _records(data, path):
+            if "schema_version" in record:
+                record["schema_version"] = VERSIONS[model]
+            else:   # a cell file of version 1: the key first, as kveval writes it now
+                _replace_items(record, [("schema_version", VERSIONS[model]), *record.items()])
+    return data
+
+
 def parse(kind_or_model: str | type[FileModel], data: Any, name: str = "<data>") -> FileModel:
-    """Validate already-read JSON `data`; FileError messages name the file as `name`."""
+    """Validate already-read JSON `data`; FileError messages name the file as `name`. Data of the version
+    before the current one is upgraded first, in place (`upgrade`)."""
     model = _model(kind_or_model)
     if not isinstance(data, dict):
         raise FileError(f"{name}: expected a JSON object at the top level, got {_shown(data)}")
+    upgrade(model, data)
     # The version first: a newer file's other differences would only bury the one that matters.
     version = data.get("schema_version", _DEFAULT_VERSION.get(model))
     expected = VERSIONS[model]

@@ -32,7 +32,7 @@ MAX_MESSAGE_CHARS = 600
 
 @dataclass(frozen=True)
 class StartupFailure:
-    """Why one engine (kv_cache_dtype × max_model_len cell) did not start."""
+    """Why one engine (KV spec × max_model_len cell) did not start."""
 
     reason: str  # one of REASONS
     message: str  # vLLM's own words, trimmed to ~MAX_MESSAGE_CHARS
@@ -431,9 +431,10 @@ def not_started_record(cell: str, kv_spec: str, max_model_len: int, failure: Sta
     """The result file of a cell whose engine did not start. One shape whoever writes it: the child
     (the engine raised) or the parent (the child died or timed out before the engine was up)."""
     from kveval.files.logfacts import kv_pool_from_log
+    from kveval.files.schema import CELL_VERSION
 
     return {
-        "cell": cell, "kv_cache_dtype": kv_spec, "max_model_len": max_model_len,
+        "schema_version": CELL_VERSION, "cell": cell, "kv_spec": kv_spec, "max_model_len": max_model_len,
         "engine_settings": engine_settings, "complete": True, "phases": {}, "started": False,
         "startup_seconds": startup_seconds, "failure": failure.to_dict(),
         # vLLM may have sized the pool before failing (e.g. an FP8 backend check comes later).

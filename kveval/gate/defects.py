@@ -93,7 +93,7 @@ def _kept_layers_on_fa3(out: _Collector, evidence: schema.Evidence, known: set[s
     for row in evidence.startup:
         cell = row.cell
         if (cell in known or row.attention_backend != KEPT_LAYERS_DEFECTIVE_BACKEND
-                or ":keep=" not in (row.kv_cache_dtype or "") or FAIL not in out.levels(cell)):
+                or ":keep=" not in (row.kv_spec or "") or FAIL not in out.levels(cell)):
             continue
         defects.append({"cell": cell, "message": f"{cell}: its kept layers ran on FlashAttention (FA3), whose "
                                                  "ahead-of-time schedule vLLM 0.26 builds with the global fp8 dtype "

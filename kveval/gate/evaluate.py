@@ -75,14 +75,14 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
     statuses: dict[str, str] = {}
     for name in missing:
         statuses[name] = "MISSING"
-        out.reason(INCONCLUSIVE, None if cells[name].kv_cache_dtype == baseline_kv else name,
+        out.reason(INCONCLUSIVE, None if cells[name].kv_spec == baseline_kv else name,
                    f"{name}: planned but has no result file (deleted, or the run stopped before it finished); "
                    "nothing it would have measured is judged",
                    "run the same command again with the same --out: finished cells are kept, missing ones are measured",
                    code="missing_result")
-    candidates = [n for n, c in cells.items() if c.kv_cache_dtype != baseline_kv and not c.missing]
+    candidates = [n for n, c in cells.items() if c.kv_spec != baseline_kv and not c.missing]
     started = [n for n in candidates if cells[n].started]
-    bases = [n for n, c in cells.items() if c.kv_cache_dtype == baseline_kv and c.started]
+    bases = [n for n, c in cells.items() if c.kv_spec == baseline_kv and c.started]
     for name in candidates:
         if not cells[name].started:
             reason = cells[name].failure_reason or "unknown reason"

@@ -22,8 +22,8 @@ def capacity_plot(rows: list[schema.CapacityRow] | None, path: str | Path) -> Pa
     if not rows:
         return None
     fig, (ax,) = _figure(5.5, 3.4, 1)
-    for kv in dict.fromkeys(r.kv_cache_dtype for r in rows):
-        mine = sorted((r for r in rows if r.kv_cache_dtype == kv), key=lambda r: r.max_model_len)
+    for kv in dict.fromkeys(r.kv_spec for r in rows):
+        mine = sorted((r for r in rows if r.kv_spec == kv), key=lambda r: r.max_model_len)
         lengths = [r.max_model_len for r in mine]
         line, = ax.plot(lengths, [r.predicted_tokens for r in mine], linestyle="--", linewidth=1, marker="x",
                         markersize=9, label=f"{kv} predicted")

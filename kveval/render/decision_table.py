@@ -15,7 +15,7 @@ from kveval.render.markdown import fmt_int, fmt_share, fmt_sig, table
 def _baseline_pool(evidence: schema.Evidence, length: int) -> int | None:
     """The measured `auto` pool at this length (a quality reference's pool is no capacity figure)."""
     for facts in evidence.cells.values():
-        if (facts.kv_cache_dtype == evidence.baseline_kv and facts.max_model_len == length
+        if (facts.kv_spec == evidence.baseline_kv and facts.max_model_len == length
                 and facts.started and facts.reference_for is None):
             return facts.kv_pool_tokens
     return None
@@ -77,7 +77,7 @@ def decision_table(verdict: Verdict, evidence: schema.Evidence) -> str:
     rows = []
     for cell, status in verdict.cells.items():
         facts = evidence.cells.get(cell)
-        if facts is None or facts.kv_cache_dtype == BASELINE_KV:
+        if facts is None or facts.kv_spec == BASELINE_KV:
             continue
         rows.append({"cell": cell, "verdict": f"**{status}**", "KV pool (× auto)": _pool(evidence, facts),
                      "throughput × auto": _throughput(evidence, cell),

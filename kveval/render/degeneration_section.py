@@ -48,7 +48,7 @@ def _degeneration_cells_table(cells: dict[str, schema.DegenerationCell]) -> str:
         fired = ", ".join(f"{d} {n}" for d, n in entry.detectors.items() if n and d not in INFORMATIONAL_DETECTORS)
         rows.append({"cell": cell, "outputs": fmt_int(entry.outputs),
                      "with findings": fmt_int(entry.outputs_with_findings),
-                     f"new vs {BASELINE_KV}": "—" if entry.kv_cache_dtype == BASELINE_KV else
+                     f"new vs {BASELINE_KV}": "—" if entry.kv_spec == BASELINE_KV else
                      "not judged: no baseline" if entry.judged_outputs == 0 else fmt_int(entry.new_degenerate),
                      "findings by detector": fired or "none",
                      "stopped at the token limit": fmt_share(entry.token_limit_rate)})
@@ -72,7 +72,7 @@ def degeneration_section(evidence: schema.Evidence) -> str:
     if not degeneration.cells:
         out.append("_No started cell produced an output to scan._")
         return "\n".join(out)
-    scanned = any(e.outputs for e in degeneration.cells.values() if e.kv_cache_dtype != BASELINE_KV)
+    scanned = any(e.outputs for e in degeneration.cells.values() if e.kv_spec != BASELINE_KV)
     out.append(_new_findings_table(new) if not new.empty else
                f"Nothing new: no detector fired on a non-`{BASELINE_KV}` output that the `{BASELINE_KV}` output for "
                "the same prompt does not also show." if scanned else

@@ -46,7 +46,7 @@ def diff_section(evidence: schema.Evidence) -> str:
     kv = summary[summary.comparison == "kv"]
     compared = set(kv.cell)
     unjudged = [name for name, cell in evidence.cells.items()
-                if cell.started and cell.kv_cache_dtype != BASELINE_KV and name not in compared]
+                if cell.started and cell.kv_spec != BASELINE_KV and name not in compared]
     if unjudged:
         out += ["", "Not judged (no started `auto` cell at the same max_model_len): " + ", ".join(unjudged) + "."]
     if kv.empty:

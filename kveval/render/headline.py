@@ -20,7 +20,7 @@ def _pool_ratio(pools: list[schema.PoolRow], spec: str, lengths: list[int]) -> t
     """Smallest pool ratio spec / auto over `lengths` (measured, else from vLLM's estimate)."""
     ratios, estimated = [], False
     for row in pools:
-        if row.kv_cache_dtype == spec and row.max_model_len in lengths:
+        if row.kv_spec == spec and row.max_model_len in lengths:
             ratio = row.ratio
             if ratio is None and row.fallback_ratio is not None:
                 ratio, estimated = row.fallback_ratio, True
@@ -35,7 +35,8 @@ def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evide
     if not passing:
         return None
     ratio = lambda kv: _pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
-    return max(passing, key=lambda kv: (ratio(kv), -len(stored_spec(kv).keep)))
+    # Among equal pools: fewer kept layers, then the checkpoint's own scales over a calibrated copy.
+    return max(passing, key=lambda kv: (ratio(kv), -len(stored_spec(kv).keep), not stored_spec(kv).scaled))
 
 
 def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, list[int]]]:
@@ -43,7 +44,7 @@ def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, 
     by_spec: dict[str, dict[str, list[int]]] = {}
     for name, status in verdict.cells.items():
         facts = evidence.cells.get(name)
-        kv = facts.kv_cache_dtype if facts else None
+        kv = facts.kv_spec if facts else None
         if kv and kv != BASELINE_KV:
             by_spec.setdefault(kv, {}).setdefault(status, []).append(int(facts.max_model_len or 0))
     return by_spec
@@ -60,14 +61,22 @@ def deploy_line(verdict, evidence: schema.Evidence) -> str:
         return (f"Deploy until decided: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` (no FP8 configuration "
                 "has passed yet)")
     lengths = _lengths(_specs_by_status(verdict, evidence)[spec][PASS])
-    return f"Deploy (passes at {lengths}): `vllm serve MODEL {stored_spec(spec).vllm_flags()}{_backend_flag(spec, evidence)}`"
+    return (f"Deploy (passes at {lengths}): `vllm serve {_served_model(spec, evidence)} "
+            f"{stored_spec(spec).vllm_flags()}{_backend_flag(spec, evidence)}`")
+
+
+def _served_model(spec: str, evidence: schema.Evidence) -> str:
+    """MODEL, or for a calibrated spec the checkpoint copy that carries its scales (what passed)."""
+    scaled = stored_spec(spec).scaled
+    entry = (evidence.calibration or {}).get(scaled) if scaled else None
+    return entry.path if entry is not None else "MODEL"
 
 
 def _backend_flag(spec: str, evidence: schema.Evidence) -> str:
     """The attention backend the spec's cells ran on when it was not the default (worker/engine.py
     moves cells with kept layers off FlashAttention on a GPU): what passed is what is deployed."""
     backends = sorted({str(facts.attention_backend_flag) for facts in evidence.cells.values()
-                       if facts.kv_cache_dtype == spec and facts.attention_backend_flag})
+                       if facts.kv_spec == spec and facts.attention_backend_flag})
     return f" --attention-backend {backends[0]}" if len(backends) == 1 else ""
 
 

@@ -24,6 +24,10 @@ from kveval.render.plots import task_heatmap
 SUMMARY_FIGURES = ["n", "kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "top1_n", "top1_agreement",
                    "top1_agreement_se", "dp_mean", "abs_dp_mean", "abs_dp_p99", "abs_dp_max", "dp_rms"]
 DIVERGENCE_COLUMNS = ["kind", "cell", "reference", "same_length", "bucket", "start", "end", *SUMMARY_FIGURES]
+# A table's column -> the header tables/*.csv give it, where the two differ. The KV spec column (`kv_spec`,
+# the user's --kv text) keeps the header the published tables have had since the first run, so that no
+# reader of them breaks (issue 17 renamed the evidence's key, not the tables').
+CSV_HEADERS = {"kv_spec": "kv_cache_dtype"}
 
 
 # --- tables --------------------------------------------------------------------------------------
@@ -139,7 +143,7 @@ def write_results(run_dir: RunDir | str | Path, evidence: schema.Evidence, verdi
     the figures (write_figures)."""
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     for name, frame in evidence_tables(evidence, verdict).items():
-        write_text_atomic(run_dir.table_path(name), frame.to_csv(index=False))
+        write_text_atomic(run_dir.table_path(name), frame.rename(columns=CSV_HEADERS).to_csv(index=False))
     if os.environ.get(NO_PLOTS_ENV) != "1":
         write_figures(run_dir, evidence)
     path = run_dir.results_path

@@ -14,12 +14,12 @@ COLOURS = 64  # PNG palette size: anti-aliased text on colour compresses badly i
 
 def _panels(frame, baseline_kv: str) -> list[list[str]]:
     """Cells per row: one row per max_model_len (ascending), the baseline cell first in each."""
-    meta = frame.groupby("cell", sort=False)[["kv_cache_dtype", "max_model_len"]].first()
+    meta = frame.groupby("cell", sort=False)[["kv_spec", "max_model_len"]].first()
     rows = []
     for length in sorted(meta["max_model_len"].unique()):
         at = meta[meta["max_model_len"] == length]
-        rows.append(sorted(at.index, key=lambda c: (at.loc[c, "kv_cache_dtype"] != baseline_kv,
-                                                    str(at.loc[c, "kv_cache_dtype"]), c)))
+        rows.append(sorted(at.index, key=lambda c: (at.loc[c, "kv_spec"] != baseline_kv,
+                                                    str(at.loc[c, "kv_spec"]), c)))
     return rows
 
 

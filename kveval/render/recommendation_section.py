@@ -22,8 +22,8 @@ def recommendation_section(evidence: schema.Evidence, verdict: Verdict, manifest
     limit = manifest.model.max_position_embeddings
     concurrency = {row.cell: row.max_concurrency for row in evidence.startup}
     rows = []
-    for kv in dict.fromkeys(r.kv_cache_dtype for r in capacity):
-        mine = sorted((r for r in capacity if r.kv_cache_dtype == kv), key=lambda r: r.max_model_len)
+    for kv in dict.fromkeys(r.kv_spec for r in capacity):
+        mine = sorted((r for r in capacity if r.kv_spec == kv), key=lambda r: r.max_model_len)
         predicted = max((r.predicted_max_model_len or 0 for r in mine), default=0)
         started = [r.max_model_len for r in mine if r.started]
         if predicted and not started:

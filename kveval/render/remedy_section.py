@@ -20,9 +20,9 @@ def remedy_section(evidence: schema.Evidence) -> str:
                             "outlier layers that peak near it, and judges that configuration with the same gate.", ""]
     out += [bullet(note) for note in remedy.notes]
     out += _outliers_untried(remedy.notes, evidence)
-    pools = [row for row in evidence.pools if row.kv_cache_dtype]
+    pools = [row for row in evidence.pools if row.kv_spec]
     if pools:
-        rows = [{"max_model_len": row.max_model_len, "KV configuration": row.kv_cache_dtype,
+        rows = [{"max_model_len": row.max_model_len, "KV configuration": row.kv_spec,
                  "KV pool tokens": fmt_int(row.pool_tokens or row.fallback_tokens),
                  f"{BASELINE_KV} pool tokens": fmt_int(row.baseline_pool_tokens or row.baseline_fallback_tokens),
                  f"× {BASELINE_KV}": fmt_float(row.ratio if row.ratio is not None else row.fallback_ratio, 2)}

@@ -20,6 +20,8 @@ from kveval.render.divergence_section import divergence_section
 from kveval.render.markdown import escape_cell
 from kveval.render.recommendation_section import recommendation_section
 from kveval.render.remedy_section import remedy_section
+from kveval.render.search_section import search_section
+from kveval.render.calibration_section import calibration_section
 from kveval.render.run_section import run_section
 from kveval.render.samples_section import samples_section
 from kveval.render.speed_section import speed_section
@@ -39,6 +41,7 @@ def render_review(manifest: schema.Manifest, evidence: schema.Evidence, verdict:
         _title(manifest),
         verdict_section(verdict, evidence, manifest),
         remedy_section(evidence),
+        search_section(verdict, evidence),
         recommendation_section(evidence, verdict, manifest),
         run_section(manifest, evidence),
         startup_section(evidence),
@@ -53,6 +56,7 @@ def render_review(manifest: schema.Manifest, evidence: schema.Evidence, verdict:
         divergence_section(evidence),
         tasks_section(manifest, evidence),
         *_diagnosis_sections(evidence),
+        calibration_section(evidence),
         samples_section(evidence),
         _footer(manifest),
     ]

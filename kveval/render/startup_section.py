@@ -34,7 +34,7 @@ def startup_section(evidence: schema.Evidence) -> str:
     if not pools.empty:
         view = pd.DataFrame({
             "max_model_len": pools.max_model_len.map(fmt_int),
-            "KV dtype": pools.kv_cache_dtype.fillna(""),
+            "KV dtype": pools.kv_spec.fillna(""),
             f"{BASELINE_KV} pool tokens": pools.baseline_pool_tokens.map(fmt_int),
             "pool tokens": pools.pool_tokens.map(fmt_int),
             f"ratio vs {BASELINE_KV}": pools.ratio.map(lambda r: f"{r:.2f}×" if r is not None and not pd.isna(r) else ""),
@@ -89,7 +89,7 @@ def _fallback_line(row) -> str:
     cells = "a cell" if row.not_started.count(" (") == 1 else "cells"
     return (f"- At max_model_len {row.max_model_len:,} {cells} did not start, so this ratio rests on {_ESTIMATE} "
             f"({row.fallback_sources}): {BASELINE_KV} {figure(row.baseline_pool_tokens, row.baseline_fallback_tokens)} "
-            f"vs {row.kv_cache_dtype} {figure(row.pool_tokens, row.fallback_tokens)} tokens, {row.fallback_ratio:.2f}×.")
+            f"vs {row.kv_spec} {figure(row.pool_tokens, row.fallback_tokens)} tokens, {row.fallback_ratio:.2f}×.")
 
 
 def _hybrid_pool_note(startup: list[schema.StartupRow]) -> list[str]:

@@ -37,7 +37,7 @@ def _accuracy_text(row: schema.TaskAccuracyRow) -> str:
 
 def _task_cells(rows: list[schema.TaskAccuracyRow] | list[schema.TaskGridRow], length, baseline_kv: str) -> list[str]:
     """Cells at one max_model_len, the baseline first."""
-    found = {r.cell: r.kv_cache_dtype for r in rows if r.max_model_len == length}
+    found = {r.cell: r.kv_spec for r in rows if r.max_model_len == length}
     return sorted(found, key=lambda c: (found[c] != baseline_kv, str(found[c]), c))
 
 

@@ -43,8 +43,8 @@ class CellPlan:
     workloads: str | None = None      # the prompts file, relative to the run (None: workloads.json)
 
     def to_dict(self) -> dict:
-        # Files name the spec text `kv_cache_dtype` (the manifest's and cells' key since the first run).
-        return {"id": self.id, "kv_cache_dtype": self.kv.text, "max_model_len": self.max_model_len}
+        """The manifest's planned cell (schema.PlannedCell): the spec text is `kv_spec`, as in the cells."""
+        return {"id": self.id, "kv_spec": self.kv.text, "max_model_len": self.max_model_len}
 
 
 class CellEvent(BaseModel):

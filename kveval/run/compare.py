@@ -13,6 +13,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kveval.errors import KvevalError, RunInterrupted
 from kveval.files import schema
@@ -39,6 +40,9 @@ from kveval.defaults import BASELINE_KV
 from kveval.run.devices import devices_per_cell, resolve_gpus
 from kveval.run.parallel import run_in_parallel
 from kveval.run.ray_executor import RayCells
+from kveval.inputs.kvspec import KVSpec
+from kveval.run.calibration import checkpoints_for
+from kveval.run.search import SEARCH_DTYPE, ladder, search_step, statuses_of
 from kveval.run.diagnosis import run_diagnosis
 from kveval.run.options import CompareOptions
 from kveval.run.plan import (cell_plan, check_keep_layers, default_out, lengths_for_model, plan_cells,
@@ -83,6 +87,9 @@ class RunSetup:
     ray: RayCells | None = None        # --executor ray: cells run as tasks on this cluster
     lock: RunLock | None = None        # held until compare returns: one live run per run directory
     started: float = 0.0               # time.monotonic() when set-up began: the run's wall time (manifest timing)
+    calibrated: dict[str, str] = dataclasses.field(default_factory=dict)  # scaled word -> checkpoint (run/calibration.py)
+    tokenizer: Any = None              # the model's, for calibrating a scaled candidate the search reaches
+    trust_remote_code: bool = False
 
 
 def _local_gpus(options: CompareOptions) -> bool:
@@ -275,11 +282,17 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         # For ModelOpt FP8-KV checkpoints vLLM resolves `auto` to FP8 (vllm#34752): `auto` would be no
         # baseline, so the baseline cells run the model dtype instead, and the review says so.
         baseline_dtype = facts.dtype if kv_scales.get("auto_is_fp8") else None
+        # fp8:scaled cells load a calibrated copy of the model, made (or found) now, before any engine.
+        checkpoints = checkpoints_for(options.kv_specs, model.path, tokenizer, model.name, show.note,
+                                      source.trust_remote_code)
+        calibrated = {word: checkpoint.path for word, checkpoint in checkpoints.items()}
         plans = plan_cells(options, model.path, phase_options, baseline_dtype,
-                           efficiency_sample=suite.efficiency_sample)
+                           efficiency_sample=suite.efficiency_sample, calibrated=calibrated)
         manifest = _manifest(options, suite, shape, model, tokenizer, facts, prompts, documents, phase_options,
                              kv_scales, baseline_dtype, plans, hardware)
         manifest["model"]["kv_layout"] = layout
+        if checkpoints:
+            manifest["calibration"] = {word: checkpoint.model_dump(mode="json") for word, checkpoint in checkpoints.items()}
         # Which weights were judged: the revision asked for, a local model's weights hash (kveval diff, resume).
         manifest["model"].update(model_identity(model.path, source.revision,
                                                 kveval_home() / WEIGHT_HASHES_FILE).model_dump(mode="json"))
@@ -312,7 +325,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         manifest["timing"] = timing
         run.write_manifest(manifest)
         return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock,
-                        started)
+                        started, calibrated, tokenizer, source.trust_remote_code)
     except BaseException:
         if ray is not None:  # the Python API may call compare again in this process
             ray.close()
@@ -331,13 +344,18 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     try:
         _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray, warm)
         _run_quality_references(setup, show, warm)
+        run_cells = lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray, warm)  # noqa: E731
+        if options.search:
+            run_task_rounds(setup, thresholds, show, run_cells)
+            _search(setup, thresholds, show, run_cells)
         # A plain FP8 cell may FAIL only once task rounds have decided it: then its remedy runs in a second pass.
-        for attempt in range(2):
+        for attempt in range(0 if options.search else 2):
             stored = run.manifest()   # as written: `manifest` is the dict this run adds to
             # A look only decides what runs next: the review is written once, at the end (api.report).
             evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
             remedy = plan_remedy(verdict, evidence, options.remedy)
-            extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype)
+            extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype,
+                               setup.calibrated)
                      for spec, length in remedy["cells"]]
             if attempt and not extra:
                 break
@@ -369,6 +387,56 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
             warm.close()
         if setup.ray is not None:
             setup.ray.close()
+
+
+def _search(setup: RunSetup, thresholds: Thresholds, show, run_cells) -> None:
+    """--search: the next candidate of run/search.ladder at every length not yet decided, judged by the
+    same gate (task rounds included), until one PASSes at each length or the ladder is exhausted."""
+    run, manifest, options = setup.run, setup.manifest, setup.options
+    unavailable: dict[str, str] = {}
+    ran: set[str] = set()
+    lengths = [int(x) for x in options.max_model_len]
+    while True:
+        stored = run.manifest()
+        evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
+        diagnosis = evidence.diagnosis.get(SEARCH_DTYPE)
+        candidates = [spec for spec in ladder(diagnosis if isinstance(diagnosis, schema.Diagnosis) else None)
+                      if spec.text not in unavailable]
+        statuses, reasons = statuses_of(verdict, evidence)
+        outcomes = search_step(candidates, lengths, statuses, reasons)
+        by_text = {spec.text: spec for spec in candidates}
+        wanted = list(dict.fromkeys(by_text[outcome.next] for outcome in outcomes if outcome.next))
+        missing = [spec for spec in wanted if spec.scaled and spec.scaled not in setup.calibrated]
+        for scaled in dict.fromkeys(spec.scaled for spec in missing):
+            try:
+                made = checkpoints_for([KVSpec(SEARCH_DTYPE, scaled=scaled)], setup.model.path, setup.tokenizer,
+                                       setup.model.name, show.note, setup.trust_remote_code)
+            except KvevalError as error:   # a candidate that cannot be prepared is skipped, with why
+                unavailable.update({spec.text: str(error) for spec in ladder(None) + candidates if spec.scaled == scaled})
+                show.note(f"Search: fp8 with {scaled} scales skipped: {error}")
+                continue
+            setup.calibrated.update({word: checkpoint.path for word, checkpoint in made.items()})
+            manifest.setdefault("calibration", {}).update(
+                {word: checkpoint.model_dump(mode="json") for word, checkpoint in made.items()})
+        if any(spec.scaled and spec.scaled not in setup.calibrated for spec in wanted):
+            continue   # recompute the step without the candidates that could not be prepared
+        manifest["search"] = {"candidates": [spec.text for spec in candidates], "unavailable": unavailable,
+                              "lengths": [outcome.model_dump() for outcome in outcomes]}
+        plans = [cell_plan(options, setup.model.path, setup.phase_options, by_text[outcome.next],
+                           outcome.max_model_len, setup.baseline_dtype, setup.calibrated)
+                 for outcome in outcomes if outcome.next]
+        known = {cell["id"] for cell in manifest["cells"]}
+        manifest["cells"] += [planned_cell(plan) for plan in plans if plan.id not in known]
+        run.write_manifest(manifest)
+        if not plans or {plan.id for plan in plans} <= ran:   # nothing new to run: the search has ended
+            return
+        ran |= {plan.id for plan in plans}
+        for outcome in outcomes:
+            if outcome.next:
+                show.note(f"Search at {outcome.max_model_len}: trying `{outcome.next}`"
+                          + (f" (after {', '.join(outcome.tried)})" if outcome.tried else ""))
+        run_cells(plans)
+        run_task_rounds(setup, thresholds, show, run_cells)
 
 
 def _note_run_time(setup: RunSetup) -> None:

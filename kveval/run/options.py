@@ -52,6 +52,7 @@ class CompareOptions:
     ray_address: str | None = None              # --executor ray: the cluster (None: $RAY_ADDRESS, else local)
     budget: str | int | None = None             # task rounds until decided: samples per cell and/or time (inputs/budget.py)
     baseline_added: bool = False                # --kv named no `auto`: normalized() added it (the run says so)
+    search: bool = False                        # --search (or --kv search): run/search.py's ladder until one passes
 
     @property
     def kv_specs(self) -> tuple[KVSpec, ...]:
@@ -81,6 +82,10 @@ CONTROLLED_ENGINE_ARGS = {
 EXECUTORS = ("local", "ray")
 
 
+SEARCH_WORD = "search"   # --kv search: the same as --search
+SEARCH_START = "fp8"     # run/search.SEARCH_DTYPE: the ladder's first candidate
+
+
 def normalized(options: CompareOptions) -> CompareOptions:
     """The same run in kveval's own spelling: KV specs as parse_kv writes them (FP8 -> fp8), each once;
     the `auto` baseline added when --kv names none (every verdict is against it)."""
@@ -90,11 +95,15 @@ def normalized(options: CompareOptions) -> CompareOptions:
         except KVSpecError:
             return kv  # validate_options says what is wrong with it
     kv = tuple(dict.fromkeys(spelled(kv) for kv in options.kv))
+    search = options.search or SEARCH_WORD in kv
+    if search:   # the ladder starts at plain fp8; `--kv search` alone means `--search --kv fp8 auto`
+        kv = tuple(k for k in kv if k != SEARCH_WORD) or (SEARCH_START,)
+        kv = kv if SEARCH_START in kv else (SEARCH_START, *kv)
     try:  # an unreadable spec is validate_options' to report; no baseline is added for it
         add = bool(kv) and not any(parse_kv(text).dtype == "auto" for text in kv)
     except KVSpecError:
         add = False
-    return dataclasses.replace(options, kv=kv + (("auto",) if add else ()), baseline_added=add)
+    return dataclasses.replace(options, kv=kv + (("auto",) if add else ()), baseline_added=add, search=search)
 
 
 def validate_options(options: CompareOptions) -> None:
@@ -110,6 +119,12 @@ def validate_options(options: CompareOptions) -> None:
         if normal in CONTROLLED_ENGINE_ARGS:
             raise KvevalError(f"--engine-arg {key}=...: kveval sets {normal} itself, per cell, so that a cell is what "
                               f"its id says; use {CONTROLLED_ENGINE_ARGS[normal]}")
+    if options.search:
+        other = [kv for kv in options.kv if kv not in (SEARCH_START, "auto")]
+        if other:
+            raise KvevalError(f"--search tries its own ladder of KV configurations (fp8, fp8:scaled, fp8:scaled=head, "
+                              f"kept layers, combinations); --kv {' '.join(other)} is not how it starts: leave --kv "
+                              "out or give --kv fp8 auto")
     if options.remedy not in REMEDY_MODES:
         raise KvevalError(f"--remedy {options.remedy!r}: choose one of {', '.join(REMEDY_MODES)}")
     if not options.max_model_len:

@@ -85,7 +85,8 @@ def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_
 
 
 def plan_cells(options: CompareOptions, model_path: str, phase_options: PhaseOptions,
-               baseline_dtype: str | None = None, efficiency_sample: int = 0) -> list[CellPlan]:
+               baseline_dtype: str | None = None, efficiency_sample: int = 0,
+               calibrated: dict[str, str] | None = None) -> list[CellPlan]:
     """Cells in run order: shortest max_model_len first, the `auto` baseline first within a length.
     The first cell also replays its phases' requests as one batched call each, up to
     `efficiency_sample` of them (worker/efficiency.py): the engine-efficiency reference, measured once
@@ -97,14 +98,19 @@ def plan_cells(options: CompareOptions, model_path: str, phase_options: PhaseOpt
         for spec in kv_order:
             options_here = phase_options if plans or not efficiency_sample else \
                 phase_options.model_copy(update={"efficiency_sample": efficiency_sample})
-            plans.append(cell_plan(options, model_path, options_here, spec, length, baseline_dtype))
+            plans.append(cell_plan(options, model_path, options_here, spec, length, baseline_dtype, calibrated))
     return plans
 
 
 def cell_plan(options: CompareOptions, model_path: str, phase_options: PhaseOptions, spec: KVSpec, length: int,
-              baseline_dtype: str | None = None) -> CellPlan:
-    """One cell: a KV spec (e.g. fp8, fp8:keep=0) at one max_model_len. `baseline_dtype`: what the
-    `auto` baseline really runs when vLLM would resolve `auto` to FP8 for this checkpoint."""
+              baseline_dtype: str | None = None, calibrated: dict[str, str] | None = None) -> CellPlan:
+    """One cell: a KV spec (e.g. fp8, fp8:keep=0, fp8:scaled) at one max_model_len. `baseline_dtype`: what
+    the `auto` baseline really runs when vLLM would resolve `auto` to FP8 for this checkpoint.
+    `calibrated`: scaled word -> the calibrated checkpoint copy (run/calibration.py) a scaled spec loads."""
+    if spec.scaled:
+        if not calibrated or spec.scaled not in calibrated:
+            raise KvevalError(f"--kv {spec.text}: no calibrated checkpoint was made for it")
+        model_path = calibrated[spec.scaled]
     engine_spec = KVSpec(baseline_dtype) if spec.dtype == "auto" and baseline_dtype else spec
     kv_bytes = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
     return CellPlan(

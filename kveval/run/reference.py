@@ -48,12 +48,12 @@ def plan_references(cells: dict[str, schema.CellResult], plans: list[CellPlan],
     by_id = {plan.id: plan for plan in plans}
     out = []
     for name, facts in cells.items():
-        if facts.kv_cache_dtype != BASELINE_KV or facts.started:
+        if facts.kv_spec != BASELINE_KV or facts.started:
             continue
         if facts.failure is None or facts.failure.reason != "kv_capacity":
             continue
         length = facts.max_model_len
-        tested = [n for n, f in cells.items() if f.kv_cache_dtype != BASELINE_KV and f.started
+        tested = [n for n, f in cells.items() if f.kv_spec != BASELINE_KV and f.started
                   and f.max_model_len == length]
         base_plan = by_id.get(name)
         if not tested or base_plan is None:

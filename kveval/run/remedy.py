@@ -35,7 +35,7 @@ def plan_remedy(verdict: Verdict, evidence: schema.Evidence, mode: str = "auto")
     undecided: set[str] = set()  # dtypes tried only because they are INCONCLUSIVE: no note without a cause
     for name, status in verdict.cells.items():
         facts = cells.get(name)
-        spec = (stored_spec(facts.kv_cache_dtype) if facts else None) or KVSpec("auto")
+        spec = (stored_spec(facts.kv_spec) if facts else None) or KVSpec("auto")
         if spec.keep or not spec.dtype.startswith("fp8") or status in (NOT_STARTED, "MISSING"):
             continue
         if mode == "auto" and status not in (FAIL, INCONCLUSIVE):

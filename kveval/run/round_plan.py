@@ -129,7 +129,7 @@ def _open(verdict: Verdict, cell: str, check: str) -> bool:
 def _reference_at(evidence: schema.Evidence, length: int) -> str | None:
     """The started baseline cell at this length (a quality reference included)."""
     for name, cell in evidence.cells.items():
-        if cell.kv_cache_dtype == BASELINE_KV and cell.max_model_len == length and cell.started:
+        if cell.kv_spec == BASELINE_KV and cell.max_model_len == length and cell.started:
             return name
     return None
 

@@ -95,7 +95,7 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | 
     plans = []
     for cell in length_round.all_cells:
         base = cell_plan(setup.options, setup.model.path, setup.phase_options, kv_of[cell], length_round.max_model_len,
-                         setup.baseline_dtype)
+                         setup.baseline_dtype, setup.calibrated)
         reference = references.get(cell)
         if reference is not None:  # a quality reference keeps the KV budget it was started with (run/reference.py)
             base = dataclasses.replace(base, engine={**base.engine,
@@ -233,7 +233,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
             stopped = _why_stopped(plan)
             break
         waiting = {c: paired.get(c, 0) for r in plan.rounds for c in r.cells}
-        kv_of = {name: stored_spec(facts.kv_cache_dtype) for name, facts in cells.items()}
+        kv_of = {name: stored_spec(facts.kv_spec) for name, facts in cells.items()}
         probe_count = max(r.probes for r in plan.rounds)
         probes = data.write_probes(number, _probes_used(rounds_run), probe_count) if probe_count else None
         plans = []

@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 
 from kveval.files.cell_spec import CellSpec
+from kveval.files.schema import CELL_VERSION
 from kveval.files.startup_failure import classify_startup_failure, detect_backend, not_started_record
 from kveval.files.logfacts import kv_pool_from_log
 from kveval.worker.engine_clock import EngineClock
@@ -72,9 +73,10 @@ def run_cell(spec: CellSpec) -> dict:
     emit = _Events(Path(spec.events_path))
     settings = engine_module.EngineSettings(**spec.engine)
     facts: dict = {
+        "schema_version": CELL_VERSION,   # first, as in every cell file kveval writes (files/schema.py)
         "cell": spec.cell_id,
         # The KV spec as the user named it (e.g. fp8:keep=0): what the cell id says it is.
-        "kv_cache_dtype": spec.kv_spec,
+        "kv_spec": spec.kv_spec,
         "max_model_len": settings.max_model_len,
         "engine_settings": settings.llm_kwargs(),
         "complete": False,
@@ -94,7 +96,7 @@ def run_cell(spec: CellSpec) -> dict:
             log, exception_text=f"{type(error).__name__}: {error}", kv_cache_dtype=settings.kv_cache_dtype
         )
         facts = not_started_record(
-            facts["cell"], facts["kv_cache_dtype"], facts["max_model_len"], failure, log,
+            facts["cell"], facts["kv_spec"], facts["max_model_len"], failure, log,
             engine_settings=facts["engine_settings"], startup_seconds=time.perf_counter() - began,
             info={"vllm_version": engine_module.vllm_version(), "platform": engine_module.platform_name()})
         write_json_atomic(result_path, facts, compact=True)

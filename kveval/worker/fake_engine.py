@@ -14,6 +14,9 @@ It is a deterministic toy, not a model. What it keeps true to vLLM is what kveva
 Damage, from KVEVAL_FAKE_DAMAGE (JSON; default `{}`): `{"fp8_noise": 0.15, "layers": {"3": 0.6}}`. An
 FP8 cell's logit noise is `fp8_noise` plus the entries of `layers` that the cell does not keep, so
 keeping the damaged layers heals it, as a working `kv_cache_dtype_skip_layers` does.
+`"scales_heal": ["tensor"]`: a checkpoint calibrated with that strategy (its config's kv_cache_scheme;
+worker/fake_calibrate.py writes one) loses the `layers` noise too; `"head_scales_refused": "..."`: a
+per-head calibrated checkpoint does not start, with those words.
 `"loops": {"auto": 0.08, "fp8": 0.2}`: the share of prompts whose greedy answer falls into a loop, per
 KV dtype (auto's rate for a cell not named); each prompt draws once per dtype, so some loop in both.
 The spec is kveval's own test format (`Damage`): a key it does not know is an error, not ignored.
@@ -70,6 +73,11 @@ class Damage(BaseModel):
     fp8_noise: float = 0.15
     layers: Optional[dict[str, float]] = None   # layer index -> extra noise unless the cell keeps the layer
     loops: Optional[_Loops] = None
+    # Range damage that calibrated scales cure: a checkpoint whose kv_cache_scheme has one of these
+    # strategies ("tensor", "attn_head") loses the `layers` noise, as scales fitted to the range would.
+    scales_heal: list[str] = []
+    # vLLM's words when it refuses per-head scales (off Flash Attention): start-up fails with them.
+    head_scales_refused: Optional[str] = None
 
     @classmethod
     def from_env(cls) -> "Damage":
@@ -88,6 +96,13 @@ class _Config(BaseModel):
     hidden_size: Optional[int] = None
     max_position_embeddings: Optional[int] = None
     torch_dtype: Any = None
+    quantization_config: Optional[dict[str, Any]] = None
+
+    @property
+    def kv_scale_strategy(self) -> str | None:
+        """The checkpoint's calibrated K/V scale strategy (compressed-tensors kv_cache_scheme), if any."""
+        scheme = (self.quantization_config or {}).get("kv_cache_scheme")
+        return scheme.get("strategy") if isinstance(scheme, dict) else None
 
 
 def vllm_version() -> str:
@@ -117,8 +132,9 @@ class Engine:
         layers = config.num_hidden_layers or 1
         kept = {str(k) for k in settings.kv_cache_dtype_skip_layers}
         fp8 = settings.kv_cache_dtype.startswith("fp8")
+        healed = config.kv_scale_strategy in damage.scales_heal
         self.noise = 0.0 if not fp8 else damage.fp8_noise + sum(
-            v for layer, v in (damage.layers or {}).items() if layer not in kept)
+            v for layer, v in (damage.layers or {}).items() if layer not in kept and not healed)
         heads = config.num_key_value_heads or config.num_attention_heads or 1
         hidden = 64 if config.hidden_size is None else config.hidden_size
         attention_heads = 1 if config.num_attention_heads is None else config.num_attention_heads
@@ -141,7 +157,11 @@ class Engine:
         if settings.max_model_len > limit:
             raise ValueError(f"User-specified max_model_len ({settings.max_model_len}) is greater than the derived "
                              f"max_model_len (max_position_embeddings={limit} in model's config.json).")
-        engine = cls(settings, config, Damage.from_env())
+        damage = Damage.from_env()
+        if damage.head_scales_refused and config.kv_scale_strategy == "attn_head" \
+                and settings.kv_cache_dtype.startswith("fp8"):
+            raise ValueError(damage.head_scales_refused)
+        engine = cls(settings, config, damage)
         if engine.pool_tokens < settings.max_model_len:
             need = settings.max_model_len * engine.bytes_per_token / 2 ** 30
             have = (settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES) / 2 ** 30

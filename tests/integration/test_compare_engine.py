@@ -205,7 +205,7 @@ def test_fp8_at_a_length_auto_cannot_start_is_judged_against_a_quality_reference
         assert "quality_references" not in run.manifest  # nothing started at 2048: nothing to judge
         pytest.skip("this CPU runs no FP8 KV cache: no tested cell started at 2048")
     reference = run.cells["auto-2048.reference"]
-    assert reference["started"] and reference["kv_cache_dtype"] == "auto"
+    assert reference["started"] and reference["kv_spec"] == "auto"
     assert run.manifest["quality_references"]["auto-2048.reference"]["kv_cache_memory_bytes"] == 80 * 2 ** 20
     [comparison] = [c for c in run.evidence.divergence.comparisons if c.kind == "kv" and c.cell == "fp8-2048"]
     assert comparison.reference == "auto-2048.reference" and comparison.same_length

@@ -48,6 +48,23 @@ def test_plain_fp8_fails_the_remedy_passes_and_is_the_one_to_deploy(run):
     assert "`vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17`" in review
 
 
+def test_run_files_call_the_users_spec_kv_spec_and_vllms_dtype_kv_cache_dtype(run):
+    # Issue 17: cell files (version 2) write their schema_version first; the spec a cell is named for is
+    # `kv_spec`, and `kv_cache_dtype` is only what vLLM was given (fp8 for the spec fp8:keep=3,17).
+    for spec, dtype in (("auto", "auto"), ("fp8", "fp8"), ("fp8:keep=3,17", "fp8")):
+        raw = json.loads((run.run_dir / "cells" / f"{spec}-1024.json").read_text(encoding="utf-8"))
+        assert list(raw)[:3] == ["schema_version", "cell", "kv_spec"] and raw["schema_version"] == 2
+        assert (raw["kv_spec"], raw["engine_settings"]["kv_cache_dtype"]) == (spec, dtype)
+        assert "kv_cache_dtype" not in raw
+    manifest = json.loads((run.run_dir / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["schema_version"] == 2
+    assert [(c["kv_spec"], c["engine"]["kv_cache_dtype"]) for c in manifest["cells"]] == [
+        ("auto", "auto"), ("fp8", "fp8"), ("fp8:keep=3,17", "fp8")]
+    results = json.loads((run.run_dir / "results.json").read_text(encoding="utf-8"))
+    assert results["schema_version"] == results["evidence"]["schema_version"] == 3
+    assert {name: cell["kv_spec"] for name, cell in results["evidence"]["cells"].items()} == {
+        "auto-1024": "auto", "fp8-1024": "fp8", "fp8:keep=3,17-1024": "fp8:keep=3,17"}
+
 def test_pools_follow_the_bytes_per_token_and_the_probes_are_one_row(run):
     pools = {name: cell.kv_pool_tokens for name, cell in run.evidence.cells.items()}
     # SmolLM2: 30 layers, 3 KV heads of 64: 23,040 bytes per token in bf16, half in FP8, 2 of 30 layers kept.

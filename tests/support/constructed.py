@@ -13,10 +13,13 @@ import json
 import math
 from pathlib import Path
 
+from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic
 
-# A real manifest (the CPU demo's) is the template: constructed runs are valid run directories.
-TEMPLATE_MANIFEST = json.loads((Path(__file__).resolve().parents[2] / "reports/cpu-demo/manifest.json").read_text())
+# A real manifest (the CPU demo's, as this kveval reads it) is the template: constructed runs are valid
+# run directories.
+TEMPLATE_MANIFEST = schema.upgrade("manifest", json.loads(
+    (Path(__file__).resolve().parents[2] / "reports/cpu-demo/manifest.json").read_text()))
 
 TOP_K = 5
 REFERENCE_P = [0.6, 0.2, 0.1, 0.05, 0.03]
@@ -75,8 +78,8 @@ def started_cell(kv: str, length: int, pool: int, records: list[dict], scoring: 
     phases = {"generation": {"sampling": {"temperature": 0.0}, "records": records}, "speed": speed_phase(ttft, decode)}
     if scoring is not None:
         phases["scoring"] = scoring
-    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": True,
-            "complete": True, "startup_seconds": 7.0,
+    return {"schema_version": schema.CELL_VERSION, "cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length,
+            "started": True, "complete": True, "startup_seconds": 7.0,
             "capacity": {"kv_pool_tokens": pool, "kv_pool_tokens_source": "engine", "max_concurrency": pool / length,
                          "num_blocks": None, "block_size": None, "cache_dtype": kv},
             "info": {"attention_backend": "CPU_ATTN", "platform": "cpu"}, "phases": phases,
@@ -85,9 +88,9 @@ def started_cell(kv: str, length: int, pool: int, records: list[dict], scoring: 
 
 def failed_cell(kv: str, length: int, reason: str = "unsupported_dtype",
                 message: str = "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.") -> dict:
-    return {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": False,
-            "complete": True, "failure": {"reason": reason, "message": message, "estimated_max_model_len": None,
-                                          "backend": None},
+    return {"schema_version": schema.CELL_VERSION, "cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length,
+            "started": False, "complete": True,
+            "failure": {"reason": reason, "message": message, "estimated_max_model_len": None, "backend": None},
             "logged_capacity": {"kv_pool_tokens": 2 * 1792, "max_concurrency": None}, "phases": {},
             "info": {"attention_backend": None}}
 
@@ -106,9 +109,10 @@ def complete_cell(facts: dict) -> dict:
     """`facts` (changed in place, and returned) with every key a stored cell file must hold filled in
     where the test left it out: the analyses validate the cells they are given (schema.CellResult).
     The test's own values are kept; a cell without `started` did not start, as the analyses read it."""
-    kv, length = facts.get("kv_cache_dtype", "auto"), facts.get("max_model_len", 1024)
+    kv, length = facts.get("kv_spec", "auto"), facts.get("max_model_len", 1024)
+    facts.setdefault("schema_version", schema.CELL_VERSION)
     facts.setdefault("cell", f"{kv}-{length}")
-    facts.setdefault("kv_cache_dtype", kv)
+    facts.setdefault("kv_spec", kv)
     facts.setdefault("max_model_len", length)
     facts.setdefault("started", False)
     facts.setdefault("complete", True)
@@ -139,15 +143,15 @@ def complete_cells(cells: dict[str, dict]) -> dict[str, dict]:
 
 
 def manifest_for(cells: dict[str, dict]) -> dict:
-    planned = [{"id": name, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": c["max_model_len"]}
+    planned = [{"id": name, "kv_spec": c["kv_spec"], "max_model_len": c["max_model_len"]}
                for name, c in cells.items()]
     return planned_manifest(planned)
 
 
 def planned_manifest(planned: list[dict], **changes) -> dict:
-    """A valid manifest for these planned cells (id, kv_cache_dtype, max_model_len), no tasks."""
+    """A valid manifest for these planned cells (id, kv_spec, max_model_len), no tasks."""
     manifest = copy.deepcopy(TEMPLATE_MANIFEST)
-    kvs = list(dict.fromkeys(c["kv_cache_dtype"] for c in planned))
+    kvs = list(dict.fromkeys(c["kv_spec"] for c in planned))
     lengths = sorted({c["max_model_len"] for c in planned})
     manifest.update(command="kveval compare --kv fp8 auto", cells=planned)
     manifest["model"].update(name="m", path="/m")

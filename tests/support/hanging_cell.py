@@ -18,7 +18,7 @@ def emit(**event):
         handle.write(json.dumps({**event, "t": time.time()}) + "\n")
 
 
-facts = {"cell": spec["cell_id"], "kv_cache_dtype": spec["kv_spec"], "max_model_len": 1024, "started": True,
+facts = {"schema_version": 2, "cell": spec["cell_id"], "kv_spec": spec["kv_spec"], "max_model_len": 1024, "started": True,
          "complete": False, "phases": {"generation": {"records": [{"prompt_id": "p", "accepted": True}]}}}
 Path(spec["result_path"]).write_text(json.dumps(facts))
 emit(event="phase", phase="engine_start", pid=0)

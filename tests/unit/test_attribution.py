@@ -123,7 +123,7 @@ def test_a_remedy_broken_past_a_position_is_a_defect_not_a_failure():
 def test_two_specs_with_identical_figures_are_a_defect():
     cells = _cells(DRIFT)
     twin = json.loads(json.dumps(cells[f"fp8-{LENGTH}"]))
-    twin.update(cell=f"fp8:keep=0-{LENGTH}", kv_cache_dtype="fp8:keep=0")
+    twin.update(cell=f"fp8:keep=0-{LENGTH}", kv_spec="fp8:keep=0")
     cells[f"fp8:keep=0-{LENGTH}"] = twin
     assert [pair["cells"] for pair in identical_specs(cells)] == [[f"fp8-{LENGTH}", f"fp8:keep=0-{LENGTH}"]]
     _, verdict = _judge(cells)

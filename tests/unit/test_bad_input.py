@@ -123,7 +123,7 @@ def test_a_cell_file_holding_no_record_is_named_by_gate(content, tmp_path):
 
     run = tmp_path / "run"
     store = RunDir(run)
-    write_json_atomic(store.manifest_path, planned_manifest([{"id": "auto-1024", "kv_cache_dtype": "auto",
+    write_json_atomic(store.manifest_path, planned_manifest([{"id": "auto-1024", "kv_spec": "auto",
                                                               "max_model_len": 1024}]))
     store.cells_dir.mkdir(parents=True, exist_ok=True)
     store.cell_path("auto-1024").write_text(content)

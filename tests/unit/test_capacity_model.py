@@ -46,7 +46,7 @@ def test_needed_bytes_rounds_to_blocks():
 
 
 def _cell(kv, length, blocks, block=16, started=True):
-    return complete_cell({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
+    return complete_cell({"cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length, "started": started,
                           "capacity": {"kv_pool_tokens": blocks * block, "num_blocks": blocks, "block_size": block}})
 
 
@@ -167,7 +167,7 @@ def test_speed_delta_inside_the_run_to_run_spread_is_not_called_a_speed_up():
         entry = phase["workloads"][0]
         entry["decode_tok_s"] = {"median": sum(decode_range) / 2, "min": decode_range[0], "max": decode_range[1], "n": 2}
         entry["ttft_s"]["n"] = 2
-        return complete_cell({"cell": f"{kv}-1024", "kv_cache_dtype": kv, "max_model_len": 1024, "phases": {"speed": phase}})
+        return complete_cell({"cell": f"{kv}-1024", "kv_spec": kv, "max_model_len": 1024, "phases": {"speed": phase}})
 
     # The CPU case of issue 10: fp8 "+27.4 % decode" with overlapping ranges of 2 runs each.
     table = speed_table({"auto-1024": cell("auto", 0.1, (18.0, 26.0)), "fp8-1024": cell("fp8", 0.1, (22.0, 30.0))})
@@ -200,7 +200,7 @@ def test_same_blocks_with_different_token_figures_is_told_as_a_hybrid_token_coun
 
     def row(cell, kv, blocks, tokens, started=True):
         return schema.StartupRow.model_validate({**dict.fromkeys(schema.StartupRow.model_fields), "cell": cell,
-                                                 "kv_cache_dtype": kv, "started": started, "num_blocks": blocks,
+                                                 "kv_spec": kv, "started": started, "num_blocks": blocks,
                                                  "kv_pool_tokens": tokens})
 
     hybrid = [row("auto-1024", "auto", 900, 14_400), row("auto-4096", "auto", 900.0, 28_800),

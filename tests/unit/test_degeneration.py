@@ -330,7 +330,7 @@ NORMAL = "The pass key is 4821."
 
 
 def _cell(kv, length, records, started=True):
-    return complete_cell({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
+    return complete_cell({"cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length, "started": started,
                           "phases": {"generation": {"records": records}}})
 
 
@@ -374,7 +374,7 @@ def test_scan_cells_new_vs_baseline():
     new_on_1 = {key[2] for key, row in rows.items() if key[:2] == ("fp8-1024", "short_256-1") and row.new_vs_baseline}
     assert new_on_1 == set(DETECTORS) - {"alternating_duplication", "unreadable_text"}
     row = rows[("fp8-1024", "short_256-1", "length_blowup")]
-    assert (row.kv_cache_dtype, row.max_model_len, row.workload) == ("fp8", 1024, "short_256")
+    assert (row.kv_spec, row.max_model_len, row.workload) == ("fp8", 1024, "short_256")
     # fp8-2048: no started auto at 2048, so auto-1024 excuses the same loop; over_1024-0 has no baseline output.
     assert rows[("fp8-2048", "short_256-0", "ngram_loop_tokens")].baseline_cell == "auto-1024"
     assert not rows[("fp8-2048", "short_256-0", "ngram_loop_tokens")].new_vs_baseline

@@ -18,7 +18,7 @@ def _rec(prompt_id, ids, text, accepted=True):
 
 
 def _cell(kv, length, records, started=True):
-    return complete_cell({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started,
+    return complete_cell({"cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length, "started": started,
                           "phases": {"generation": {"records": records}}})
 
 

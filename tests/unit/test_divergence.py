@@ -189,7 +189,7 @@ def scoring(shift=0.0, flip_every=0, noise_shift=None):
 
 
 def cell(kv, length, started=True, **kw):
-    facts = {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": started}
+    facts = {"cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length, "started": started}
     if started:
         facts["phases"] = {"scoring": scoring(**kw)}
     return complete_cell(facts)

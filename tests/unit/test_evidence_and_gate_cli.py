@@ -100,7 +100,7 @@ def test_evidence_has_the_gate_shape_and_is_json():
     cells = make_cells("harmed")
     evidence = build_evidence(typed_manifest({}), WORKLOADS, cells)
     json.dumps(schema.dump(evidence), allow_nan=False)
-    assert schema.dump(evidence.cells["fp8-1024"]) == {"kv_cache_dtype": "fp8", "max_model_len": 1024, "started": True,
+    assert schema.dump(evidence.cells["fp8-1024"]) == {"kv_spec": "fp8", "max_model_len": 1024, "started": True,
                                                        "failure_reason": None, "kv_pool_tokens": 3584}
     fp8 = evidence.degeneration.cells["fp8-1024"]
     assert (fp8.outputs, fp8.new_degenerate) == (3, 3)
@@ -132,7 +132,7 @@ def test_healthy_run_passes_with_every_figure_stored(run_dir):
     assert result.exit_code == EXIT_PASS, result.output
     assert str(path / "review.md") in result.stdout
     results = _results(path)
-    assert results["schema_version"] == 2
+    assert results["schema_version"] == results["evidence"]["schema_version"] == 3
     assert results["verdict"]["status"] == "PASS" and results["verdict"]["exit_code"] == 0
     summary = _kv(results)["summary"]
     assert summary["n"] == N
@@ -383,8 +383,8 @@ def test_run_with_no_cell_results_yet_is_inconclusive_not_a_crash(tmp_path):
     from kveval.files.rundir import RunDir, write_json_atomic
 
     store = RunDir(tmp_path / "r")
-    write_json_atomic(store.manifest_path, planned_manifest([{"id": "auto-1024", "kv_cache_dtype": "auto", "max_model_len": 1024},
-                                                             {"id": "fp8-1024", "kv_cache_dtype": "fp8", "max_model_len": 1024}]))
+    write_json_atomic(store.manifest_path, planned_manifest([{"id": "auto-1024", "kv_spec": "auto", "max_model_len": 1024},
+                                                             {"id": "fp8-1024", "kv_spec": "fp8", "max_model_len": 1024}]))
     result = CliRunner().invoke(cli, ["gate", str(store.path)])
     assert result.exit_code == EXIT_INCONCLUSIVE, result.output
     review = store.review_path.read_text()

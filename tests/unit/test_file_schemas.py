@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from typing import get_args, get_origin
 
 from kveval.files import schema as files
 from tests.support.golden import old_cpu_demo
@@ -88,18 +89,23 @@ def test_real_file_validates_and_round_trips_exactly(kind, path):
     model = files.load(kind, path)
     assert isinstance(model, files.KINDS[kind])
     text = _text(path)
-    original, dumped = json.loads(text), files.dump(model)
-    assert _same(dumped, original)
+    # A file of the version before the current one reads as files.upgrade brings it up (issue 17: the
+    # published reports and the old demo's cells): that is what it round-trips to.
+    original = json.loads(text)
+    version = original.get("schema_version")
+    current, dumped = files.upgrade(kind, original), files.dump(model)
+    upgraded = current.get("schema_version") != version
+    assert _same(dumped, current)
     # Written back the way kveval writes it, the bytes equal the file's: same key order (json.dumps
     # with sort_keys=False), ints still ints, floats floats, None None, NaN NaN. This is json.dumps
     # of both compared, and more (json.dumps of the 30 MB cells twice more would only cost time).
-    assert _as_written(kind, dumped) == text
+    assert _as_written(kind, dumped) == (_as_written(kind, current) if upgraded else text)
 
 
 @pytest.mark.parametrize("kind,path", [(k, p) for k, p in REAL if k != "cell" or "cpu-demo" in str(p)])
 def test_pydantic_model_dump_round_trips_too(kind, path):
     model = files.load(kind, path)
-    assert json.dumps(model.model_dump(exclude_unset=True)) == json.dumps(_read(path))
+    assert json.dumps(model.model_dump(exclude_unset=True)) == json.dumps(files.upgrade(kind, _read(path)))
 
 
 def test_typed_fields_are_typed():
@@ -134,7 +140,11 @@ RUNNER_NOT_STARTED = {  # as the parent wrote it before issue 9, when the child 
 def test_cells_that_did_not_start_from_the_parent():
     cell = files.parse("cell", copy.deepcopy(RUNNER_NOT_STARTED), "cells/fp8-2048.json")
     assert cell.engine_settings is None and cell.startup_seconds is None and cell.process.timed_out
-    assert json.dumps(files.dump(cell)) == json.dumps(RUNNER_NOT_STARTED)
+    # A cell file of version 1 (no schema_version) reads as version 2: the version first, the KV spec's
+    # key renamed in its place.
+    current = {"schema_version": files.CELL_VERSION,
+               **{"kv_spec" if key == "kv_cache_dtype" else key: value for key, value in RUNNER_NOT_STARTED.items()}}
+    assert json.dumps(files.dump(cell)) == json.dumps(current)
 
 
 def test_started_cell_that_crashed_in_a_phase():
@@ -326,11 +336,170 @@ def test_missing_schema_version_only_allowed_for_cells(tmp_path):
     assert files.load("cell", STARTED_CELL).schema_version == files.CELL_VERSION
 
 
+# --- files of the version before: brought up to date as they are read (issue 17) --------------------
+#
+# The user's KV spec text was `kv_cache_dtype`, the name of vLLM's engine dtype; it is `kv_spec` in cells
+# of version 2, manifests of version 2 and results of version 3. files.upgrade renames it in a file of
+# the version before (in place, at the key's position) and raises the version; vLLM's own keep the name.
+
+PUBLISHED_RESULTS = sorted(p for p in REPORTS.rglob("results.json.gz") if "archive" not in p.parts)
+
+
+def _keys_named(data, name: str, path: tuple = ()) -> list[tuple]:
+    """The paths (keys and list indexes from the top) of the objects that hold the key `name`."""
+    found = []
+    if isinstance(data, dict):
+        found += [path] if name in data else []
+        for key, value in data.items():
+            found += _keys_named(value, name, path + (key,))
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            found += _keys_named(item, name, path + (index,))
+    return found
+
+
+def _models_in(hint, steps: tuple = ()):
+    """(model, steps) for each model a field's type holds: "*" for each list item or mapping value passed."""
+    if isinstance(hint, type) and issubclass(hint, files.FileModel):
+        yield hint, steps
+        return
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (list, dict):
+        yield from _models_in(args[-1], steps + ("*",))
+        return
+    for arg in args:   # Optional, unions, Annotated
+        yield from _models_in(arg, steps)
+
+
+def _paths_to_field(model, field: str, path: tuple = ()) -> set[tuple]:
+    """Every path (keys, "*" for any item or value) from `model` to a record that declares `field`."""
+    found = {path} if field in model.model_fields else set()
+    for name, info in model.model_fields.items():
+        for inner, steps in _models_in(info.annotation):
+            found |= _paths_to_field(inner, field, path + (info.alias or name, *steps))
+    return found
+
+
+def test_the_upgrade_table_names_every_record_that_holds_the_kv_spec():
+    upgrades = files._UPGRADES
+    for model in (files.CellResult, files.Manifest, files.Results, files.Evidence):
+        assert set(upgrades[model].at) == _paths_to_field(model, "kv_spec"), model.__name__
+        assert upgrades[model].renamed == ("kv_cache_dtype", "kv_spec")
+    # What still says kv_cache_dtype is vLLM's engine dtype: a cell's engine settings, a planned cell's
+    # engine, the diagnosis of an FP8 dtype.
+    assert _paths_to_field(files.CellResult, "kv_cache_dtype") == {("engine_settings",)}
+    assert _paths_to_field(files.Manifest, "kv_cache_dtype") == {("cells", "*", "engine")}
+    assert _paths_to_field(files.Results, "kv_cache_dtype") == {("evidence", "diagnosis", "*")}
+    assert (upgrades[files.CellResult].source, upgrades[files.Manifest].source, upgrades[files.Results].source,
+            upgrades[files.Evidence].source) == (1, 1, 2, 2)
+    assert (files.CELL_VERSION, files.MANIFEST_VERSION, files.RESULTS_VERSION) == (2, 2, 3)
+
+
+@pytest.mark.parametrize("name,kv", [("auto-1024", "auto"), ("fp8-1024", "fp8"), ("fp8-2048", "fp8")])
+def test_a_version_1_cell_reads_with_its_kv_spec(name, kv):
+    path = OLD_CPU / f"cells/{name}.json"
+    raw = _read(path)
+    assert "schema_version" not in raw and raw["kv_cache_dtype"] == kv   # as kveval wrote cells before issue 17
+    cell = files.load("cell", path)
+    assert (cell.schema_version, cell.kv_spec) == (files.CELL_VERSION, kv)
+    dumped = files.dump(cell)
+    assert list(dumped) == ["schema_version", *("kv_spec" if key == "kv_cache_dtype" else key for key in raw)]
+    assert _keys_named(dumped, "kv_cache_dtype") == [("engine_settings",)]   # vLLM's, as it got it
+    assert cell.engine_settings.kv_cache_dtype == kv
+
+
+def test_a_version_1_manifest_reads_with_each_cells_kv_spec():
+    path = REPORTS / "cpu-demo-avx512/manifest.json"
+    raw = _read(path)
+    assert raw["schema_version"] == 1 and [c["kv_cache_dtype"] for c in raw["cells"]] == ["auto", "fp8"]
+    manifest = files.load("manifest", path)
+    assert manifest.schema_version == files.MANIFEST_VERSION
+    assert [(c.id, c.kv_spec) for c in manifest.cells] == [("auto-1024", "auto"), ("fp8-1024", "fp8")]
+    dumped = files.dump(manifest)
+    assert [list(c) for c in dumped["cells"]] == [["id", "kv_spec", "max_model_len"]] * 2
+    assert not _keys_named(dumped, "kv_cache_dtype")
+
+
+def test_a_version_1_manifest_keeps_the_engines_kv_cache_dtype():
+    raw = _read(REPORTS / "h200-planted-layers/manifest.json")
+    assert raw["schema_version"] == 1 and [c["kv_cache_dtype"] for c in raw["cells"]] == ["auto", "fp8", "fp8:keep=3,17"]
+    for planned, (dtype, kept) in zip(raw["cells"], [("bfloat16", []), ("fp8", []), ("fp8", ["3", "17"])]):
+        # Each planned cell's engine, as version 1 manifests from issue 19 on hold it (none published has one).
+        planned["engine"] = {"kv_cache_dtype": dtype, "kv_cache_dtype_skip_layers": kept, "max_model_len": 8192,
+                             "seed": 0, "kv_cache_memory_bytes": None, "gpu_memory_utilization": 0.9,
+                             "enforce_eager": False, "extra": {}}
+    manifest = files.parse("manifest", copy.deepcopy(raw))
+    for planned, before in zip(manifest.cells, raw["cells"]):
+        assert planned.kv_spec == before["kv_cache_dtype"]
+        assert planned.engine.kv_cache_dtype == before["engine"]["kv_cache_dtype"]   # vLLM's (fp8 for fp8:keep=3,17)
+
+
+@pytest.mark.parametrize("path", PUBLISHED_RESULTS, ids=lambda p: str(p.parent.relative_to(REPORTS)))
+def test_a_version_2_results_reads_with_kv_spec_everywhere(path):
+    raw = _read(path)
+    assert raw["schema_version"] == raw["evidence"]["schema_version"] == 2
+    spec_keys = [where for where in _keys_named(raw, "kv_cache_dtype") if where[:2] != ("evidence", "diagnosis")]
+    results = files.load("results", path)
+    assert results.schema_version == results.evidence.schema_version == files.RESULTS_VERSION
+    dumped = files.dump(results)
+    assert _keys_named(dumped, "kv_spec") == spec_keys   # each renamed where it stood
+    assert all(where[:2] == ("evidence", "diagnosis") for where in _keys_named(dumped, "kv_cache_dtype"))
+    for name, cell in results.evidence.cells.items():
+        assert cell.kv_spec == raw["evidence"]["cells"][name]["kv_cache_dtype"]
+
+
+def test_the_cpu_demo_results_read_with_kv_spec():
+    results = files.load("results", REPORTS / "cpu-demo-avx512/results.json.gz")
+    evidence = results.evidence
+    assert {name: cell.kv_spec for name, cell in evidence.cells.items()} == {"auto-1024": "auto", "fp8-1024": "fp8"}
+    assert {row.kv_spec for row in evidence.pools} == {"fp8"}
+    assert {row.kv_spec for row in evidence.startup} == {row.kv_spec for row in evidence.tasks.sample_rows} == {"auto", "fp8"}
+    assert [d.kv_cache_dtype for d in evidence.diagnosis.values()] == ["fp8"]
+
+
+def test_upgrading_changes_the_data_in_place_and_only_once():
+    raw = _read(OLD_CPU / "cells/fp8-2048.json")
+    assert files.upgrade("cell", raw) is raw and raw["schema_version"] == files.CELL_VERSION and "kv_spec" in raw
+    again = copy.deepcopy(raw)
+    assert files.upgrade("cell", again) == raw   # a current file is left as it is
+
+
+def test_a_run_directorys_version_1_cell_is_read_by_key_as_kv_spec(tmp_path):
+    from kveval.files.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    run.cells_dir.mkdir()
+    run.cell_path("fp8-2048").write_bytes((OLD_CPU / "cells/fp8-2048.json").read_bytes())
+    for validate in (True, False):
+        facts = run.load_cell("fp8-2048", validate=validate)
+        assert (facts["schema_version"], facts["kv_spec"]) == (files.CELL_VERSION, "fp8") and "kv_cache_dtype" not in facts
+
+
+def test_a_current_file_with_the_old_key_is_refused_not_renamed(tmp_path):
+    def change(d):
+        d.update(schema_version=files.CELL_VERSION)   # claims version 2, still says kv_cache_dtype
+    path = _damaged(tmp_path, OLD_CPU / "cells/fp8-2048.json", change)
+    message = _error("cell", path)
+    assert "field kv_spec: missing (required)" in message
+    assert "field kv_cache_dtype: not a field this kveval knows" in message
+
+
+@pytest.mark.parametrize("kind,source,version", [
+    ("cell", OLD_CPU / "cells/fp8-2048.json", 0), ("cell", OLD_CPU / "cells/fp8-2048.json", 3),
+    ("manifest", CPU / "manifest.json", 0), ("manifest", CPU / "manifest.json", 3),
+    ("results", CPU / "results.json.gz", 1), ("results", CPU / "results.json.gz", 4),
+])
+def test_a_file_of_an_unknown_version_is_still_refused(tmp_path, kind, source, version):
+    path = _damaged(tmp_path, source, lambda d: d.update(schema_version=version))
+    expected = files.VERSIONS[files.KINDS[kind]]
+    assert _error(kind, path).startswith(f"{path}: schema_version {version} — this kveval reads {expected} ")
+
+
 # --- older files (written before the current format): expected to fail, naming the field -------------
 
 @pytest.mark.parametrize("path", sorted(OLD_REPORTS.glob("h200-planted/*/results.json.gz")), ids=lambda p: p.parent.name)
 def test_old_results_fail_naming_the_field(path):
-    assert _error("results", path).startswith(f"{path}: schema_version 1 — this kveval reads 2")
+    assert _error("results", path).startswith(f"{path}: schema_version 1 — this kveval reads 3")
 
 
 def test_old_manifest_fails_naming_the_field():
@@ -355,7 +524,7 @@ def test_results_json_schema():
 def test_old_results_version_is_named(tmp_path):
     # results.json of schema 1 (before the evidence held acceptance and sample outputs).
     path = _damaged(tmp_path, QWEN / "results.json.gz", lambda d: d.update(schema_version=1))
-    assert "schema_version 1 — this kveval reads 2" in _error("results", path)
+    assert "schema_version 1 — this kveval reads 3" in _error("results", path)
 
 
 def test_cli_schema_command_prints_each_kind():
@@ -372,4 +541,5 @@ def test_results_json_schema_validates_real_results_with_jsonschema():
     jsonschema = pytest.importorskip("jsonschema")
     schema = files.json_schema("results")
     for path in [CPU / "results.json.gz", QWEN / "results.json.gz"]:
-        jsonschema.validate(json.loads(_text(path), parse_constant=lambda _: None), schema)
+        # The schema is the current version's: a published results.json (version 2) as it is read.
+        jsonschema.validate(files.upgrade("results", json.loads(_text(path), parse_constant=lambda _: None)), schema)

@@ -48,8 +48,8 @@ def evidence_dict(figures=None, *, late=None, n=1800, n_late=600, floor=None, ce
     gate reads; typed_evidence fills in the rest)."""
     figures = figures or HEALTHY_H200
     cells = cells if cells is not None else {
-        "auto-8192": {"kv_cache_dtype": "auto", "max_model_len": 8192, "started": True},
-        "fp8-8192": {"kv_cache_dtype": "fp8", "max_model_len": 8192, "started": True},
+        "auto-8192": {"kv_spec": "auto", "max_model_len": 8192, "started": True},
+        "fp8-8192": {"kv_spec": "fp8", "max_model_len": 8192, "started": True},
     }
     if comparisons is None:
         comparisons = [{"kind": "kv", "cell": "fp8-8192", "reference": "auto-8192", "same_length": True,
@@ -218,9 +218,9 @@ def test_an_excess_shown_under_the_margin_passes():
 
 
 def test_missing_result_file_is_named_and_never_pass():
-    cells = {"auto-8192": {"kv_cache_dtype": "auto", "max_model_len": 8192, "started": True},
-             "fp8-8192": {"kv_cache_dtype": "fp8", "max_model_len": 8192, "started": True},
-             "fp8-2048": {"kv_cache_dtype": "fp8", "max_model_len": 2048, "started": False, "missing": True}}
+    cells = {"auto-8192": {"kv_spec": "auto", "max_model_len": 8192, "started": True},
+             "fp8-8192": {"kv_spec": "fp8", "max_model_len": 8192, "started": True},
+             "fp8-2048": {"kv_spec": "fp8", "max_model_len": 2048, "started": False, "missing": True}}
     verdict = evaluate(evidence(cells=cells))
     assert verdict.status == INCONCLUSIVE
     assert exit_code(verdict) == EXIT_INCONCLUSIVE
@@ -229,24 +229,24 @@ def test_missing_result_file_is_named_and_never_pass():
 
 
 def test_missing_baseline_file_is_never_pass():
-    cells = {"auto-8192": {"kv_cache_dtype": "auto", "max_model_len": 8192, "started": False, "missing": True},
-             "fp8-8192": {"kv_cache_dtype": "fp8", "max_model_len": 8192, "started": True}}
+    cells = {"auto-8192": {"kv_spec": "auto", "max_model_len": 8192, "started": False, "missing": True},
+             "fp8-8192": {"kv_spec": "fp8", "max_model_len": 8192, "started": True}}
     verdict = evaluate(evidence(cells=cells, comparisons=[], tasks=None))
     assert verdict.status == INCONCLUSIVE
     assert not decided(verdict, FAIL)
 
 
 def test_no_baseline_started_is_inconclusive():
-    cells = {"auto-8192": {"kv_cache_dtype": "auto", "max_model_len": 8192, "started": False},
-             "fp8-8192": {"kv_cache_dtype": "fp8", "max_model_len": 8192, "started": True}}
+    cells = {"auto-8192": {"kv_spec": "auto", "max_model_len": 8192, "started": False},
+             "fp8-8192": {"kv_spec": "fp8", "max_model_len": 8192, "started": True}}
     verdict = evaluate(evidence(cells=cells, comparisons=[], tasks=None))
     assert verdict.status == INCONCLUSIVE
     assert any("no auto baseline cell started" in r.message for r in verdict.reasons)
 
 
 def test_fp8_cell_that_did_not_start_is_a_capacity_note():
-    cells = {"auto-8192": {"kv_cache_dtype": "auto", "max_model_len": 8192, "started": True},
-             "fp8-8192": {"kv_cache_dtype": "fp8", "max_model_len": 8192, "started": False,
+    cells = {"auto-8192": {"kv_spec": "auto", "max_model_len": 8192, "started": True},
+             "fp8-8192": {"kv_spec": "fp8", "max_model_len": 8192, "started": False,
                           "failure_reason": "unsupported_dtype"}}
     verdict = evaluate(evidence(cells=cells, comparisons=[], tasks=None))
     assert verdict.status == INCONCLUSIVE
@@ -256,8 +256,8 @@ def test_fp8_cell_that_did_not_start_is_a_capacity_note():
 
 def test_one_failing_cell_fails_the_run_and_statuses_are_per_cell():
     ev = evidence_dict()
-    ev["cells"]["fp8-2048"] = {"kv_cache_dtype": "fp8", "max_model_len": 2048, "started": True}
-    ev["cells"]["auto-2048"] = {"kv_cache_dtype": "auto", "max_model_len": 2048, "started": True}
+    ev["cells"]["fp8-2048"] = {"kv_spec": "fp8", "max_model_len": 2048, "started": True}
+    ev["cells"]["auto-2048"] = {"kv_spec": "auto", "max_model_len": 2048, "started": True}
     ev["divergence"]["comparisons"].append(
         {"kind": "kv", "cell": "fp8-2048", "reference": "auto-2048", "same_length": True,
          "summary": summary(**HARMED_K128), "late": {"start": 1024, "n": 600, "kl_mean": 0.7}})

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from kveval.cli.commands import cli
+from kveval.files import schema
 from kveval.files.rundir import RunDir, read_json
 from kveval.gate import REASON_CODES
 from kveval.render.review import LOG_LINE_START
@@ -59,7 +60,9 @@ def test_report_re_renders_the_same_review_tables_and_results(source, tmp_path):
         assert (copy / "tables" / table.name).read_text(encoding="utf-8") == table.read_text(encoding="utf-8"), table.name
     stored, written = RunDir(source).results_path, RunDir(copy).results_path
     assert written.name == stored.name
-    assert read_json(written) == read_json(stored)
+    # A published results.json of the version before (2) is written back as the current one: the same
+    # document as schema.upgrade reads it (issue 17: the KV spec's key is kv_spec).
+    assert read_json(written) == schema.upgrade("results", read_json(stored))
 
 
 def _without_added_lines(review: str) -> str:
@@ -142,7 +145,10 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
     copy = _rendered_copy(old_cpu_demo(), tmp_path)
     now = read_json(copy / "results.json")
     before = json.loads((old_cpu_demo() / "results.json").read_text(encoding="utf-8"))
-    assert (before["schema_version"], now["schema_version"]) == (1, 2)
+    assert (before["schema_version"], now["schema_version"]) == (1, schema.RESULTS_VERSION) == (1, 3)
+    # 2 -> 3 (issue 17) is what schema.upgrade does to a results.json of version 2: the KV spec's key is kv_spec
+    before["schema_version"] = before["evidence"]["schema_version"] = 2
+    schema.upgrade("results", before)
     assert set(now["evidence"]) - set(before["evidence"]) == ADDED_EVIDENCE
     assert set(before["evidence"]) <= set(now["evidence"])
     for document in (now, before):

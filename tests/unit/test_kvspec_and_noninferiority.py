@@ -19,7 +19,9 @@ def test_keep_spec_parses_sorts_and_names_itself():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("fp 8", "not a KV-cache dtype name"), ("fp8:skip=1", "only keep=LAYERS"), ("fp8:keep=", "at least one"),
+    ("fp 8", "not a KV-cache dtype name"), ("fp8:skip=1", "knows keep=LAYERS and scaled"), ("fp8:keep=", "at least one"),
+    ("fp8:scaled=row", "scaled= takes tensor or head"), ("auto:scaled", "auto is the baseline"),
+    ("fp8_e5m2:scaled", "e4m3"),
     ("fp8:keep=x1", "not a layer index"), ("fp8:keep=x", "attention type vLLM knows"),
     ("auto:keep=0", "auto is the baseline"),
 ])
@@ -31,6 +33,18 @@ def test_bad_specs_say_what_is_wrong(text, message):
 def test_comma_lists_keep_a_keep_list_together():
     assert split_values(["fp8:keep=0,1,auto"]) == ("fp8:keep=0,1", "auto")
     assert split_values(["fp8,auto"]) == ("fp8", "auto")
+    assert split_values(["fp8:scaled,keep=0,1,auto", "fp8:keep=2,scaled=head"]) == (
+        "fp8:scaled,keep=0,1", "auto", "fp8:keep=2,scaled=head")
+
+
+def test_scaled_specs_parse_in_any_order_and_name_one_configuration():
+    spec = parse_kv("FP8:keep=17,3,Scaled=HEAD")
+    assert spec == KVSpec("fp8", ("3", "17"), "head")
+    assert spec.text == "fp8:scaled=head,keep=3,17" and parse_kv(spec.text) == spec
+    assert parse_kv("fp8:scaled") == KVSpec("fp8", (), "tensor") and parse_kv("fp8:scaled=tensor").text == "fp8:scaled"
+    assert spec.unscaled == KVSpec("fp8", ("3", "17"))
+    assert parse_kv("fp8:scaled").label("bf16") == "FP8 with calibrated per-tensor scales"
+    assert spec.label("bf16") == "FP8 with calibrated per-head scales, layers 3, 17 kept in bf16"
 
 
 def test_recovery_bound_matches_the_h200_healthy_pairing():

@@ -36,8 +36,8 @@ def test_each_planned_cell_carries_the_engine_settings_it_is_started_with():
     cells = [planned_cell(plan) for plan in plans]
     assert [c["id"] for c in cells] == ["auto-1024", "fp8:keep=0,1-1024", "fp8-1024"]
     keep = cells[1]
-    assert {key: keep[key] for key in ("id", "kv_cache_dtype", "max_model_len")} == {
-        "id": "fp8:keep=0,1-1024", "kv_cache_dtype": "fp8:keep=0,1", "max_model_len": 1024}
+    assert {key: keep[key] for key in ("id", "kv_spec", "max_model_len")} == {
+        "id": "fp8:keep=0,1-1024", "kv_spec": "fp8:keep=0,1", "max_model_len": 1024}
     assert keep["engine"] == {"kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": ["0", "1"], "max_model_len": 1024,
                               "seed": 0, "kv_cache_memory_bytes": 40 * 2 ** 20, "gpu_memory_utilization": None,
                               "enforce_eager": True, "extra": {"max_num_seqs": 8}}
@@ -49,11 +49,11 @@ def test_each_planned_cell_carries_the_engine_settings_it_is_started_with():
 
 def test_auto_runs_as_the_model_dtype_where_vllm_would_make_it_fp8():
     (auto, *_) = plan_cells(OPTIONS, "/m", None, baseline_dtype="bfloat16")
-    assert planned_cell(auto)["kv_cache_dtype"] == "auto" and planned_cell(auto)["engine"]["kv_cache_dtype"] == "bfloat16"
+    assert planned_cell(auto)["kv_spec"] == "auto" and planned_cell(auto)["engine"]["kv_cache_dtype"] == "bfloat16"
 
 
 def test_a_manifest_of_an_older_run_without_engine_settings_still_loads():
-    manifest = _manifest([{"id": "auto-1024", "kv_cache_dtype": "auto", "max_model_len": 1024}])
+    manifest = _manifest([{"id": "auto-1024", "kv_spec": "auto", "max_model_len": 1024}])
     assert manifest.cells[0].engine is None
     assert "other engine settings" not in run_section(manifest, typed_evidence({}))
 

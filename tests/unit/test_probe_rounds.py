@@ -50,8 +50,8 @@ def _evidence(judged=109, new=12, base_only=7, **more):
 
 
 def _evidence_dict(judged=109, new=12, base_only=7):
-    return {"cells": {"auto-1024": {"kv_cache_dtype": "auto", "max_model_len": 1024, "started": True},
-                      "fp8-1024": {"kv_cache_dtype": "fp8", "max_model_len": 1024, "started": True}},
+    return {"cells": {"auto-1024": {"kv_spec": "auto", "max_model_len": 1024, "started": True},
+                      "fp8-1024": {"kv_spec": "fp8", "max_model_len": 1024, "started": True}},
             "degeneration": {"cells": {"fp8-1024": {"max_model_len": 1024, "judged_outputs": judged,
                                                     "new_degenerate": new, "baseline_only_degenerate": base_only}}}}
 

@@ -28,9 +28,9 @@ def evidence(statuses: dict[str, str], diagnosis: dict | None, pools=None) -> tu
     cells = {}
     for name in statuses:
         kv, length = name.rsplit("-", 1)
-        cells[name] = {"kv_cache_dtype": kv, "max_model_len": int(length), "started": statuses[name] != NOT_STARTED}
+        cells[name] = {"kv_spec": kv, "max_model_len": int(length), "started": statuses[name] != NOT_STARTED}
     for length in {c["max_model_len"] for c in cells.values()}:
-        cells[f"auto-{length}"] = {"kv_cache_dtype": "auto", "max_model_len": length, "started": True}
+        cells[f"auto-{length}"] = {"kv_spec": "auto", "max_model_len": length, "started": True}
     verdict = Verdict(FAIL if FAIL in statuses.values() else PASS, cells=dict(statuses))
     return verdict, typed_evidence({"cells": cells, "diagnosis": {"fp8": diagnosis} if diagnosis else {},
                                     "pools": pools or []})
@@ -92,9 +92,9 @@ def test_remedy_cells_already_run_are_not_planned_again():
 
 
 def test_headline_names_failing_lengths_and_the_capacity_the_remedy_keeps():
-    pools = [{"max_model_len": 8192, "kv_cache_dtype": "fp8:keep=0", "ratio": 1.93},
-             {"max_model_len": 32768, "kv_cache_dtype": "fp8:keep=0", "ratio": 1.95},
-             {"max_model_len": 8192, "kv_cache_dtype": "fp8", "ratio": 2.0}]
+    pools = [{"max_model_len": 8192, "kv_spec": "fp8:keep=0", "ratio": 1.93},
+             {"max_model_len": 32768, "kv_spec": "fp8:keep=0", "ratio": 1.95},
+             {"max_model_len": 8192, "kv_spec": "fp8", "ratio": 2.0}]
     verdict, ev = evidence({"fp8-8192": FAIL, "fp8-32768": FAIL, "fp8:keep=0-8192": PASS, "fp8:keep=0-32768": PASS},
                            None, pools)
     assert headline(verdict, ev, "bf16") == ("FP8 fails at 8192 and 32768; FP8 with layer 0 kept in bf16 passes at "
@@ -109,7 +109,7 @@ def test_engine_args_kveval_sets_per_cell_are_refused(key, tmp_path):
 
 
 def test_bad_kv_spec_and_remedy_mode_are_refused(tmp_path):
-    with pytest.raises(api.KvevalError, match="only keep=LAYERS"):
+    with pytest.raises(api.KvevalError, match="knows keep=LAYERS and scaled"):
         api.compare(kv=["fp8:skip=0"], max_model_len=[1024], out=tmp_path / "o")
     with pytest.raises(api.KvevalError, match="--remedy 'sometimes'"):
         api.compare(kv=["fp8"], max_model_len=[1024], out=tmp_path / "o", remedy="sometimes")

@@ -36,7 +36,7 @@ def _speed(ttft, decode):
 
 
 def _started(kv, length, pool, tokens, text="hello", ttft=0.1, decode=50.0, scoring=None):
-    facts = {"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": True,
+    facts = {"cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length, "started": True,
             "complete": True, "startup_seconds": 7.0,
             "capacity": {"kv_pool_tokens": pool, "max_concurrency": pool / length},
             "info": {"attention_backend": "CPU_ATTN", "platform": "cpu"},
@@ -49,7 +49,7 @@ def _started(kv, length, pool, tokens, text="hello", ttft=0.1, decode=50.0, scor
 
 
 def _failed(kv, length, reason="kv_capacity", logged=None):
-    return complete_cell({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length, "started": False,
+    return complete_cell({"cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length, "started": False,
             "complete": True, "failure": {"reason": reason, "message": "ValueError: To serve at least one request ... "
                                           "the estimated maximum model length is 1792.",
                                           "estimated_max_model_len": 1792, "backend": "CPU_ATTN"},

@@ -67,7 +67,7 @@ class Pools:
         self.lengths = {name: cell.max_model_len for name, cell in evidence.cells.items()}
         self.cell = {name: cell.kv_pool_tokens for name, cell in evidence.cells.items()
                      if cell.started and cell.kv_pool_tokens}
-        self.by_kv = {(cell.kv_cache_dtype, cell.max_model_len): cell.kv_pool_tokens
+        self.by_kv = {(cell.kv_spec, cell.max_model_len): cell.kv_pool_tokens
                       for cell in evidence.cells.values()
                       if cell.started and cell.kv_pool_tokens and cell.reference_for is None}
 
@@ -186,7 +186,7 @@ def _constructed() -> tuple[str, schema.Evidence]:
         if facts["started"]:   # 128-token blocks, as on the CPU: the capacity section predicts each pool
             facts["capacity"].update(block_size=128, num_blocks=facts["capacity"]["kv_pool_tokens"] // 128)
     cells["auto-2048"]["logged_capacity"]["kv_pool_tokens"] = None
-    manifest = planned_manifest([{"id": name, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": c["max_model_len"]}
+    manifest = planned_manifest([{"id": name, "kv_spec": c["kv_spec"], "max_model_len": c["max_model_len"]}
                                  for name, c in cells.items()])
     manifest["model"]["kv_layout"] = copy.deepcopy(TEMPLATE_MANIFEST["model"]["kv_layout"])
     manifest = typed_manifest(manifest)
@@ -238,8 +238,8 @@ def _check_bounds(review: str) -> None:
 def _review_of_tasks(entry: dict) -> tuple[str, object]:
     """The review of test_gate's fp8-8192 vs auto-8192 evidence (healthy divergence) with these task figures."""
     evidence = gate_evidence(tasks={"reference": "auto-8192", **entry})
-    manifest = typed_manifest(planned_manifest([{"id": "auto-8192", "kv_cache_dtype": "auto", "max_model_len": 8192},
-                                                {"id": "fp8-8192", "kv_cache_dtype": "fp8", "max_model_len": 8192}]))
+    manifest = typed_manifest(planned_manifest([{"id": "auto-8192", "kv_spec": "auto", "max_model_len": 8192},
+                                                {"id": "fp8-8192", "kv_spec": "fp8", "max_model_len": 8192}]))
     verdict = evaluate(evidence)
     return render_review(manifest, evidence, verdict), verdict
 

@@ -14,8 +14,8 @@ from tests.support.constructed import failed_cell, planned_manifest
 
 def test_cell_round_trip_and_planned_order(tmp_path):
     store = RunDir(tmp_path)
-    manifest = planned_manifest([{"id": "auto-1024", "kv_cache_dtype": "auto", "max_model_len": 1024},
-                                 {"id": "fp8-1024", "kv_cache_dtype": "fp8", "max_model_len": 1024}])
+    manifest = planned_manifest([{"id": "auto-1024", "kv_spec": "auto", "max_model_len": 1024},
+                                 {"id": "fp8-1024", "kv_spec": "fp8", "max_model_len": 1024}])
     write_json_atomic(store.manifest_path, manifest)
     cell = failed_cell("fp8", 1024, message="ünïcode ⏎")
     write_json_atomic(store.cell_path("fp8-1024"), cell)

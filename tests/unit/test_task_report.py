@@ -140,7 +140,7 @@ def test_heatmap_stays_small_for_a_full_matrix(tmp_path):
             for depth in (0.0, 0.1, 0.25, 0.5, 0.75, 1.0):
                 for fraction in (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.95, 1.05):
                     n = 0 if fraction > 1 else 12
-                    rows.append({"cell": f"{kv}-{length}", "kv_cache_dtype": kv, "max_model_len": length,
+                    rows.append({"cell": f"{kv}-{length}", "kv_spec": kv, "max_model_len": length,
                                  "depth": depth, "target_tokens": round(fraction * length), "n": n,
                                  "correct": n // 2, "rejected": 12 - n, "accuracy": 0.5 if n else None})
     path = task_heatmap(typed_evidence({"tasks": {"grid": rows}}).tasks.grid, tmp_path / "big.png")

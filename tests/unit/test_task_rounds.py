@@ -195,7 +195,7 @@ def _run_dir(tmp_path, budget, fp8_wrong=frozenset()):
                                     _samples(0, 12, wrong=fp8_wrong))}
     for facts in cells.values():
         facts["phases"]["tasks"]["seconds"] = 12.0
-    manifest = planned_manifest([{"id": n, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": 1024}
+    manifest = planned_manifest([{"id": n, "kv_spec": c["kv_spec"], "max_model_len": 1024}
                                  for n, c in cells.items()])
     manifest["options"].update(tasks=["kveval_passkey"], phases=["generation", "scoring", "tasks", "speed"],
                                lengths=[0.25], depths=[0.5], samples_per_point=1, seed=0,

@@ -93,7 +93,7 @@ def test_task_samples_keeps_every_record_and_field():
     assert frame.rejection.iloc[1].startswith("prompt of 256 tokens")
     assert frame.error.iloc[2] == "EngineDeadError: gone" and frame.new_field.iloc[2] == 7
     assert frame.expected.iloc[0] == ["71432"] and frame.max_model_len.iloc[0] == 1024
-    assert task_samples({}).empty and "kv_cache_dtype" in task_samples({}).columns
+    assert task_samples({}).empty and "kv_spec" in task_samples({}).columns
 
 
 def test_status_separates_errors_from_rejections():

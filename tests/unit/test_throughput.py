@@ -20,7 +20,7 @@ def _run(level, wall, ttfts, itls, tokens=16):
 
 
 def _cell(kv, runs, max_concurrency, started=False):
-    return complete_cell({"cell": f"{kv}-1024", "kv_cache_dtype": kv, "max_model_len": 1024, "started": started,
+    return complete_cell({"cell": f"{kv}-1024", "kv_spec": kv, "max_model_len": 1024, "started": started,
                           "phases": {"throughput": {"prompt_tokens": 256, "max_tokens": 16, "levels": [1, 4],
                                                     "max_concurrency": max_concurrency, "runs": runs}}})
 
@@ -57,9 +57,9 @@ def test_capacity_and_throughput_figures_are_written_from_evidence_rows(tmp_path
     def typed(model, rows):  # evidence rows with the figures a test leaves out unknown (None)
         return [model.model_validate({**dict.fromkeys(model.model_fields), **row}) for row in rows]
 
-    rows = [{"cell": "auto-1024", "kv_cache_dtype": "auto", "max_model_len": 1024, "predicted_tokens": 1792,
+    rows = [{"cell": "auto-1024", "kv_spec": "auto", "max_model_len": 1024, "predicted_tokens": 1792,
              "measured_tokens": 1792, "started": True},
-            {"cell": "auto-2048", "kv_cache_dtype": "auto", "max_model_len": 2048, "predicted_tokens": 1792,
+            {"cell": "auto-2048", "kv_spec": "auto", "max_model_len": 2048, "predicted_tokens": 1792,
              "measured_tokens": None, "started": False}]
     assert capacity_plot(typed(schema.CapacityRow, rows), tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
     unpredicted = typed(schema.CapacityRow, [{**rows[0], "predicted_tokens": None}])
@@ -71,16 +71,13 @@ def test_capacity_and_throughput_figures_are_written_from_evidence_rows(tmp_path
 
 
 def test_kl_by_position_figure_is_drawn_for_kv_comparisons_only(tmp_path):
-    import gzip
-    import json
     from pathlib import Path
 
     from kveval.files import schema
     from kveval.render.divergence_plot import kl_position_plot
 
     stored = Path(__file__).resolve().parents[2] / "reports" / "h200-smollm2" / "results.json.gz"
-    divergence = schema.Divergence.model_validate(
-        json.loads(gzip.decompress(stored.read_bytes()))["evidence"]["divergence"])
+    divergence = schema.load("results", stored).evidence.divergence   # read as this kveval reads it (schema.upgrade)
     assert kl_position_plot(divergence, tmp_path / "kl.png").read_bytes().startswith(b"\x89PNG")
     noise_only = divergence.model_copy(
         update={"comparisons": [c for c in divergence.comparisons if c.kind.startswith("noise")]})

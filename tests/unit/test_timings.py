@@ -24,7 +24,7 @@ EFFICIENCY = {"tokens": 4000, "engine_seconds": 20.0, "reference_requests": 8, "
 def _cell(name: str = "fp8-1024", *, process: float | None = 100.0, startup: float = 10.0, warm: bool | None = None,
           phases: dict | None = None) -> dict:
     kv, length = name.rsplit("-", 1)
-    facts = {"cell": name, "kv_cache_dtype": kv, "max_model_len": int(length), "started": True,
+    facts = {"cell": name, "kv_spec": kv, "max_model_len": int(length), "started": True,
              "startup_seconds": startup,
              "phases": phases if phases is not None else {
                  "generation": {"seconds": 30.0, "engine_seconds": 20.0, "efficiency": dict(EFFICIENCY)},
@@ -63,7 +63,7 @@ def test_a_phase_without_engine_time_counts_whole_and_says_the_split_is_unknown(
 
 def test_without_a_process_record_the_rest_is_unknown_and_a_cell_that_did_not_start_has_no_phases():
     assert process_row(_typed(_cell(process=None)), "fp8-1024").outside_engine_seconds is None
-    failed = complete_cell({"cell": "fp8-2048", "kv_cache_dtype": "fp8", "max_model_len": 2048,
+    failed = complete_cell({"cell": "fp8-2048", "kv_spec": "fp8", "max_model_len": 2048,
                             "startup_seconds": 4.0, "process": {"exit_code": 1, "seconds": 15.0}})
     row = process_row(_typed(failed), "fp8-2048")
     assert (row.started, row.phases, row.engine_seconds, row.outside_engine_seconds) == (False, [], 0, 11.0)
@@ -88,7 +88,7 @@ def _rounds_run(tmp_path):
              for name in ("auto-1024", "fp8-1024")}
     entry = {"max_model_len": 1024, "cells": list(cells), "data_dir": None, "samples_per_point": 1, "limit": None,
              "target": 100}
-    manifest = planned_manifest([{"id": n, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": 1024}
+    manifest = planned_manifest([{"id": n, "kv_spec": c["kv_spec"], "max_model_len": 1024}
                                  for n, c in cells.items()],
                                 task_rounds={"budget": {}, "n_max": 600, "rounds": [{"round": 1, **entry},
                                                                                     {"round": 2, **entry}],
@@ -146,7 +146,7 @@ def test_the_parent_time_between_cells_only_where_the_processes_are_this_runs_al
 def test_the_section_sits_below_the_decision_screen_and_shows_the_figures():
     cells = {"auto-1024": _cell("auto-1024"), "fp8-1024": _cell("fp8-1024", warm=True,
                                                                phases={"generation": {"seconds": 30.0}})}
-    manifest = planned_manifest([{"id": n, "kv_cache_dtype": c["kv_cache_dtype"], "max_model_len": 1024}
+    manifest = planned_manifest([{"id": n, "kv_spec": c["kv_spec"], "max_model_len": 1024}
                                  for n, c in cells.items()],
                                 timing={"setup_seconds": 12.5, "diagnosis_seconds": None, "run_seconds": 400.0})
     review = review_of(manifest, [], cells).splitlines()

@@ -69,7 +69,7 @@ def _reference_outputs(cell) -> dict[str, list[int]]:
         candidates.append(_Generated.model_validate(cell.facts))
     if cell.run_dir is not None:
         for planned in schema.load(schema.Manifest, cell.run_dir.manifest_path).cells:
-            if planned.kv_cache_dtype != BASELINE_KV:
+            if planned.kv_spec != BASELINE_KV:
                 continue
             earlier = cell.run_dir.load_cell(planned.id, validate=False)
             if earlier is not None:

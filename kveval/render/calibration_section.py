@@ -1,0 +1,79 @@
+"""The review's calibration section (issue 20): which checkpoint each `fp8:scaled` spec loaded, what it
+was calibrated on, and per layer the scales next to the measured K/V ranges. Pure: evidence in,
+markdown out.
+
+vLLM stores fp8(x / scale): a layer's FP8 limit is 448 × its scale (e4m3). At scale 1.0 that is ±448
+whatever the model's range; a calibrated scale fits the limit to the range the calibration text
+reached, so `max |K| / limit` near 1 means the calibration used the whole FP8 range on that layer.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from kveval.analysis.kv_range import FP8_MAX
+from kveval.files import schema
+from kveval.render.markdown import bullet, escape_cell, fmt_sig, long_table
+
+_E4M3 = FP8_MAX["fp8_e4m3"]
+_WORDS = {"tensor": "per-tensor", "head": "per-attention-head"}
+
+
+def _measured(evidence: schema.Evidence) -> dict[tuple[int, str], float]:
+    """(layer, "k"/"v") -> max |value| the K/V range pass measured on the scoring text."""
+    out: dict[tuple[int, str], float] = {}
+    for diagnosis in evidence.diagnosis.values():
+        if isinstance(diagnosis, schema.Diagnosis):
+            for row in diagnosis.rows:
+                if row.absmax is not None:
+                    out[(row.layer, row.tensor)] = max(out.get((row.layer, row.tensor), 0.0), float(row.absmax))
+    return out
+
+
+def _scale_rows(entry: schema.CalibrationEntry, measured: dict[tuple[int, str], float]) -> pd.DataFrame:
+    scales = entry.scales
+    layers = sorted({int(layer) for layer in [*scales.k_scale, *scales.v_scale]})
+    rows = []
+    for layer in layers:
+        row = {"layer": layer}
+        for tensor, given in (("K", scales.k_scale), ("V", scales.v_scale)):
+            scale = given.get(str(layer))
+            peak = measured.get((layer, tensor.lower()))
+            limit = None if scale is None else scale * _E4M3
+            row[f"max |{tensor}| measured"] = fmt_sig(peak)
+            row[f"{tensor.lower()}_scale"] = fmt_sig(scale)
+            row[f"{tensor} limit (448 × scale)"] = fmt_sig(limit)
+            row[f"max |{tensor}| / limit"] = fmt_sig(peak / limit if peak is not None and limit else None)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def calibration_section(evidence: schema.Evidence) -> str:
+    if not evidence.calibration:
+        return ""
+    measured = _measured(evidence)
+    out = ["## Calibrated scales", ""]
+    for word, entry in evidence.calibration.items():
+        spec = "fp8:scaled" if word == "tensor" else f"fp8:scaled={word}"
+        record = entry.record
+        if not entry.calibrated_by_kveval:
+            out += [bullet(f"`{spec}`: the model carries its own K/V scales ({escape_cell(record.get('source'))}); "
+                           "they were used as they are, nothing was calibrated."), ""]
+        else:
+            documents = ", ".join(str(name) for name in record.get("documents") or [])
+            made = ("reused from an earlier run" if entry.reused else
+                    f"made in this run in {record.get('seconds')} s on {record.get('device')}")
+            out += [bullet(f"`{spec}`: {_WORDS.get(word, word)} K/V scales calibrated with llm-compressor "
+                           f"{record.get('llmcompressor')} (compressed-tensors {record.get('compressed_tensors')}, "
+                           f"kv_cache_scheme: 8-bit float, static, symmetric) on {record.get('samples')} samples, "
+                           f"{record.get('tokens')} tokens of kveval's calibration text ({escape_cell(documents)}), "
+                           "which no prompt, scored document or task uses; " + made + "."),
+                    bullet(f"Checkpoint vLLM loads: `{escape_cell(entry.path, None)}`; Q keeps vLLM's default scale "
+                           "1.0 (only K and V are calibrated)."), ""]
+        if entry.scales.per_head:
+            out += ["Per-head scales: each layer's smallest head scale is shown (the tightest limit).", ""]
+        frame = _scale_rows(entry, measured)
+        if not frame.empty:
+            where = "the K/V range pass on the scoring text" if measured else "no K/V range pass ran"
+            out += [f"Scales per layer next to the measured ranges ({where}):", "",
+                    long_table(frame, f"{len(frame)} layers: scales and ranges"), ""]
+    return "\n".join(out).rstrip() + "\n"
