@@ -29,6 +29,9 @@ from tests.integration.conftest import TWO_AUTO_CELLS
 from tests.integration.test_faults_engine import _events, _generated, _processes_mentioning
 from tests.support.quiet import Quiet
 
+# A Ray cluster's start and shutdown (~45 s of both cores) belong to the slow part, beside real engines.
+pytestmark = pytest.mark.engine
+
 pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from tests.support.planted import plant
 from tests.support.quiet import Quiet
 
 PLANTED = [3, 17]
-COUNTS = {"short_256": 2, "short_512": 0, "probe": 8, "ctx_1k": 0, "ctx_pct": 0, "over": 0}
+COUNTS = {"short_256": 2, "short_512": 0, "probe": 2, "ctx_1k": 0, "ctx_pct": 0, "over": 0}
 
 
 def search_run(root, model, damage: dict, patch: pytest.MonkeyPatch):
