@@ -16,7 +16,7 @@ def _lengths(values: list[int]) -> str:
     return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
 
 
-def _pool_ratio(pools: list[schema.PoolRow], spec: str, lengths: list[int]) -> tuple[float | None, bool]:
+def pool_ratio(pools: list[schema.PoolRow], spec: str, lengths: list[int]) -> tuple[float | None, bool]:
     """Smallest pool ratio spec / auto over `lengths` (measured, else from vLLM's estimate)."""
     ratios, estimated = [], False
     for row in pools:
@@ -34,7 +34,7 @@ def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evide
     passing = [kv for kv, statuses in by_spec.items() if statuses.get(PASS)]
     if not passing:
         return None
-    ratio = lambda kv: _pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
+    ratio = lambda kv: pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
     # Among equal pools: fewer kept layers, then the checkpoint's own scales over a calibrated copy.
     return max(passing, key=lambda kv: (ratio(kv), -len(stored_spec(kv).keep), not stored_spec(kv).scaled))
 
@@ -91,7 +91,7 @@ def headline(verdict, evidence: schema.Evidence, model_dtype: str = "the model d
                  if statuses.get(s)]
         sentence = f"{spec.label(model_dtype)} " + ", ".join(parts)
         if statuses.get(PASS):
-            ratio, estimated = _pool_ratio(evidence.pools, kv, statuses[PASS])
+            ratio, estimated = pool_ratio(evidence.pools, kv, statuses[PASS])
             if ratio is not None:
                 sentence += (f" and holds {'at least ' if len(statuses[PASS]) > 1 else ''}{ratio:.2g}× the "
                              f"`{BASELINE_KV}` pool" + (" (from vLLM's estimate)" if estimated else ""))

@@ -8,16 +8,8 @@ import pandas as pd
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.files.rundir import cell_id
+from kveval.render.headline import pool_ratio
 from kveval.render.markdown import bullet, escape_cell, fmt_float, table
-
-
-def _pool_ratio(evidence: schema.Evidence, spec: str, length: int) -> tuple[float | None, bool]:
-    for row in evidence.pools:
-        if row.kv_spec == spec and row.max_model_len == length:
-            if row.ratio is not None:
-                return row.ratio, False
-            return row.fallback_ratio, row.fallback_ratio is not None
-    return None, False
 
 
 def _throughput_ratio(evidence: schema.Evidence, cell: str) -> float | None:
@@ -40,7 +32,7 @@ def search_section(verdict, evidence: schema.Evidence) -> str:
     for length in search.lengths:
         for text in length.tried:
             cell = cell_id(text, length.max_model_len)
-            ratio, estimated = _pool_ratio(evidence, text, length.max_model_len)
+            ratio, estimated = pool_ratio(evidence.pools, text, [length.max_model_len])
             throughput = _throughput_ratio(evidence, cell)
             rows.append({"max_model_len": length.max_model_len, "candidate": text,
                          "verdict": verdict.cells.get(cell, "MISSING"),
