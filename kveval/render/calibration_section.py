@@ -5,6 +5,10 @@ markdown out.
 vLLM stores fp8(x / scale): a layer's FP8 limit is 448 × its scale (e4m3). At scale 1.0 that is ±448
 whatever the model's range; a calibrated scale fits the limit to the range the calibration text
 reached, so `max |K| / limit` near 1 means the calibration used the whole FP8 range on that layer.
+With per-head scales each head has its own limit, and the range pass measures a layer's max, not each
+head's: the table gives the range of a layer's head scales, and bounds on the worst head's ratio (its own
+max over its own limit) that follow from the layer's max: at least max ÷ the largest limit (the head that
+holds the max has at most that limit), at most max ÷ the smallest limit.
 """
 from __future__ import annotations
 
@@ -29,20 +33,34 @@ def _measured(evidence: schema.Evidence) -> dict[tuple[int, str], float]:
     return out
 
 
+def _ratio(peak: float | None, limit: float | None) -> str:
+    return fmt_sig(peak / limit if peak is not None and limit else None)
+
+
 def _scale_rows(entry: schema.CalibrationEntry, measured: dict[tuple[int, str], float]) -> pd.DataFrame:
     scales = entry.scales
+    per_head = scales.per_head or {}
     layers = sorted({int(layer) for layer in [*scales.k_scale, *scales.v_scale]})
     rows = []
     for layer in layers:
         row = {"layer": layer}
         for tensor, given in (("K", scales.k_scale), ("V", scales.v_scale)):
-            scale = given.get(str(layer))
+            name = f"{tensor.lower()}_scale"
             peak = measured.get((layer, tensor.lower()))
-            limit = None if scale is None else scale * _E4M3
             row[f"max |{tensor}| measured"] = fmt_sig(peak)
-            row[f"{tensor.lower()}_scale"] = fmt_sig(scale)
+            head_scales = [s for s in (per_head.get(name) or {}).get(str(layer)) or [] if s > 0]
+            if head_scales:   # module doc: the worst head's ratio lies between these bounds
+                low, high = min(head_scales) * _E4M3, max(head_scales) * _E4M3
+                row[f"{name} (heads)"] = f"{fmt_sig(min(head_scales))}–{fmt_sig(max(head_scales))}"
+                row[f"{tensor} limit (448 × scale)"] = f"{fmt_sig(low)}–{fmt_sig(high)}"
+                row[f"worst head's max |{tensor}| / limit"] = (f"{_ratio(peak, high)}–{_ratio(peak, low)}"
+                                                              if peak is not None else fmt_sig(None))
+                continue
+            scale = given.get(str(layer))
+            limit = None if scale is None else scale * _E4M3
+            row[name] = fmt_sig(scale)
             row[f"{tensor} limit (448 × scale)"] = fmt_sig(limit)
-            row[f"max |{tensor}| / limit"] = fmt_sig(peak / limit if peak is not None and limit else None)
+            row[f"max |{tensor}| / limit"] = _ratio(peak, limit)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -70,7 +88,10 @@ def calibration_section(evidence: schema.Evidence) -> str:
                     bullet(f"Checkpoint vLLM loads: `{escape_cell(entry.path, None)}`; Q keeps vLLM's default scale "
                            "1.0 (only K and V are calibrated)."), ""]
         if entry.scales.per_head:
-            out += ["Per-head scales: each layer's smallest head scale is shown (the tightest limit).", ""]
+            out += ["Per-head scales: each layer's head scales and limits are given as ranges (smallest–largest). "
+                    "The range pass measures each layer's max, not each head's, so the worst head's ratio (its own "
+                    "max over its own limit) is given as bounds: the layer's max over the largest limit, and over "
+                    "the smallest.", ""]
         frame = _scale_rows(entry, measured)
         if not frame.empty:
             where = "the K/V range pass on the scoring text" if measured else "no K/V range pass ran"
