@@ -19,6 +19,22 @@ def _throughput_ratio(evidence: schema.Evidence, cell: str) -> float | None:
     return max(rows, key=lambda row: row.concurrency).output_tok_s_vs_baseline if rows else None
 
 
+def _passed_over_undecided(verdict, length: schema.SearchLength) -> list[str]:
+    """Candidates tried before the chosen one (or with none chosen) that ended INCONCLUSIVE: they hold
+    more capacity than what follows, and were not shown harmful, only undecided on the budget given, so
+    the user learns what would decide them (the gate's own words)."""
+    out = []
+    for text in length.tried:
+        cell = cell_id(text, length.max_model_len)
+        if text == length.chosen or verdict.cells.get(cell) != "INCONCLUSIVE":
+            continue
+        decide = next((r.decide for r in verdict.reasons if r.cell == cell and r.level == "INCONCLUSIVE" and r.decide),
+                      "")
+        out.append(bullet(f"{length.max_model_len}: `{escape_cell(text)}` was passed over undecided, not shown "
+                          "harmful" + (f"; to decide: {escape_cell(decide, None)}" if decide else "") + "."))
+    return out
+
+
 def search_section(verdict, evidence: schema.Evidence) -> str:
     search = evidence.search
     if search is None:
@@ -48,6 +64,7 @@ def search_section(verdict, evidence: schema.Evidence) -> str:
         elif length.next:
             out.append(bullet(f"{length.max_model_len}: the search stopped before it ended (next: "
                               f"`{escape_cell(length.next)}`)."))
+        out += _passed_over_undecided(verdict, length)
         out += [bullet(escape_cell(note, None)) for note in length.notes]
     for text, why in search.unavailable.items():
         out.append(bullet(f"`{escape_cell(text)}` not run: {escape_cell(why, 300)}"))
