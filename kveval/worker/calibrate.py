@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from kveval.files.calibration import RECORD_NAME, CalibrationRequest
+from kveval.files.calibration import CalibrationRecord, CalibrationRequest, publish_copy
 
 
 def _scheme(strategy: str) -> dict:
@@ -64,15 +64,10 @@ def calibrate(request: CalibrationRequest) -> dict:
         source = Path(request.model) / extra
         if source.is_file() and not (partial / extra).exists():
             shutil.copy2(source, partial / extra)
-    record = {"strategy": request.strategy, "source_model": request.model,
-              "documents": request.document_names, "samples": len(request.documents),
-              "tokens": sum(len(ids) for ids in request.documents), "device": device,
-              "seconds": round(time.monotonic() - started, 1),
-              "llmcompressor": llmcompressor.__version__, "compressed_tensors": compressed_tensors.__version__}
-    (partial / RECORD_NAME).write_text(json.dumps(record, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
-    return record
+    record = CalibrationRecord.of(request, device=device, seconds=round(time.monotonic() - started, 1),
+                                  llmcompressor=llmcompressor.__version__,
+                                  compressed_tensors=compressed_tensors.__version__)
+    return publish_copy(partial, out, record)
 
 
 def main(argv: list[str] | None = None) -> int:

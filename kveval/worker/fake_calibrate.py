@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from kveval.files.calibration import RECORD_NAME, CalibrationRequest
+from kveval.files.calibration import CalibrationRecord, CalibrationRequest, publish_copy
 
 FAKE_SCALE = 0.02
 
@@ -31,11 +31,6 @@ def calibrate(request: CalibrationRequest) -> dict:
     shape = (heads, 1, 1) if request.strategy == "attn_head" else (1,)
     save_file({f"model.layers.{layer}.self_attn.{t}_scale": np.full(shape, FAKE_SCALE, dtype=np.float32)
                for layer in range(layers) for t in ("k", "v")}, str(partial / "kv_scales.safetensors"))
-    record = {"strategy": request.strategy, "source_model": request.model, "documents": request.document_names,
-              "samples": len(request.documents), "tokens": sum(len(ids) for ids in request.documents),
-              "device": "fake", "seconds": 0.0, "llmcompressor": "fake", "compressed_tensors": "fake",
-              "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (partial / RECORD_NAME).write_text(json.dumps(record, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
-    return record
+    record = CalibrationRecord.of(request, device="fake", seconds=0.0, llmcompressor="fake", compressed_tensors="fake",
+                                  made=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    return publish_copy(partial, out, record)
