@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import math
 from pathlib import Path
 
@@ -9,6 +10,10 @@ from kveval.files import schema
 from kveval.files.rundir import write_bytes_atomic
 
 DPI = 90
+# Every figure module imports this one. A font family the figures' text asks for that this machine lacks
+# falls back to DejaVu Sans, and matplotlib logs each fallback as a warning: 21 "findfont" lines on a
+# machine whose font cache lists only the system's fonts. The figures are fine; the user need not read that.
+logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 COLOURS = 64  # PNG palette size: anti-aliased text on colour compresses badly in RGBA; 64 colours keeps it small
 
 
