@@ -27,6 +27,7 @@ dtype vLLM would cache in, where the fake reports the config's own `torch_dtype`
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -122,6 +123,19 @@ def _unit(*parts: Any) -> float:
 def _normal(*parts: Any) -> float:
     u1, u2 = max(_unit("a", *parts), 1e-12), _unit("b", *parts)
     return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+
+
+# Scoring's draws that depend on the context alone, not on the cell: an `auto` cell scores every sequence
+# twice (batched, then one at a time for the noise floor), so the second pass finds them here. The hashes
+# are most of a fake cell's CPU time; cached, the numbers are the same. (One short-lived process per cell.)
+@functools.lru_cache(maxsize=None)
+def _other_tokens(context: tuple, count: int) -> tuple[int, ...]:
+    return tuple(_FIRST_TOKEN + int(_unit(context, j) * _SPAN) for j in range(count))
+
+
+@functools.lru_cache(maxsize=None)
+def _clean_logit(context: tuple, token: int) -> float:
+    return 2.5 * _normal(context, token)
 
 
 class Engine:
@@ -262,11 +276,12 @@ class Engine:
     def _position(self, ids: list[int], i: int, top_k: int, batched: bool) -> dict[str, Any]:
         """The distribution over the next token after ids[:i]: the actual token and top_k others."""
         context = tuple(ids[max(0, i - 3):i])
-        candidates = [ids[i]] + [_FIRST_TOKEN + int(_unit(context, j) * _SPAN) for j in range(top_k + 4)]
-        candidates = list(dict.fromkeys(candidates))
+        candidates = list(dict.fromkeys((ids[i],) + _other_tokens(context, top_k + 4)))
         noise = self.noise + (0.0 if batched else 1e-3)  # another batch: the tiny noise of batch composition
         salt = (self.settings.kv_cache_dtype, not batched)
-        logits = [2.5 * _normal(context, c) + noise * _normal(salt, i, c) for c in candidates]
+        # No noise (auto, batched): the noise term would add 0.0, so its draws are skipped.
+        logits = [_clean_logit(context, c) + noise * _normal(salt, i, c) if noise else _clean_logit(context, c)
+                  for c in candidates]
         top = max(logits)
         log_norm = top + math.log(sum(math.exp(x - top) for x in logits) + math.exp(-2.0 - top))  # + the rest
         ranked = sorted(zip(candidates, logits), key=lambda item: -item[1])[:top_k]

@@ -12,9 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from kveval import api
 from kveval.analysis.cell_records import generation_records
+from kveval.cli.commands import cli
 from kveval.files.run_lock import LOCK_NAME
+from tests.support import tiny_compare
 
 ROOT = Path(__file__).resolve().parents[2]
 CELLS = ("auto-512", "fp8-512", "auto-1024", "fp8-1024")
@@ -35,9 +39,12 @@ def _command(prompts: Path, out: Path) -> list[str]:
             "--out", str(out)]
 
 
+# No figures: the cells are what is compared here (render/outputs.py NO_PLOTS_ENV; CPU time).
+FAKE_ENV = {"KVEVAL_ENGINE": "fake", "KVEVAL_NO_PLOTS": "1"}
+
+
 def _env() -> dict:
-    # No figures: the cells are what is compared here (render/outputs.py NO_PLOTS_ENV; CPU time).
-    return {**os.environ, "KVEVAL_ENGINE": "fake", "KVEVAL_NO_PLOTS": "1"}
+    return {**os.environ, **FAKE_ENV}
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess:
@@ -57,13 +64,19 @@ def _measured(out: Path, cell: str) -> dict:
 @pytest.fixture(scope="module")
 def alone(tmp_path_factory, default_model_dir):
     """The same command run alone: what every other run here must end with. (default_model_dir: on a
-    fresh machine the model is converted once, under the fixture's lock, not by each run here.)"""
+    fresh machine the model is converted once, under the fixture's lock, not by each run here.)
+    It runs in this process, through the same CLI and tiny_compare's counts: a child would spend
+    seconds of CPU importing kveval and transformers again, and no other run is near this one."""
     root = tmp_path_factory.mktemp("alone")
     prompt_file = root / "prompts.jsonl"
     prompt_file.write_text(json.dumps({"id": "count", "prompt": "Count from one to one hundred in words.",
                                        "max_tokens": 64}) + "\n")
-    done = _run(_command(prompt_file, root / "run"))
-    assert done.returncode in (0, 1, 3), done.stdout + done.stderr
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in FAKE_ENV.items():
+            patch.setenv(name, value)
+        patch.setattr(api, "compare", tiny_compare._tiny_compare)   # what `python -m tests.support.tiny_compare` does
+        done = CliRunner().invoke(cli, _command(prompt_file, root / "run")[3:])   # the argv after the module's name
+    assert done.exit_code in (0, 1, 3), done.output
     return {cell: _measured(root / "run", cell) for cell in CELLS}
 
 
