@@ -10,6 +10,7 @@ chosen so that normal prose, code and markdown (table rules, `---`, `...`, banne
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import unicodedata
@@ -392,12 +393,20 @@ def scan_output(record: GenerationRecord | dict | None,
     record, baseline_record = typed_record(record), typed_record(baseline_record)
     if not record or not record.accepted:
         return []
-    ids, text, tokens = record.token_ids or [], record.text or "", _token_count(record)
+    text, tokens = record.text or "", _token_count(record)
     base_tokens = _token_count(baseline_record) if baseline_record and baseline_record.accepted else None
-    found = [ngram_loop_tokens(ids, text), ngram_loop_chars(text), token_run(ids, text),
-             alternating_duplication(ids, text), char_run(text), unreadable_text(text), length_blowup(tokens, base_tokens, text),
+    found = [*_content_findings(tuple(record.token_ids or ()), text), length_blowup(tokens, base_tokens, text),
              hit_token_limit(record.finish_reason, tokens, text)]
     return [finding for finding in found if finding is not None]
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _content_findings(ids: tuple[int, ...], text: str) -> tuple[Finding | None, ...]:
+    """The detectors that read only the output itself. The evidence is rebuilt after every cell, search
+    step and round over every output so far, so each output is scanned once, not at every rebuild
+    (findings are frozen: sharing them is safe)."""
+    return (ngram_loop_tokens(ids, text), ngram_loop_chars(text), token_run(ids, text),
+            alternating_duplication(ids, text), char_run(text), unreadable_text(text))
 
 
 def _baseline_source(cells: dict[str, CellResult], name: str, prompt_id: str, baseline_kv: str,
