@@ -101,6 +101,19 @@ def run_kveval(args: list[str], out: Path) -> float:
     return time.perf_counter() - began
 
 
+def warm_up(args: list[str], out: Path) -> dict:
+    """One short kveval run of the same cells (speed phase only) before either clock starts: vLLM caches
+    its torch.compile artifacts and CUDA-graph shapes on disk per engine configuration, so whichever side
+    ran first would pay the compilation (~30 s per configuration on the H200) and the other get it cached.
+    After this both start warm, as on a serving host that has run the model before. Best effort: a failure
+    is reported and the bench goes on."""
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "kveval", "compare", *args, *SAME_COVERAGE, "--phases", "speed",
+                           "--tasks", "none", "--budget", "0", "--out", str(out)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    return {"seconds": round(time.perf_counter() - began, 1), "exit": done.returncode}
+
+
 def _num(value) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
@@ -119,6 +132,11 @@ def cell_records(run: Path) -> list[dict]:
         if isinstance(cell, dict) and "phases" in cell:
             records.append({**cell, "cell": path.name[: -len(".json")]})   # a round's id is its file's
     return records
+
+
+PARENT_STEPS = {"looks": "looks at the evidence (read and judge every cell file)",
+                "round_data": "rounds' new task data and probes",
+                "cell_files": "around cell processes (spec, hand-over, read file)"}
 
 
 def kveval_split(run: Path, wall: float) -> dict:
@@ -161,10 +179,27 @@ def kveval_split(run: Path, wall: float) -> dict:
     in_phases = max(0.0, phases_total - engine_calls)
     process_other = max(0.0, processes - startup - phases_total)
     parent = max(0.0, overhead - in_phases - process_other)
-    return {"wall": wall, "engine": engine, "startup": startup, "engine_calls": engine_calls, "references": references,
+    return {"parent_parts": parent_parts(run, wall, processes), "wall": wall, "engine": engine, "startup": startup, "engine_calls": engine_calls, "references": references,
             "overhead": overhead, "parent": parent, "process_other": process_other, "in_phases": in_phases,
             "processes": len(cells), "warm_processes": warm, "missing_engine_seconds": missing_engine,
             "cells": cells}
+
+
+def parent_parts(run: Path, wall: float, processes: float) -> dict:
+    """The parent's time by part, from the manifest's timing (run/compare.py, run/parent_clock.py): set-up,
+    the K/V pass, between cells by step, and outside the run's clock (CLI start-up, the review and figures)."""
+    try:
+        timing = json.loads((run / "manifest.json").read_text()).get("timing") or {}
+    except (OSError, ValueError):
+        return {}
+    run_seconds = timing.get("run_seconds")
+    if not isinstance(run_seconds, (int, float)):
+        return {}
+    setup, diagnosis = _num(timing.get("setup_seconds")), _num(timing.get("diagnosis_seconds"))
+    between = max(0.0, run_seconds - setup - diagnosis - processes)
+    steps = {name: _num((step or {}).get("seconds")) for name, step in (timing.get("steps") or {}).items()}
+    return {"setup": setup, "diagnosis": diagnosis, "between": between, "steps": steps,
+            "between_rest": max(0.0, between - sum(steps.values())), "outside_run": max(0.0, wall - run_seconds)}
 
 
 def efficiency_rows(split: dict) -> dict[str, dict]:
@@ -265,6 +300,10 @@ def show(bench: dict) -> None:
     kveval_wall, naive_wall = bench["kveval_wall"], bench["naive_wall"]
     gpu = bool(m["gpus"])
     print(f"\nMachine: {machine_line(m)}")
+    warmed = bench.get("warm_up")
+    if warmed:
+        print(f"warm-up before both clocks (same cells, speed phase only: vLLM's compile cache): "
+              f"{warmed['seconds']} s, exit {warmed['exit']}")
     print(f"kveval compare {' '.join(bench['compare_args'] + SAME_COVERAGE)}")
     print(f"{split['processes']} kveval cell processes ({split['warm_processes']} started warm); "
           f"{sum(1 for r in rows if not r.get('skipped'))} naive processes, one engine each\n")
@@ -285,6 +324,17 @@ def show(bench: dict) -> None:
     print(f"  overhead                                    {split['overhead']:8.1f} s = {_pct(share)} of wall "
           f"(goal <= {100 * goal:.0f} % on a {'GPU' if gpu else 'CPU'}: {_met(share <= goal if share is not None else None)})")
     print(f"    parent (model check, prompts, task data, planning, report)  {split['parent']:7.1f} s")
+    parts = split.get("parent_parts") or {}
+    if parts:
+        print(f"      set-up (model, tokenising, planning, task data)           {parts['setup']:7.1f} s")
+        if parts["diagnosis"]:
+            print(f"      K/V range pass                                            {parts['diagnosis']:7.1f} s")
+        print(f"      between cells                                             {parts['between']:7.1f} s")
+        for name, seconds in parts["steps"].items():
+            print(f"        {PARENT_STEPS.get(name, name):<56}{seconds:7.1f} s")
+        if parts["steps"]:
+            print(f"        {'the rest':<56}{parts['between_rest']:7.1f} s")
+        print(f"      outside the run's clock (CLI start-up, review, figures)   {parts['outside_run']:7.1f} s")
     print(f"    cell processes outside phases (imports, engine exit)        {split['process_other']:7.1f} s")
     print(f"    phases outside engine calls (kveval's own work in a cell)   {split['in_phases']:7.1f} s")
     if split["engine"] > kveval_wall:
@@ -346,6 +396,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="where both runs go (default: a temporary directory)")
     parser.add_argument("--show", type=Path, default=None, help="print a finished bench's figures (its --out)")
     parser.add_argument("compare_args", nargs="*", help="kveval compare arguments, after -- (default: DEMO_ARGS)")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="skip the warm-up run that fills vLLM's compile cache for both sides (see warm_up)")
     args = parser.parse_args()
     if args.show is not None:
         show(json.loads((args.show / "bench.json").read_text()))
@@ -359,6 +411,10 @@ def main() -> int:
     if not any(a == "--model" or a.startswith("--model=") for a in compare_args):   # the embedded model, converted once, outside both timings
         subprocess.run([sys.executable, "-m", "kveval", "models", "--prepare"], check=True)
 
+    warmed = None if args.no_warm_up else warm_up(compare_args, out / "warm-up")
+    if warmed is not None:
+        print(f"warm-up (same cells, speed phase only; outside both clocks): {warmed['seconds']} s, "
+              f"exit {warmed['exit']}", flush=True)
     print(f"kveval compare {' '.join(compare_args + SAME_COVERAGE)}", flush=True)
     kveval_wall = run_kveval(compare_args, out / "kveval")
     run = out / "kveval"
@@ -366,7 +422,7 @@ def main() -> int:
     print("\nNaive pipeline, one process and one engine per job:", flush=True)
     naive_wall, rows = run_naive(run, out / "naive")
     manifest = json.loads((run / "manifest.json").read_text())
-    bench = {"compare_args": compare_args, "machine": machine(manifest), "kveval_wall": kveval_wall,
+    bench = {"compare_args": compare_args, "warm_up": warmed, "machine": machine(manifest), "kveval_wall": kveval_wall,
              "naive_wall": naive_wall, "ratio": kveval_wall / naive_wall if naive_wall else None,
              "kveval": split, "efficiency": efficiency_rows(split), "coverage": kveval_coverage(run), "naive": rows}
     (out / "bench.json").write_text(json.dumps(bench, indent=1))

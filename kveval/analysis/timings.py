@@ -106,4 +106,5 @@ def timing_totals(manifest: schema.Manifest, rows: list[TimingRow]) -> TimingTot
         split_known=all(row.split_known for row in rows),
         setup_seconds=timing.setup_seconds if timing else None,
         diagnosis_seconds=timing.diagnosis_seconds if timing else None,
-        run_seconds=timing.run_seconds if timing else None, between_cells_seconds=between)
+        run_seconds=timing.run_seconds if timing else None, between_cells_seconds=between,
+        parent_steps=timing.steps if timing is not None and between is not None else {})

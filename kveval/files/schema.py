@@ -309,6 +309,13 @@ class ReferenceCell(ManifestModel):
     why: str
 
 
+class ParentStep(ManifestModel):
+    """run/parent_clock.ParentClock: one kind of the parent's work between cells, summed."""
+
+    seconds: Number
+    count: int
+
+
 class RunTiming(ManifestModel):
     """run/compare.py (issue 18): the parent's own time, outside every cell process."""
 
@@ -317,6 +324,7 @@ class RunTiming(ManifestModel):
     run_seconds: Optional[Number] = None        # from set-up to the end of the last cell (None: not reached)
     cells_overlap: bool = False                 # cells ran at once (several devices, Ray): their times overlap
     resumed: bool = False                       # an earlier run's finished cells may be kept: their time is not this run's
+    steps: dict[str, ParentStep] = {}           # between cells, by step (run/parent_clock.py); {} before it was recorded
 
 
 class CalibrationEntry(ManifestModel):
@@ -1439,6 +1447,7 @@ class TimingTotals(FileModel):
     diagnosis_seconds: Optional[Number]
     run_seconds: Optional[Number]
     between_cells_seconds: Optional[Number]   # run - set-up - diagnosis - processes; None where not one run's sum
+    parent_steps: dict[str, ParentStep] = {}  # part of between cells, by step (manifest timing.steps)
 
 
 class SpeedRow(FileModel):

@@ -38,6 +38,21 @@ def _view(rows: list[schema.TimingRow], phases: list[str]) -> pd.DataFrame:
     return pd.DataFrame(view)
 
 
+_STEP_WORDS = {"looks": "looks at the evidence", "round_data": "rounds' task data and probes",
+               "cell_files": "around the cell processes (specs, hand-over, reading their files)"}
+
+
+def _between_split(totals: schema.TimingTotals) -> str:
+    """What the parent did between cells: its recorded steps and the rest; the run's words before they were recorded."""
+    steps = totals.parent_steps
+    if not steps:
+        return "judging, planning remedies and rounds"
+    parts = [f"{_STEP_WORDS.get(name, name)} {_seconds(step.seconds)} s"
+             + (f" ({step.count}×)" if name == "looks" else "") for name, step in steps.items()]
+    rest = totals.between_cells_seconds - sum(step.seconds for step in steps.values())
+    return ", ".join(parts) + f", the rest {_seconds(max(0.0, rest))} s"
+
+
 def _parent_line(totals: schema.TimingTotals) -> str:
     if totals.setup_seconds is None:
         return "- Parent, outside every cell: not recorded (runs before issue 18)."
@@ -45,7 +60,7 @@ def _parent_line(totals: schema.TimingTotals) -> str:
     if totals.diagnosis_seconds is not None:
         parts.append(f"K/V range pass {_seconds(totals.diagnosis_seconds)} s")
     if totals.between_cells_seconds is not None:
-        parts.append(f"between cells {_seconds(totals.between_cells_seconds)} s (judging, planning remedies and rounds)")
+        parts.append(f"between cells {_seconds(totals.between_cells_seconds)} s ({_between_split(totals)})")
     run = (f"; the run took {_seconds(totals.run_seconds)} s up to its last cell" if totals.run_seconds is not None
            else "; the run had not finished its cells when this was written")
     return "- Parent, outside every cell: " + ", ".join(parts) + run + "."

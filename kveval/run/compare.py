@@ -39,6 +39,7 @@ from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
 from kveval.defaults import BASELINE_KV
 from kveval.run.devices import devices_per_cell, resolve_gpus
 from kveval.run.parallel import run_in_parallel
+from kveval.run.parent_clock import CELL_FILES, LOOK, ParentClock
 from kveval.run.ray_executor import RayCells
 from kveval.inputs.kvspec import KVSpec
 from kveval.run.calibration import checkpoints_for
@@ -90,6 +91,7 @@ class RunSetup:
     calibrated: dict[str, str] = dataclasses.field(default_factory=dict)  # scaled word -> checkpoint (run/calibration.py)
     tokenizer: Any = None              # the model's, for calibrating a scaled candidate the search reaches
     trust_remote_code: bool = False
+    clock: ParentClock = dataclasses.field(default_factory=ParentClock)   # the parent's steps between cells
 
 
 def _local_gpus(options: CompareOptions) -> bool:
@@ -342,17 +344,19 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     gpu_host = bool(setup.manifest["hardware"]["gpus"])
     warm = WarmProcess(run.cells_dir) if setup.ray is None and warm_cells_enabled(gpu_host) else None
     try:
-        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray, warm)
+        clock = setup.clock
+        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray, warm, clock)
         _run_quality_references(setup, show, warm)
-        run_cells = lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray, warm)  # noqa: E731
+        run_cells = lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray, warm, clock)  # noqa: E731
         if options.search:
             run_task_rounds(setup, thresholds, show, run_cells)
             _search(setup, thresholds, show, run_cells)
         # A plain FP8 cell may FAIL only once task rounds have decided it: then its remedy runs in a second pass.
         for attempt in range(0 if options.search else 2):
-            stored = run.manifest()   # as written: `manifest` is the dict this run adds to
             # A look only decides what runs next: the review is written once, at the end (api.report).
-            evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
+            with setup.clock.step(LOOK):
+                stored = run.manifest()   # as written: `manifest` is the dict this run adds to
+                evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
             remedy = plan_remedy(verdict, evidence, options.remedy)
             extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype,
                                setup.calibrated)
@@ -369,10 +373,9 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
                 run.write_manifest(manifest)
                 for note in remedy["notes"]:
                     show.note(note)
-            _run_cells(run, extra, True, options, show, setup.devices, setup.ray, warm)
+            _run_cells(run, extra, True, options, show, setup.devices, setup.ray, warm, clock)
             # Cells undecided only by task accuracy: more task samples, in rounds, until decided or the budget is spent.
-            run_task_rounds(setup, thresholds, show,
-                            lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray, warm))
+            run_task_rounds(setup, thresholds, show, run_cells)
         _note_run_time(setup)
     except KeyboardInterrupt:
         if warm is not None:   # no process left waiting while the partial review is written
@@ -397,8 +400,9 @@ def _search(setup: RunSetup, thresholds: Thresholds, show, run_cells) -> None:
     ran: set[str] = set()
     lengths = [int(x) for x in options.max_model_len]
     while True:
-        stored = run.manifest()
-        evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
+        with setup.clock.step(LOOK):
+            stored = run.manifest()
+            evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
         diagnosis = evidence.diagnosis.get(SEARCH_DTYPE)
         candidates = [spec for spec in ladder(diagnosis if isinstance(diagnosis, schema.Diagnosis) else None)
                       if spec.text not in unavailable]
@@ -443,6 +447,7 @@ def _note_run_time(setup: RunSetup) -> None:
     """The run's wall time so far, into the manifest's timing: the review written next shows it."""
     if "timing" in setup.manifest:
         setup.manifest["timing"]["run_seconds"] = round(time.monotonic() - setup.started, 3)
+        setup.manifest["timing"]["steps"] = setup.clock.record()
         setup.run.write_manifest(setup.manifest)
 
 
@@ -463,16 +468,20 @@ def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | None = No
             manifest["cells"].append(planned_cell(plan))
         show.note(f"Quality reference: {why}")
     run.write_manifest(manifest)
-    _run_cells(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray, warm)
+    _run_cells(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray, warm,
+               setup.clock)
 
 
 def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show,
-               devices: list[str] | None = None, ray: RayCells | None = None, warm: WarmProcess | None = None) -> None:
+               devices: list[str] | None = None, ray: RayCells | None = None, warm: WarmProcess | None = None,
+               clock: ParentClock | None = None) -> None:
     """Every plan, reusing what an identical earlier run finished. With several devices, cells run at
     once, one per device (their engines see only theirs); on Ray, as many at once as the cluster has
     room for. The scoring reference runs first, alone, because every other cell scores its outputs.
-    `warm`: cells one after another take the process started ahead there (not cells at once)."""
-    def run_one(plan: CellPlan, env: dict | None = None, stop=None, warm: WarmProcess | None = None) -> None:
+    `warm`: cells one after another take the process started ahead there (not cells at once).
+    `clock`: cells one after another add the parent's time around each process (CELL_FILES) there."""
+    def run_one(plan: CellPlan, env: dict | None = None, stop=None,
+                warm: WarmProcess | None = None) -> schema.CellResult | None:
         try:
             previous = run_dir.cell_result(plan.id) if reuse else None
         except StoreError as error:  # a damaged result is measured again, not trusted
@@ -482,7 +491,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
                            budget_given=options.kv_cache_memory is not None) if previous is not None else None
         if previous is not None and redo is None:
             show.cell_reused(plan.id, previous)
-            return
+            return None
         if redo:
             show.note(f"{plan.id}: running it again: {redo}")
         show.cell_started(plan.id, f"GPU {env['CUDA_VISIBLE_DEVICES']}" if env else "Ray task" if ray else None)
@@ -490,7 +499,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
         if ray is not None:
             written = ray.launch(plan, on_event, stop)
             if written is None:  # stopped before it began: nothing to record, as for a cell never reached
-                return
+                return None
         else:
             written = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
                                        on_event=on_event, stall_s=options.stall_timeout, warm=warm)
@@ -501,6 +510,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
             # Every other cell would fail the same way: a usage error, not a finding.
             raise KvevalError(f"vLLM rejected --engine-arg {rejected}: {facts.failure.message} "
                               f"(recorded in {run_dir.cell_path(plan.id)})")
+        return facts
 
     reference = next((p for p in plans if p.kv.text == BASELINE_KV), None) if "scoring" in options.phases else None
     first = reference.id if reference else None
@@ -510,7 +520,10 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
     elif not devices or len(devices) <= devices_per_cell(options.engine_args):
         env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
         for plan in plans:
-            run_one(plan, env, warm=warm)
+            began = time.monotonic()
+            facts = run_one(plan, env, warm=warm)
+            if clock is not None and facts is not None and facts.process is not None:
+                clock.add(CELL_FILES, time.monotonic() - began - float(facts.process.seconds or 0.0))
     else:
         run_in_parallel(plans, devices, devices_per_cell(options.engine_args), run_one, first=first)
 

@@ -30,6 +30,7 @@ from kveval.inputs.task_data import TASKS, write_task_data
 from kveval.inputs.workloads import round_probe_pool_size, round_probe_prompts
 from kveval.pipeline import stored_run_verdict
 from kveval.run.cell_process import CellPlan
+from kveval.run.parent_clock import LOOK, ROUND_DATA
 from kveval.run.plan import cell_plan
 from kveval.run.round_plan import (MAX_ROUNDS, Costs, LengthRound, LengthShape, RoundPlan, plan_round,
                                    task_decided)
@@ -213,10 +214,11 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     stopped = f"{MAX_ROUNDS} rounds, the most kveval runs"
     waiting: dict[str, int] = {}   # cells of the last round -> their paired samples before it
     for number in range(1, MAX_ROUNDS + 2):
-        written = run.manifest()   # `manifest` (and `record`) as last written
-        cells = run.cell_results(written)
         # A look only plans the next round: the review is written once, at the end (api.report).
-        evidence, verdict = stored_run_verdict(run, written, cells, thresholds)
+        with setup.clock.step(LOOK):
+            written = run.manifest()   # `manifest` (and `record`) as last written
+            cells = run.cell_results(written)
+            evidence, verdict = stored_run_verdict(run, written, cells, thresholds)
         rounds_run = written.task_rounds.rounds
         paired = _paired(evidence)
         if waiting and not any(paired.get(c, 0) > n for c, n in waiting.items()):
@@ -235,10 +237,12 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
         waiting = {c: paired.get(c, 0) for r in plan.rounds for c in r.cells}
         kv_of = {name: stored_spec(facts.kv_spec) for name, facts in cells.items()}
         probe_count = max(r.probes for r in plan.rounds)
-        probes = data.write_probes(number, _probes_used(rounds_run), probe_count) if probe_count else None
+        with setup.clock.step(ROUND_DATA):
+            probes = data.write_probes(number, _probes_used(rounds_run), probe_count) if probe_count else None
         plans = []
         for length_round in plan.rounds:
-            relative = data.write(number, length_round) if length_round.task_cells else None
+            with setup.clock.step(ROUND_DATA):
+                relative = data.write(number, length_round) if length_round.task_cells else None
             record["rounds"].append({"round": number, "max_model_len": length_round.max_model_len,
                                      "cells": length_round.all_cells, "data_dir": relative,
                                      "samples_per_point": length_round.samples_per_point,

@@ -6,7 +6,7 @@ that log. The result file is rewritten atomically after start-up and after every
 in a late phase keeps what the earlier phases measured.
 
 Warm (issue 18; run/warm_process.py): `python -m kveval.worker.cell_main --warm LOG` imports vLLM and torch (or
-the fake engine) and the phases ahead, touching no device (vLLM's import reads the GPUs through NVML, which
+the fake engine), the phases and lm-eval ahead, touching no device (vLLM's import reads the GPUs through NVML, which
 makes no CUDA context), then reads one line on stdin, the spec's path: its output so far (LOG) goes to the
 head of the cell's log, stdout and stderr are pointed at that log, and the cell runs as a cold one does.
 EOF on stdin (no cell came, or the parent is gone) ends it with 0.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -145,9 +146,12 @@ def run_cell(spec: CellSpec) -> dict:
 
 def _wait_for_spec(waiting_log: Path) -> CellSpec | None:
     """Warm: import what a cell needs, then wait for the spec's path; None on EOF."""
-    from kveval.worker import phases  # noqa: F401 - imported ahead, as the engine is
+    from kveval.worker import phases
 
     _engine_module()
+    # lm-eval too, while nothing waits for this process: a cell handed over already gets what a cold one does.
+    if not select.select([sys.stdin], [], [], 0)[0]:
+        phases.tasks.preload()
     line = sys.stdin.readline().strip()
     if not line:
         return None

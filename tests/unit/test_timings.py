@@ -13,6 +13,7 @@ from kveval.gate import Thresholds, evaluate
 from kveval.pipeline import stored_run_verdict
 from kveval.render.review import render_review
 from kveval.render.timing_section import MAX_OPEN_ROWS, timing_section
+from kveval.run.parent_clock import ParentClock
 from tests.support.constructed import complete_cell, planned_manifest
 from tests.support.evidence import typed_evidence, typed_manifest
 from tests.support.review import review_of
@@ -179,3 +180,34 @@ def test_timing_rows_keep_the_cells_order_without_rounds():
     cells = {name: _typed(_cell(name)) for name in ("auto-1024", "fp8-1024")}
     rows = timing_rows(typed_manifest({}), cells)
     assert [(row.process, row.round) for row in rows] == [("auto-1024", None), ("fp8-1024", None)]
+
+
+def test_the_parent_steps_between_cells_are_named_with_the_rest():
+    rows = [process_row(_typed(_cell()), "fp8-1024")]
+    steps = {"looks": {"seconds": 20.0, "count": 4}, "round_data": {"seconds": 6.5, "count": 2},
+             "cell_files": {"seconds": 1.5, "count": 6}}
+    totals = _totals(rows, setup_seconds=5.0, run_seconds=150.0, steps=steps)
+    assert {name: step.seconds for name, step in totals.parent_steps.items()} == {
+        "looks": 20.0, "round_data": 6.5, "cell_files": 1.5}
+    text = timing_section(typed_evidence({"timings": [schema.dump(row) for row in rows],
+                                          "timing_totals": schema.dump(totals)}))
+    assert ("between cells 45.0 s (looks at the evidence 20.0 s (4×), rounds' task data and probes 6.5 s, around the "
+            "cell processes (specs, hand-over, reading their files) 1.5 s, the rest 17.0 s)") in text
+    # Steps say nothing where "between cells" is not this run's own sum (cells at once): none shown.
+    assert _totals(rows, setup_seconds=5.0, run_seconds=150.0, steps=steps, cells_overlap=True).parent_steps == {}
+
+
+def test_the_parent_clock_sums_each_step_and_counts_it():
+    clock = ParentClock()
+    for _ in range(3):
+        with clock.step("looks"):
+            pass
+    clock.add("cell_files", 2.0)
+    clock.add("cell_files", -1.0)   # a process clock ahead of the parent's by rounding: never negative
+    record = clock.record()
+    assert record["looks"]["count"] == 3 and 0.0 <= record["looks"]["seconds"] < 1.0
+    assert record["cell_files"] == {"seconds": 2.0, "count": 2}
+    with pytest.raises(RuntimeError):
+        with clock.step("looks"):
+            raise RuntimeError("a look that fails still counts")
+    assert clock.record()["looks"]["count"] == 4

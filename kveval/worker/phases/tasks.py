@@ -184,6 +184,16 @@ def _task_data_plan(run_dir: RunDir | None) -> schema.TaskData:
     return schema.load(schema.Manifest, run_dir.manifest_path).task_data
 
 
+def preload() -> None:
+    """Import lm-eval and kveval's adapter ahead (a warm cell process, worker/cell_main.py, waiting for its
+    cell): ~2-5 s of every tasks phase otherwise (issue 18)."""
+    from lm_eval import simple_evaluate  # noqa: F401
+    from lm_eval.tasks import TaskManager  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401
+
+    from kveval.worker.lmeval_lm import EngineLM  # noqa: F401
+
+
 def run(engine, cell) -> dict:
     import lm_eval
     from lm_eval import simple_evaluate
