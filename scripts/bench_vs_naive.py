@@ -101,6 +101,23 @@ def run_kveval(args: list[str], out: Path) -> float:
     return time.perf_counter() - began
 
 
+WARM_UP_SETS = ("--phases", "--tasks", "--budget", "--out")   # the warm-up's own values replace the user's
+
+
+def _without(args: list[str], options: tuple[str, ...]) -> list[str]:
+    """`args` less each of `options` (as `--opt v ...` or `--opt=v`) and its values (up to the next option)."""
+    out, skipping = [], False
+    for arg in args:
+        if arg.startswith("--"):
+            skipping = arg.split("=", 1)[0] in options
+            if skipping:
+                continue
+        elif skipping:
+            continue
+        out.append(arg)
+    return out
+
+
 def warm_up(args: list[str], out: Path) -> dict:
     """One short kveval run of the same cells (speed phase only) before either clock starts: vLLM caches
     its torch.compile artifacts and CUDA-graph shapes on disk per engine configuration, so whichever side
@@ -108,7 +125,8 @@ def warm_up(args: list[str], out: Path) -> dict:
     After this both start warm, as on a serving host that has run the model before. Best effort: a failure
     is reported and the bench goes on."""
     began = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "kveval", "compare", *args, *SAME_COVERAGE, "--phases", "speed",
+    done = subprocess.run([sys.executable, "-m", "kveval", "compare", *_without(args, WARM_UP_SETS), *SAME_COVERAGE,
+                           "--phases", "speed",
                            "--tasks", "none", "--budget", "0", "--out", str(out)],
                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     return {"seconds": round(time.perf_counter() - began, 1), "exit": done.returncode}
@@ -246,16 +264,17 @@ def kveval_coverage(run: Path) -> dict[str, dict]:
 
 # --- the naive side ------------------------------------------------------------------------------
 
-def run_naive(run: Path, out: Path) -> tuple[float, list[dict]]:
+def run_naive(run: Path, out: Path, only: str | None = None) -> tuple[float, list[dict]]:
+    """Every naive job of every cell in turn (`only`: that job alone, for --redo-naive)."""
     script = Path(__file__).resolve().with_name("naive_pipeline.py")
     rows = []
     # Built before the clock starts (a merged task data directory where kveval ran task rounds).
     lm_eval = {cell: tasks_command(sys.executable, run, cell, out) for cell in base_cells(run)
-               if "tasks" in jobs_for(run, cell)}
+               if "tasks" in jobs_for(run, cell) and only in (None, "tasks")}
     began = time.perf_counter()
     for cell in base_cells(run):
         first_failed = None
-        for job in jobs_for(run, cell):
+        for job in [j for j in jobs_for(run, cell) if only in (None, j)]:
             if first_failed is not None:
                 # The cell's first script failed (its engine did not start, e.g. FP8 on an AVX2-only CPU):
                 # a user sees that and does not run the others.
@@ -305,6 +324,9 @@ def show(bench: dict) -> None:
         print(f"warm-up before both clocks (same cells, speed phase only: vLLM's compile cache): "
               f"{warmed['seconds']} s, exit {warmed['exit']}")
     print(f"kveval compare {' '.join(bench['compare_args'] + SAME_COVERAGE)}")
+    for entry in bench.get("redone") or []:
+        print(f"naive {entry['cell']}/{entry['job']} redone with --redo-naive: {entry['before']['seconds']:.1f} s "
+              f"exit {entry['before']['exit']} -> {entry['after']['seconds']:.1f} s exit {entry['after']['exit']}")
     print(f"{split['processes']} kveval cell processes ({split['warm_processes']} started warm); "
           f"{sum(1 for r in rows if not r.get('skipped'))} naive processes, one engine each\n")
 
@@ -391,6 +413,23 @@ def show(bench: dict) -> None:
         print(f"  {job:<9} {len(mine)} processes {sum(r['seconds'] for r in mine):8.1f} s{inside}")
 
 
+def redo_naive(out: Path, job: str) -> None:
+    """Re-run `job` for every cell, replace its rows in bench.json and move the naive wall time (the jobs
+    ran one after another, so their walls add up) by the difference; bench.json says what was redone."""
+    bench = json.loads((out / "bench.json").read_text())
+    _, fresh = run_naive(out / "kveval", out / "naive", only=job)
+    rows = bench["naive"]
+    for new in fresh:
+        index = next(i for i, row in enumerate(rows) if row["cell"] == new["cell"] and row["job"] == job)
+        old = rows[index]
+        bench["naive_wall"] += new["seconds"] - old["seconds"]
+        bench.setdefault("redone", []).append({"cell": new["cell"], "job": job, "before": old, "after": new})
+        rows[index] = new
+    bench["ratio"] = bench["kveval_wall"] / bench["naive_wall"] if bench["naive_wall"] else None
+    (out / "bench.json").write_text(json.dumps(bench, indent=1))
+    show(bench)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="where both runs go (default: a temporary directory)")
@@ -398,7 +437,16 @@ def main() -> int:
     parser.add_argument("compare_args", nargs="*", help="kveval compare arguments, after -- (default: DEMO_ARGS)")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="skip the warm-up run that fills vLLM's compile cache for both sides (see warm_up)")
+    parser.add_argument("--redo-naive", metavar="JOB", choices=("generate", "score", "tasks", "speed"),
+                        help="re-run one naive job for every cell of the finished bench in --out and rewrite its "
+                             "bench.json (the naive wall time changes by the jobs' difference): for a job that failed "
+                             "for a reason outside the comparison, e.g. a file missing on the machine")
     args = parser.parse_args()
+    if args.redo_naive:
+        if args.out is None or not (args.out / "bench.json").is_file():
+            raise SystemExit("--redo-naive needs --out with a finished bench (its bench.json)")
+        redo_naive(args.out, args.redo_naive)
+        return 0
     if args.show is not None:
         show(json.loads((args.show / "bench.json").read_text()))
         return 0

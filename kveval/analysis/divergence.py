@@ -179,6 +179,28 @@ def _records(table: pd.DataFrame) -> list[dict]:
              for key, value in row.items()} for row in table.to_dict("records")]
 
 
+# Position frames by the pair of sequence objects they were computed from (the objects are held, so an
+# id is never another object's): the parent judges the same unchanged cells at every look (RunDir keeps
+# their typed records), and the per-position KL was the larger part of a look (issue 18).
+_FRAMES: dict[tuple[int, int], tuple[ScoredSequence, ScoredSequence, tuple[pd.DataFrame, int]]] = {}
+_MAX_FRAMES = 512
+
+
+def _sequence_frame(ref: ScoredSequence, cand: ScoredSequence) -> tuple[pd.DataFrame, int]:
+    """position_divergence of the two sequences' aligned positions, and the index of the first."""
+    key = (id(ref), id(cand))
+    cached = _FRAMES.get(key)
+    if cached is not None and cached[0] is ref and cached[1] is cand:
+        frame, start = cached[2]
+        return frame.copy(), start
+    a, b, start = _align(ref, cand)
+    frame = position_divergence(a, b, start=start)
+    if len(_FRAMES) >= _MAX_FRAMES:
+        _FRAMES.clear()
+    _FRAMES[key] = (ref, cand, (frame, start))
+    return frame.copy(), start
+
+
 def compare_sequences(reference: dict[str, ScoredSequence],
                       candidate: dict[str, ScoredSequence]) -> tuple[pd.DataFrame, list[dict], list[dict]]:
     """Pooled position frame, per-sequence summaries and skipped sequences for two scored cells."""
@@ -188,8 +210,7 @@ def compare_sequences(reference: dict[str, ScoredSequence],
         if ref.token_ids != cand.token_ids:
             skipped.append({"id": seq_id, "reason": "token ids differ between the cells"})
             continue
-        a, b, start = _align(ref, cand)
-        frame = position_divergence(a, b, start=start)
+        frame, start = _sequence_frame(ref, cand)
         if frame.empty:
             continue
         frame.insert(0, "sequence", seq_id)

@@ -157,6 +157,37 @@ class RunDir:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        # Typed cell files by path, with the (mtime, size, inode) they were read at: the parent looks at
+        # the evidence after every cell and round (issue 18), and re-parsing every unchanged file each
+        # time was most of a look. A file rewritten in any way is read again.
+        self._typed_cells: dict[str, tuple[tuple, schema.CellResult]] = {}
+
+    @staticmethod
+    def _identity(path: Path) -> tuple:
+        stat = path.stat()
+        return stat.st_mtime_ns, stat.st_size, stat.st_ino
+
+    def _typed_cell_file(self, path: Path) -> schema.CellResult:
+        """schema.load of a cell file, once per version of it (FileError as schema.load raises it)."""
+        try:
+            identity = self._identity(path)
+        except OSError:
+            return schema.load(schema.CellResult, path)   # raises FileError saying why
+        cached = self._typed_cells.get(str(path))
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        result = schema.load(schema.CellResult, path)
+        self._typed_cells[str(path)] = (identity, result)
+        return result
+
+    def remember_cell(self, cell: str, result: schema.CellResult) -> None:
+        """The typed record of the cell file just written from the same data (the parent after a cell
+        process): its next read is not a parse."""
+        path = self.cell_path(cell)
+        try:
+            self._typed_cells[str(path)] = (self._identity(path), result)
+        except OSError:
+            pass
 
     @property
     def manifest_path(self) -> Path:
@@ -331,13 +362,13 @@ class RunDir:
             return None
         rounds, design = rounds_of(manifest, cell), design_of(manifest, cell)
         try:
-            result = schema.load(schema.CellResult, path)
+            result = self._typed_cell_file(path)
             if not (rounds or design):
                 return result
             records = []
             for number in rounds:
                 round_path = self.cell_path(round_cell_id(cell, number))
-                records.append((number, schema.load(schema.CellResult, round_path) if round_path.is_file() else None))
+                records.append((number, self._typed_cell_file(round_path) if round_path.is_file() else None))
         except schema.FileError as error:
             raise StoreError(str(error)) from None
         return merge_rounds(result, records, design, streams_of(manifest, cell))
@@ -363,7 +394,7 @@ class RunDir:
                 for number in rounds_of(manifest, planned.id):
                     path = self.cell_path(round_cell_id(planned.id, number))
                     if path.is_file():
-                        out[round_cell_id(planned.id, number)] = schema.load(schema.CellResult, path)
+                        out[round_cell_id(planned.id, number)] = self._typed_cell_file(path)
         except schema.FileError as error:
             raise StoreError(str(error)) from None
         return out

@@ -531,9 +531,11 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
 def _typed_cell(run_dir: RunDir, cell: str, written: dict) -> schema.CellResult:
     """The record a cell process just wrote (and returned), validated as a cell file is when read."""
     try:
-        return schema.parse(schema.CellResult, written, str(run_dir.cell_path(cell)))
+        typed = schema.parse(schema.CellResult, written, str(run_dir.cell_path(cell)))
     except schema.FileError as error:
         raise StoreError(str(error)) from None
+    run_dir.remember_cell(cell, typed)
+    return typed
 
 
 def _log_tail(run_dir: RunDir, cell: str) -> str:
