@@ -24,7 +24,7 @@ set -uo pipefail
 stall=${STALL_TIMEOUT:+--stall-timeout $STALL_TIMEOUT}
 suite="${SUITE:+--suite $SUITE} ${BUDGET:+--budget $BUDGET}"
 src=/tmp/kveval-src
-rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests pyproject.toml "$src"/
+rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests tasks pyproject.toml "$src"/   # tasks/: the naive pipeline's lm-eval YAMLs
 what=${*:?name the jobs to run}
 cat > /tmp/runs/queue.sh <<EOF
 set -uo pipefail

@@ -2,9 +2,10 @@
 
 kveval's own tasks (tasks/*.yaml) read the data the parent generated for this max_model_len
 (run_dir/taskdata/L<len>/); any other name is handed to lm-eval as is, for users who have that
-task's data locally. Each task runs in its own `simple_evaluate` call, so a task that fails
-(e.g. a built-in whose data would need a download) is recorded with lm-eval's words and the others
-still run; the phase is stored after every task, so a crash keeps the finished ones.
+task's data locally. kveval's own tasks run in one `simple_evaluate` call, so the engine gets all their
+requests as one batch; built-ins (or kveval's tasks after that call failed) run one call per task, so a
+task that fails (e.g. a built-in whose data would need a download) is recorded with lm-eval's words and
+the others still run; the phase is stored after every call, so a crash keeps the finished ones.
 
 Per sample the record joins what the engine did (prompt tokens, accepted or rejected, the answer)
 with lm-eval's own per-sample metric. A rejected sample has no score: it is never truncated.
@@ -238,35 +239,60 @@ def run(engine, cell) -> dict:
     builtins = any(task not in KVEVAL_TASKS for task in tasks)
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=builtins, metadata=metadata)
     skipped = plan.skipped.get(length)
+    runnable = []
     for task in tasks:
         if task in KVEVAL_TASKS and totals.get(task) is None:
             planned = plan.files.get(length, {}).get(task)
             why = skipped or "; ".join(planned.skipped.values() if planned else ())
             phase["task_errors"][task] = f"no task data for max_model_len {cell.max_model_len}: {why or 'not generated'}"
             continue
+        runnable.append(task)
+
+    def evaluate(names: list[str], samples: dict[str, list[int]] | None) -> _EvalOutput:
+        selection = {"samples": samples} if samples else {"limit": limit}
+        output = simple_evaluate(model=lm, tasks=names, task_manager=manager, log_samples=True, bootstrap_iters=0,
+                                 num_fewshot=None, random_seed=engine.settings.seed, **selection)
+        return _EvalOutput.model_validate(output or {})
+
+    def keep(output: _EvalOutput, chosen: dict[str, list[int]]) -> None:
+        for task, positions in chosen.items():   # --limit on kveval's tasks: see _renumber_requests
+            _renumber_requests([r for r in lm.records if r.get("task") == task], positions)
+        phase["lm_eval_results"].update(json.loads(json.dumps(output.results or {}, default=str)))
+        phase["samples"].extend(sample_records(output.samples or {}, lm.records, cell.max_model_len))
+        cell.facts["phases"]["tasks"] = phase
+        cell.checkpoint()
+
+    # kveval's own tasks (all with data) go to lm-eval in one call: lm-eval hands every task's requests to
+    # the engine as one batch, and sets up once (issue 18). A failure there falls back to one call per
+    # task, so one task's failure does not lose the others.
+    if len(runnable) > 1 and all(task in KVEVAL_TASKS for task in runnable):
+        chosen = {task: spread(totals[task], limit) or list(range(totals[task])) for task in runnable}
+        state.update(task=None, done=0)
+        totals[None] = sum(len(positions) for positions in chosen.values())
+        cell.emit(event="step", phase="tasks", done=0, total=totals[None], item="all tasks")
+        try:
+            output = evaluate(runnable, chosen)
+        except Exception as error:  # noqa: BLE001 - retried task by task below, where each failure is its own
+            logging.getLogger(__name__).warning("tasks in one lm-eval call failed (%s: %s); one call per task",
+                                                type(error).__name__, error)
+            lm.records, lm.accepted_generations = [], []
+        else:
+            keep(output, chosen)
+            runnable = []
+    for task in runnable:
         state.update(task=task, done=0)
         lm.records = []
         cell.emit(event="step", phase="tasks", done=0, total=totals.get(task) or "?", item=task)
         # --limit on kveval's tasks keeps samples spread over sizes and depths, not the first few.
         chosen = spread(totals[task], limit) if totals.get(task) else None
-        selection = {"samples": {task: chosen}} if chosen else {"limit": limit}
         try:
-            output = simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True,
-                                     bootstrap_iters=0, num_fewshot=None, random_seed=engine.settings.seed,
-                                     **selection)
+            output = evaluate([task], {task: chosen} if chosen else None)
         except Exception as error:  # noqa: BLE001 - one task's failure must not lose the others
             phase["task_errors"][task] = f"{type(error).__name__}: {error}"
             cell.facts["phases"]["tasks"] = phase
             cell.checkpoint()
             continue
-        output = _EvalOutput.model_validate(output or {})
-        if chosen:  # lm-eval numbers the requests of a --samples selection 0..k-1, its sample log by document
-            _renumber_requests(lm.records, chosen)
-        phase["lm_eval_results"].update(json.loads(json.dumps(output.results or {}, default=str)))
-        phase["samples"].extend(sample_records(output.samples or {}, lm.records,
-                                                   cell.max_model_len))
-        cell.facts["phases"]["tasks"] = phase
-        cell.checkpoint()
+        keep(output, {task: chosen} if chosen else {})
     measured = efficiency.measure(engine, "generate", lm.accepted_generations, cell.options.efficiency_sample)
     if measured:
         phase["efficiency"] = measured
