@@ -13,23 +13,14 @@ import json
 
 import pytest
 
-import kveval
-from tests.support.planted import plant
-from tests.support.quiet import Quiet
+from tests.support.planted_runs import PLANTED, planted_run
 
 pytestmark = pytest.mark.engine
-
-PLANTED = [3, 17]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, default_model_dir):
-    root = tmp_path_factory.mktemp("remedy")
-    model = plant(default_model_dir, root / "model", tensor="k", factor=128, layers=PLANTED)
-    return kveval.compare(model=str(model), kv=["fp8", "auto"], max_model_len=[1024], kv_cache_memory="60MiB",
-                          enforce_eager=True, suite="quick", tasks=["none"], out=root / "run", progress=Quiet(),
-                          counts={"short_256": 2, "short_512": 0, "probe": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0},
-                          phases=("generation", "scoring"))
+    return planted_run(default_model_dir, tmp_path_factory.mktemp("remedy"), ["fp8", "auto"], "60MiB")
 
 
 def test_diagnosis_names_exactly_the_planted_layers(run):
