@@ -76,7 +76,7 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
             max_model_len: Sequence[int] | None = None, *, progress: Any = None, **kwargs) -> RunResult:
     """Run the (KV configuration x max_model_len) matrix, store every fact, write review.md.
     Keyword arguments: the fields of kveval.run.options.CompareOptions (see compare_options)."""
-    from kveval.run.compare import run_matrix, set_up_run
+    from kveval.run.compare import end_starter, run_matrix, set_up_run
     from kveval.run.progress import ConsoleProgress
 
     options = compare_options(model, kv, max_model_len, **kwargs)
@@ -96,8 +96,10 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     except DiskFull as error:
         raise KvevalError(_disk_full_message(error, setup.run.path if setup else options.out)) from None
     finally:
-        if setup is not None and setup.lock is not None:
-            setup.lock.release()
+        if setup is not None:
+            end_starter(setup.starter)   # run_matrix ends it; this covers a failure before it began
+            if setup.lock is not None:
+                setup.lock.release()
 
 
 def _disk_full_message(error: DiskFull, run_dir: str | Path | None) -> str:

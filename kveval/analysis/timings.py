@@ -58,6 +58,7 @@ def process_row(facts: CellResult, cell: str, round_number: int | None = None,
     return TimingRow(
         process=cell if round_number is None else round_cell_id(cell, round_number), cell=cell, round=round_number,
         started=facts.started, warm=facts.process.warm if facts.process is not None else None,
+        forked=facts.process.forked if facts.process is not None else None,
         process_seconds=process, startup_seconds=startup, phases=phases, engine_seconds=engine,
         outside_engine_seconds=None if process is None else process - (startup or 0.0) - engine,
         split_known=all(p.engine_seconds is not None for p in phases))

@@ -474,6 +474,7 @@ class Process(CellModel):
     cause: Optional[str] = None          # ditto: run/death.py's cause (timeout, oom_killed, ...)
     node: Optional[str] = None           # --executor ray: the node's IP that ran the cell (issue 12)
     warm: Optional[bool] = None          # the process was started ahead, while the previous cell ran (issue 18)
+    forked: Optional[bool] = None        # ... as a fork of the run's fork server, which imported once (run/fork_server.py)
 
 
 class Stalled(CellModel):
@@ -1425,6 +1426,7 @@ class TimingRow(FileModel):
     round: Optional[int]                  # None: the cell's own process
     started: bool
     warm: Optional[bool]                  # started while the previous cell ran: its imports do not show
+    forked: Optional[bool] = None         # forked from the run's fork server: its imports were done once, by the server
     process_seconds: Optional[Number]     # the child's whole life as the parent saw it (None: not recorded)
     startup_seconds: Optional[Number]
     phases: list[PhaseTiming]

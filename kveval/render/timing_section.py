@@ -24,7 +24,7 @@ def _phase_cell(timing: schema.PhaseTiming | None) -> str:
 
 
 def _process_cell(row: schema.TimingRow) -> str:
-    return _seconds(row.process_seconds) + (" (warm)" if row.warm else "")
+    return _seconds(row.process_seconds) + (" (forked)" if row.forked else " (warm)" if row.warm else "")
 
 
 def _view(rows: list[schema.TimingRow], phases: list[str]) -> pd.DataFrame:
@@ -81,8 +81,11 @@ def timing_section(evidence: schema.Evidence) -> str:
     if not all(row.split_known for row in rows):
         out += ["", "\\* a phase did not record its time inside engine calls (cells before issue 18): it counts "
                     "whole as engine time, so the split is unknown there."]
-    if any(row.warm for row in rows):
+    if any(row.warm and not row.forked for row in rows):
         out += ["", "warm: the process was started while the previous cell ran, so its imports do not show in its time."]
+    if any(row.forked for row in rows):
+        out += ["", "forked: the process was forked from a server that imported Python's, torch's, vLLM's and "
+                    "lm-eval's modules once for the run (still one process per cell), so no imports show in its time."]
     out += ["", f"- All {totals.processes} cell processes: {_seconds(totals.process_seconds)} s; start-up "
                 f"{_seconds(totals.startup_seconds)} s, inside engine calls {_seconds(totals.engine_seconds)} s"
                 + ("" if totals.split_known else " (some phases counted whole)")

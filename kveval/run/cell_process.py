@@ -29,6 +29,7 @@ from kveval.files.cell_spec import CellSpec, PhaseOptions
 from kveval.files.startup_failure import StartupFailure, classify_startup_failure, not_started_record
 from kveval.files.rundir import DISK_FULL_EXIT, NO_SPACE_WORDS, DiskFull, RunDir, write_json_atomic
 from kveval.inputs.kvspec import KVSpec
+from kveval.run.fork_server import ForkedChild, ForkServer
 from kveval.run.warm_process import WarmChild, WarmProcess
 
 
@@ -86,6 +87,11 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def cell_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
+    """A cell process's whole environment: this one's, with `extra` on top (a None value removes a variable)."""
+    return {k: v for k, v in {**_child_env(), **(extra or {})}.items() if v is not None}
+
+
 class _ProgressWatch:
     """When did the started engine last report progress? Engine start-up is not watched (the cell
     timeout covers it: CUDA graph capture and compilation take minutes without events)."""
@@ -115,13 +121,13 @@ class _ProgressWatch:
 def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None,
                      on_event: Callable[[CellEvent], None], env: dict[str, str] | None = None,
                      stop: threading.Event | None = None,
-                     stall_s: float | None = defaults.STALL_TIMEOUT_S, warm: WarmProcess | None = None) -> dict:
+                     stall_s: float | None = defaults.STALL_TIMEOUT_S, warm: WarmProcess | ForkServer | None = None) -> dict:
     """Run one cell in its own process and return its stored facts. `env`: extra environment for the
     child (CUDA_VISIBLE_DEVICES when cells share a host's GPUs); `stop`: set by another thread to end the
     cell as interrupted (Ctrl-C while cells run in parallel). A None value in `env` removes that variable.
     `stall_s`: a started cell with no progress event for this long is stopped and recorded as stalled.
-    `warm`: take its waiting process when it was started with this cell's environment, and start the
-    next one there once this cell has its process."""
+    `warm`: take its waiting process (or, from a ForkServer, a process forked for this cell) when it was
+    started with this cell's environment, and start the next one there once this cell has its process."""
     spec = CellSpec(
         cell_id=plan.id, run_dir=str(run_dir.path.resolve()), engine=plan.engine, kv_spec=plan.kv.text,
         phases=plan.phases, phase_options=plan.phase_options,
@@ -136,7 +142,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     timed_out = False
     stalled = None
     watch = _ProgressWatch()
-    child_env = {k: v for k, v in {**_child_env(), **(env or {})}.items() if v is not None}
+    child_env = cell_env(env)
     spec_path = run_dir.cell_spec_path(plan.id).resolve()
     with run_dir.cell_log_path(plan.id).open("w", encoding="utf-8") as log:
         # The clock starts at the hand-over: a warm child's time spent waiting is not the cell's.
@@ -152,6 +158,7 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=child_env,
             )
         is_warm = waiting is not None
+        forked = is_warm and waiting.forked
         offset = 0
         try:
             if warm is not None:   # in the try: a Ctrl-C now still stops this cell's process
@@ -174,14 +181,14 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
                     _kill_group(child)
                     _keep_waiting_output(waiting, run_dir.cell_log_path(plan.id))
                     return _finish(run_dir, plan, child.returncode, False, timeout_s, time.monotonic() - began,
-                                   interrupted=True, warm=is_warm)
+                                   interrupted=True, warm=is_warm, forked=forked)
                 time.sleep(0.3)
         except KeyboardInterrupt:
             # Stop the cell, and say in its file that it was interrupted (a resume redoes it).
             _kill_group(child)
             _keep_waiting_output(waiting, run_dir.cell_log_path(plan.id))
             _finish(run_dir, plan, child.returncode, False, timeout_s, time.monotonic() - began, interrupted=True,
-                    warm=is_warm)
+                    warm=is_warm, forked=forked)
             raise
         child.wait()
     _end_orphans(child)
@@ -190,21 +197,12 @@ def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None
     for event in events:
         on_event(event)
     return _finish(run_dir, plan, child.returncode, timed_out, timeout_s, time.monotonic() - began, stalled=stalled,
-                   warm=is_warm)
+                   warm=is_warm, forked=forked)
 
 
-def _keep_waiting_output(waiting: WarmChild | None, log_path: Path) -> None:
-    """A warm child copies what it printed while waiting to the head of the cell's log and removes its own
-    log; one that died first (an import that failed) left it: its words go to the cell's log, where a
-    cold child would have written them and where the death is classified from."""
-    if waiting is None or not waiting.log.exists():
-        return
-    try:
-        with log_path.open("ab") as log:
-            log.write(waiting.log.read_bytes())
-        waiting.log.unlink(missing_ok=True)
-    except OSError:
-        pass
+def _keep_waiting_output(waiting: WarmChild | ForkedChild | None, log_path: Path) -> None:
+    if waiting is not None:
+        waiting.keep_output(log_path)
 
 
 def _end_orphans(child: subprocess.Popen) -> None:
@@ -238,10 +236,11 @@ def _kill_group(child: subprocess.Popen) -> None:
 
 
 def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: bool, timeout_s, seconds: float,
-            *, interrupted: bool = False, stalled: schema.Stalled | None = None, warm: bool = False) -> dict:
+            *, interrupted: bool = False, stalled: schema.Stalled | None = None, warm: bool = False,
+            forked: bool = False) -> dict:
     facts = run_dir.load_cell(plan.id, validate=False)
     if facts is not None and facts.get("complete") and not interrupted and stalled is None:
-        facts["process"] = {"exit_code": exit_code, "seconds": seconds, "warm": warm}
+        facts["process"] = {"exit_code": exit_code, "seconds": seconds, "warm": warm, "forked": forked}
         write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
         return facts
     try:
@@ -273,7 +272,8 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
                           **({"stalled": schema.dump(stalled)} if stalled is not None else {})}
     facts["complete"] = True
     facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out,
-                        "interrupted": interrupted, "cause": death["cause"], "warm": warm}
+                        "interrupted": interrupted, "cause": death["cause"], "warm": warm,
+                        "forked": forked}
     write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
     return facts
 

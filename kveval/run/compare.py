@@ -10,6 +10,8 @@ import dataclasses
 import datetime as _dt
 import os
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,7 @@ from kveval.inputs.units import parse_size
 from kveval.inputs.workloads import PromptFileError, PromptSpec, build_workloads, load_user_prompts
 from kveval.pipeline import judge_stored_run, stored_run_verdict
 from kveval.run import environment
-from kveval.run.cell_process import CellPlan, run_cell_process
+from kveval.run.cell_process import CellPlan, cell_env, run_cell_process
 from kveval.run.death import log_tail
 from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
 from kveval.defaults import BASELINE_KV
@@ -53,6 +55,7 @@ from kveval.run.remedy import plan_remedy
 from kveval.run.resume import earlier_chosen_budget, prepare_run_dir, redo_reason
 from kveval.run.rounds import run_task_rounds
 from kveval.run.vllm_vocabulary import check_against_vllm, vllm_vocabulary
+from kveval.run.fork_server import ForkServer, fork_cells_enabled
 from kveval.run.warm_process import WarmProcess, warm_cells_enabled
 
 
@@ -92,6 +95,9 @@ class RunSetup:
     tokenizer: Any = None              # the model's, for calibrating a scaled candidate the search reaches
     trust_remote_code: bool = False
     clock: ParentClock = dataclasses.field(default_factory=ParentClock)   # the parent's steps between cells
+    # Cells one after another on this host: the fork server or the process started ahead (set_up_run).
+    starter: WarmProcess | ForkServer | None = None
+    base_env: dict[str, str] | None = None   # os.environ when the run began: every cell's (_cells_env)
 
 
 def _local_gpus(options: CompareOptions) -> bool:
@@ -201,8 +207,10 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
 
 
 def set_up_run(options: CompareOptions, show) -> RunSetup:
-    """Resolve the model and every input, plan the cells, and write the run's input files."""
+    """Resolve the model and every input, plan the cells, and write the run's input files. The first cell's
+    process (or the fork server it comes from) starts importing now, beside the set-up."""
     started = time.monotonic()
+    environment_at_start = dict(os.environ)
     suite, shape, options = _suite_and_tasks(options)
     user_prompts = _user_prompts(options)
     lock = None
@@ -212,12 +220,58 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
         except StoreError as error:
             raise KvevalError(str(error)) from None
         lock = _lock(Path(options.out))   # first: a second run into this --out stops here, in seconds
+    starter = None
     try:
-        return _set_up_locked_run(options, suite, shape, user_prompts, show, lock, started)
+        hardware = environment.describe()
+        devices = resolve_gpus(options.gpus, len(hardware["hardware"]["gpus"] or []))
+        if devices and devices_per_cell(options.engine_args) > len(devices):
+            raise KvevalError(f"--engine-arg asks for {devices_per_cell(options.engine_args)} devices per cell; "
+                              f"--gpus gives {len(devices)}")
+        starter = _cell_starter(options, devices, bool(hardware["hardware"]["gpus"]))
+        if starter is not None:
+            # Its imports (~7 s on the 2-core CPU, ~20 s on a GPU host) overlap the set-up's tokenising and task data.
+            starter.prestart(cell_env(_cells_env(devices, environment_at_start)))
+        setup = _set_up_locked_run(options, suite, shape, user_prompts, show, lock, started, hardware, devices)
+        return dataclasses.replace(setup, starter=starter, base_env=environment_at_start)
     except BaseException:
+        end_starter(starter)
         if lock is not None:
             lock.discard()
         raise
+
+
+def _cells_env(devices: list[str] | None, base_env: dict[str, str] | None = None) -> dict[str, str | None] | None:
+    """What cells one after another on this host change in this process's environment: the devices they
+    share, and with `base_env` (the environment when the run began) whatever the parent's own imports have
+    set since (sklearn's KMP_INIT_AT_FORK, say) undone, so every cell, and the process started for it ahead,
+    gets the same environment."""
+    extra: dict[str, str | None] = {}
+    if base_env is not None:
+        extra.update({name: None for name in os.environ if name not in base_env})
+        extra.update({name: value for name, value in base_env.items() if os.environ.get(name) != value})
+    if devices:
+        extra["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    return extra or None
+
+
+def _cell_starter(options: CompareOptions, devices: list[str] | None, gpu_host: bool) -> WarmProcess | ForkServer | None:
+    """How cells run one after another on this host get their process without importing afresh: forked from
+    a fork server (by default without a GPU: run/fork_server.py) or started ahead (with one: run/warm_process.py).
+    None for Ray and for cells at once on several devices."""
+    if options.executor == "ray" or (devices and len(devices) > devices_per_cell(options.engine_args)):
+        return None
+    if fork_cells_enabled(gpu_host):
+        return ForkServer(Path(tempfile.mkdtemp(prefix="kveval-cells-")))
+    if warm_cells_enabled(gpu_host):
+        return WarmProcess(Path(tempfile.mkdtemp(prefix="kveval-cells-")))
+    return None
+
+
+def end_starter(starter: WarmProcess | ForkServer | None) -> None:
+    """End the waiting process or the fork server, and remove its directory of logs."""
+    if starter is not None:
+        starter.close()
+        shutil.rmtree(starter.directory, ignore_errors=True)
 
 
 def _lock(path: Path) -> RunLock:
@@ -230,7 +284,7 @@ def _lock(path: Path) -> RunLock:
 
 
 def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, user_prompts: list[dict], show,
-                       lock: RunLock | None, started: float) -> RunSetup:
+                       lock: RunLock | None, started: float, hardware: dict, devices: list[str] | None) -> RunSetup:
     if _needs_vocabulary(options):
         check_against_vllm([spec.dtype for spec in options.kv_specs], options.engine_args, vllm_vocabulary())
     try:
@@ -255,11 +309,6 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
     phase_options = _phase_options(options, suite, prompts, task_names)
     run = RunDir(options.out or default_out(model.name))
     layout, dtype = facts.kv_layout, facts.dtype
-    hardware = environment.describe()
-    devices = resolve_gpus(options.gpus, len(hardware["hardware"]["gpus"] or []))
-    if devices and devices_per_cell(options.engine_args) > len(devices):
-        raise KvevalError(f"--engine-arg asks for {devices_per_cell(options.engine_args)} devices per cell; "
-                          f"--gpus gives {len(devices)}")
     ray = None
     if options.executor == "ray":
         # Connected before any file is written: an unreachable cluster or a cell no node can hold is a usage error.
@@ -340,14 +389,15 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     """Every planned cell; then, when the verdict asks for it, the remedy cells (kept in the manifest).
     Ctrl-C keeps finished cells and writes a partial review before it stops the run."""
     run, manifest, options = setup.run, setup.manifest, setup.options
-    # The next cell's process, started while this one runs (run/warm_process.py); ended with the run.
-    gpu_host = bool(setup.manifest["hardware"]["gpus"])
-    warm = WarmProcess(run.cells_dir) if setup.ray is None and warm_cells_enabled(gpu_host) else None
+    # The fork server, or the next cell's process started while this one runs; ended with the run.
+    warm = setup.starter
     try:
         clock = setup.clock
-        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray, warm, clock)
+        _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray, warm, clock,
+                   setup.base_env)
         _run_quality_references(setup, show, warm)
-        run_cells = lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray, warm, clock)  # noqa: E731
+        run_cells = lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray, warm,  # noqa: E731
+                                             clock, setup.base_env)
         if options.search:
             run_task_rounds(setup, thresholds, show, run_cells)
             _search(setup, thresholds, show, run_cells)
@@ -373,21 +423,19 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
                 run.write_manifest(manifest)
                 for note in remedy["notes"]:
                     show.note(note)
-            _run_cells(run, extra, True, options, show, setup.devices, setup.ray, warm, clock)
+            _run_cells(run, extra, True, options, show, setup.devices, setup.ray, warm, clock, setup.base_env)
             # Cells undecided only by task accuracy: more task samples, in rounds, until decided or the budget is spent.
             run_task_rounds(setup, thresholds, show, run_cells)
         _note_run_time(setup)
     except KeyboardInterrupt:
-        if warm is not None:   # no process left waiting while the partial review is written
-            warm.close()
+        end_starter(warm)   # no process left waiting while the partial review is written
         # Finished cells are on disk already; render what exists so the user has a review now.
         _note_run_time(setup)
         stored = run.manifest()
         judge_stored_run(run, stored, run.cell_results(stored), thresholds)
         raise RunInterrupted(run.path) from None
     finally:
-        if warm is not None:
-            warm.close()
+        end_starter(warm)
         if setup.ray is not None:
             setup.ray.close()
 
@@ -451,7 +499,7 @@ def _note_run_time(setup: RunSetup) -> None:
         setup.run.write_manifest(setup.manifest)
 
 
-def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | None = None) -> None:
+def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | ForkServer | None = None) -> None:
     """An `auto` cell for quality only at each length where `auto` failed for KV capacity and a tested
     cell started (run/reference.py); kept in the manifest so that a resume reuses it."""
     run, manifest = setup.run, setup.manifest
@@ -469,19 +517,19 @@ def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | None = No
         show.note(f"Quality reference: {why}")
     run.write_manifest(manifest)
     _run_cells(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray, warm,
-               setup.clock)
+               setup.clock, setup.base_env)
 
 
 def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show,
-               devices: list[str] | None = None, ray: RayCells | None = None, warm: WarmProcess | None = None,
-               clock: ParentClock | None = None) -> None:
+               devices: list[str] | None = None, ray: RayCells | None = None, warm: WarmProcess | ForkServer | None = None,
+               clock: ParentClock | None = None, base_env: dict[str, str] | None = None) -> None:
     """Every plan, reusing what an identical earlier run finished. With several devices, cells run at
     once, one per device (their engines see only theirs); on Ray, as many at once as the cluster has
     room for. The scoring reference runs first, alone, because every other cell scores its outputs.
     `warm`: cells one after another take the process started ahead there (not cells at once).
     `clock`: cells one after another add the parent's time around each process (CELL_FILES) there."""
     def run_one(plan: CellPlan, env: dict | None = None, stop=None,
-                warm: WarmProcess | None = None) -> schema.CellResult | None:
+                warm: WarmProcess | ForkServer | None = None) -> schema.CellResult | None:
         try:
             previous = run_dir.cell_result(plan.id) if reuse else None
         except StoreError as error:  # a damaged result is measured again, not trusted
@@ -494,7 +542,8 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
             return None
         if redo:
             show.note(f"{plan.id}: running it again: {redo}")
-        show.cell_started(plan.id, f"GPU {env['CUDA_VISIBLE_DEVICES']}" if env else "Ray task" if ray else None)
+        show.cell_started(plan.id, f"GPU {env['CUDA_VISIBLE_DEVICES']}" if env and env.get("CUDA_VISIBLE_DEVICES")
+                          else "Ray task" if ray else None)
         on_event = lambda event, cell=plan.id: show.cell_event(cell, event)  # noqa: E731
         if ray is not None:
             written = ray.launch(plan, on_event, stop)
@@ -518,7 +567,7 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
         # Ray queues cells until a node has room; CPU cells go one per node, in plan order.
         run_in_parallel(plans, ray.slots, 1, run_one, first=first, visible=False)
     elif not devices or len(devices) <= devices_per_cell(options.engine_args):
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
+        env = _cells_env(devices, base_env)
         for plan in plans:
             began = time.monotonic()
             facts = run_one(plan, env, warm=warm)

@@ -37,6 +37,7 @@ class WarmChild:
     python: str
     env: dict[str, str]
     log: Path                # its output until it is handed a cell
+    forked = False           # (run/fork_server.ForkedChild: True)
 
     def hand_over(self, spec_path: Path) -> bool:
         """Send the spec path; False when the child is gone (the caller then starts one cold)."""
@@ -47,6 +48,19 @@ class WarmChild:
             self.end()
             return False
         return True
+
+    def keep_output(self, log_path: Path) -> None:
+        """The child copies what it printed while waiting to the head of the cell's log and removes its own
+        log; one that died first (an import that failed) left it: its words go to the cell's log, where a
+        cold child would have written them and where the death is classified from."""
+        if not self.log.exists():
+            return
+        try:
+            with log_path.open("ab") as log:
+                log.write(self.log.read_bytes())
+            self.log.unlink(missing_ok=True)
+        except OSError:
+            pass
 
     def end(self) -> None:
         """End its process group (SIGTERM, then SIGKILL) and remove its waiting log."""

@@ -10,9 +10,19 @@ the fake engine), the phases and lm-eval ahead, touching no device (vLLM's impor
 makes no CUDA context), then reads one line on stdin, the spec's path: its output so far (LOG) goes to the
 head of the cell's log, stdout and stderr are pointed at that log, and the cell runs as a cold one does.
 EOF on stdin (no cell came, or the parent is gone) ends it with 0.
+
+Fork server (issue 18; run/fork_server.py): `python -m kveval.worker.cell_main --serve LOG FD` imports the same
+once, then reads spec paths on stdin, one per cell: for each it forks a process that starts a session of its
+own, points fds 1 and 2 at the cell's log (after what the server printed while importing, as a cold child's
+log would begin), runs the cell exactly as a cold child does and ends with `os._exit`. The server writes
+`unsafe` (and ends: see _fork_is_safe) or `ready` (imports done), `start PID` and `exit PID CODE` (CODE as subprocess gives it: -N for signal N) to FD, and serves the next
+spec only once the cell's process has ended. Every cell is still a process of its own (a crash, a kill or
+the OOM killer ends that cell only); what it no longer pays is the ~7 s (2-core CPU) of importing torch
+and vLLM, and lm-eval's import. The server touches no device: vLLM's import reads GPUs through NVML only.
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import os
@@ -174,31 +184,112 @@ def _wait_for_spec(waiting_log: Path) -> CellSpec | None:
 
 def main(argv: list[str]) -> int:
     warm = len(argv) == 2 and argv[0] == "--warm"
-    if len(argv) != 1 and not warm:
-        print("usage: python -m kveval.worker.cell_main SPEC.json | --warm LOG", file=sys.stderr)
+    serve = len(argv) == 3 and argv[0] == "--serve" and argv[2].isdigit()
+    if len(argv) != 1 and not (warm or serve):
+        print("usage: python -m kveval.worker.cell_main SPEC.json | --warm LOG | --serve LOG FD", file=sys.stderr)
         return 2
     # A parent that finds this cell stalled sends SIGUSR1 first: every thread's Python stack goes to the
     # cell's log, which then shows where the engine hung (fd 2, whichever file it points at by then).
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    try:
-        if warm:
-            spec = _wait_for_spec(Path(argv[1]))
-            if spec is None:
-                return 0
-        else:
-            spec = CellSpec.model_validate(read_json(Path(argv[0])))
-        run_cell(spec)
-    except DiskFull as error:
-        # The exit code tells the parent even when the full disk swallows this line in the log.
-        print(f"kveval cell: {error}", file=sys.stderr, flush=True)
-        return DISK_FULL_EXIT
-    if _one_process_engine(spec):
+    if serve:
+        return _serve(Path(argv[1]), int(argv[2]))
+    if warm:
+        spec = _wait_for_spec(Path(argv[1]))
+        if spec is None:
+            return 0
+    else:
+        spec = CellSpec.model_validate(read_json(Path(argv[0])))
+    code = _run_spec(spec)
+    if code == 0 and _one_process_engine(spec):
         # The record is on disk and the parent ends the process group after this exit anyway; vLLM's and
         # torch's teardown took 4.5 s of every cell process on the 2-core CPU (0.2 s this way; issue 18).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+    return code
+
+
+def _run_spec(spec: CellSpec) -> int:
+    try:
+        run_cell(spec)
+    except DiskFull as error:
+        # The exit code tells the parent even when the full disk swallows this line in the log.
+        print(f"kveval cell: {error}", file=sys.stderr, flush=True)
+        return DISK_FULL_EXIT
     return 0
+
+
+def _serve(server_log: Path, report_fd: int) -> int:
+    """Fork server (module doc): import once, then one forked process per spec path read on stdin."""
+    from kveval.worker import phases
+
+    report = os.fdopen(report_fd, "w", buffering=1)
+    _engine_module()
+    if not _fork_is_safe():
+        report.write("unsafe\n")   # the parent then starts every cell cold
+        return 0
+    preloaded = False
+    while True:
+        if not preloaded and not select.select([sys.stdin], [], [], 0)[0]:
+            phases.tasks.preload()   # only while no cell waits: the first cell is not held up for it
+            preloaded = True
+            report.write("ready\n")
+        line = sys.stdin.readline().strip()
+        if not line:
+            return 0
+        sys.stdout.flush()   # nothing buffered here may be written twice, by the server and by the cell
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_forked_cell(Path(line), server_log, report))
+        report.write(f"start {pid}\n")
+        _, status = os.waitpid(pid, 0)
+        report.write(f"exit {pid} {os.waitstatus_to_exitcode(status)}\n")
+
+
+def _fork_is_safe() -> bool:
+    """A forked process could not use CUDA if an import here had initialised it (torch then marks every
+    fork "bad"): one probe fork says so before any cell is forked."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return True
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def _forked_cell(spec_path: Path, server_log: Path, report) -> int:
+    """The forked cell process: its own session, stdin from /dev/null, fds 1 and 2 on the cell's log; never
+    returns into the server's loop (the caller ends it with os._exit)."""
+    code, spec = 1, None
+    try:
+        report.close()           # only the server reports; the parent sees EOF once the server is gone
+        os.setsid()              # a process group of its own: the parent ends the cell's group, not the server
+        quiet = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(quiet, 0)
+        os.close(quiet)
+        spec = CellSpec.model_validate(read_json(spec_path))
+        with open(spec.log_path, "ab") as log:
+            try:
+                log.write(server_log.read_bytes())   # the imports' words, where a cold child's log has them
+                log.flush()
+            except OSError:
+                pass
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        code = _run_spec(spec)
+    except BaseException:  # noqa: BLE001 - whatever ends this process, it must not run the server's loop
+        traceback.print_exc()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if spec is not None and not _one_process_engine(spec):
+            atexit._run_exitfuncs()   # parallel engine workers are shut down as a normal exit would
+    except BaseException:  # noqa: BLE001
+        pass
+    return code
 
 
 _PARALLEL_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")

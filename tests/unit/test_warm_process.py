@@ -6,24 +6,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from kveval.files.rundir import RunDir, write_json_atomic
-from kveval.inputs.kvspec import KVSpec
-from kveval.inputs.workloads import PromptSpec
-from kveval.run.cell_process import CellPlan, _child_env, run_cell_process
+from kveval.run.cell_process import _child_env, run_cell_process
 from kveval.run.warm_process import WarmProcess, warm_cells_enabled
-
-ROOT = Path(__file__).resolve().parents[2]
-HELD_FAKE_START = ROOT / "tests" / "support" / "held_fake_start"
+from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, gone, kill_once_started, run_in_process,
+                                          tiny_plan, tiny_run_dir, wait_gone, without_timings)
 
 
 @pytest.fixture(autouse=True)
@@ -32,93 +26,37 @@ def fake_engine(monkeypatch):
     monkeypatch.delenv("KVEVAL_FAKE_DAMAGE", raising=False)
 
 
-def _run_dir(path: Path) -> RunDir:
-    model = path / "model"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "num_key_value_heads": 2,
-                                                   "num_attention_heads": 4, "hidden_size": 64,
-                                                   "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}))
-    store = RunDir(path / "run")
-    store.cells_dir.mkdir(parents=True)
-    prompts = [PromptSpec(id=f"short-{i}", workload="short", kind="short", text="x", token_ids=tuple(range(5 + i)),
-                          max_tokens=8, target_tokens=None) for i in range(3)]
-    write_json_atomic(store.workloads_path, [p.to_dict() for p in prompts])
-    return store
-
-
-def _plan(store: RunDir, cell: str = "auto-512") -> CellPlan:
-    model = str(store.path.parent / "model")
-    return CellPlan(id=cell, kv=KVSpec("auto"), max_model_len=512, phases=["generation"],
-                    engine={"model": model, "kv_cache_dtype": "auto", "max_model_len": 512,
-                            "kv_cache_memory_bytes": 8 << 20})
-
-
-def _run(store: RunDir, plan: CellPlan, warm: WarmProcess | None, env: dict | None = None) -> dict:
-    return run_cell_process(store, plan, timeout_s=120, on_event=lambda event: None, env=env, warm=warm)
-
-
-def _pid(store: RunDir, cell: str) -> int:
-    events = [json.loads(line) for line in store.cell_events_path(cell).read_text().splitlines()]
-    return next(e["pid"] for e in events if e.get("pid"))
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state == "Z"   # a zombie not yet reaped by init: it runs nothing and holds no memory
-
-
-def _wait_gone(pid: int, seconds: float = 30) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _without_timings(value):
-    if isinstance(value, dict):
-        return {k: _without_timings(v) for k, v in value.items()
-                if k != "process" and "seconds" not in k and k not in ("wall", "t")}
-    if isinstance(value, list):
-        return [_without_timings(v) for v in value]
-    return value
-
-
 def test_a_cell_takes_the_waiting_process_only_when_its_environment_matches(tmp_path):
-    store = _run_dir(tmp_path)
+    store = tiny_run_dir(tmp_path)
     with WarmProcess(store.cells_dir) as warm:
-        first = _run(store, _plan(store, "auto-a"), warm)
+        first = run_in_process(store, tiny_plan(store, "auto-a"), warm)
         assert first["process"]["warm"] is False             # nothing waited yet: started cold
         waiting = warm.child.process.pid
-        second = _run(store, _plan(store, "auto-b"), warm)
+        second = run_in_process(store, tiny_plan(store, "auto-b"), warm)
         assert second["process"]["warm"] is True and second["process"]["exit_code"] == 0
-        assert _pid(store, "auto-b") == waiting              # the very process that waited ran the cell
+        assert cell_pid(store, "auto-b") == waiting              # the very process that waited ran the cell
         mismatched = warm.child.process.pid
-        third = _run(store, _plan(store, "auto-c"), warm, env={"KVEVAL_TEST_MARK": "1"})
+        third = run_in_process(store, tiny_plan(store, "auto-c"), warm, env={"KVEVAL_TEST_MARK": "1"})
         assert third["process"]["warm"] is False             # another environment: started cold
-        assert _pid(store, "auto-c") != mismatched and _gone(mismatched)
+        assert cell_pid(store, "auto-c") != mismatched and gone(mismatched)
         last = warm.child.process.pid
-    assert _gone(last)                                       # the last one, for which no cell came
+    assert gone(last)                                       # the last one, for which no cell came
     assert not list(store.cells_dir.glob(".warm-*.log"))
     for facts in (first, second, third):
         assert facts["complete"] and facts["started"] and len(facts["phases"]["generation"]["records"]) == 3
 
 
 def test_a_warm_cell_stores_what_a_cold_one_does(tmp_path):
-    cold, warm_store = _run_dir(tmp_path / "cold"), _run_dir(tmp_path / "warm")
-    plan = _plan(cold)
-    cold_facts = _run(cold, plan, None)
+    cold, warm_store = tiny_run_dir(tmp_path / "cold"), tiny_run_dir(tmp_path / "warm")
+    plan = tiny_plan(cold)
+    cold_facts = run_in_process(cold, plan, None)
     with WarmProcess(warm_store.cells_dir) as warm:
         warm.prestart({k: v for k, v in _child_env().items() if v is not None})
-        warm_facts = _run(warm_store, _plan(warm_store), warm)
+        warm_facts = run_in_process(warm_store, tiny_plan(warm_store), warm)
     assert cold_facts["process"]["warm"] is False and warm_facts["process"]["warm"] is True
     stored = [json.loads(s.cell_path(plan.id).read_text()) for s in (cold, warm_store)]
     # The model path differs by directory only; everything else but the timings is the same.
-    text = [json.dumps(_without_timings(f), sort_keys=True).replace(str(s.path.parent), "ROOT")
+    text = [json.dumps(without_timings(f), sort_keys=True).replace(str(s.path.parent), "ROOT")
             for f, s in zip(stored, (cold, warm_store))]
     assert text[0] == text[1]
     # The engine's words are in the cell's log, as a cold cell's are.
@@ -130,10 +68,10 @@ def test_a_waiting_process_that_gets_no_cell_is_ended_by_close(tmp_path):
     warm.prestart({k: v for k, v in _child_env().items() if v is not None})
     pid = warm.child.process.pid
     time.sleep(0.5)
-    assert not _gone(pid)
+    assert not gone(pid)
     began = time.monotonic()
     warm.close()
-    assert _gone(pid) and time.monotonic() - began < 10
+    assert gone(pid) and time.monotonic() - began < 10
     assert not list((tmp_path / "cells").glob(".warm-*.log"))
 
 
@@ -150,34 +88,25 @@ def test_a_waiting_process_ends_when_its_parent_dies(tmp_path):
     """)
     done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, cwd=ROOT, timeout=60)
     pid = int(done.stdout.strip())
-    assert _wait_gone(pid), "the waiting process outlived its parent"
+    assert wait_gone(pid), "the waiting process outlived its parent"
     (log,) = (tmp_path / "cells").glob(".warm-*.log")     # left by the dead parent, harmless
     assert "Traceback" not in log.read_text()
 
 
 def test_a_warm_child_that_dies_importing_leaves_its_words_in_the_cells_log(tmp_path, monkeypatch):
     # Handed its cell while still importing, it dies there: the cell's log says why, as a cold child's would.
-    store = _run_dir(tmp_path)
+    store = tiny_run_dir(tmp_path)
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\nsleep 1\necho 'ImportError: libfoo.so: cannot open shared object file' >&2\nexit 1\n")
     python.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(python))
     with WarmProcess(store.cells_dir) as warm:
         warm.prestart({k: v for k, v in _child_env().items() if v is not None})
-        facts = _run(store, _plan(store), warm)
+        facts = run_in_process(store, tiny_plan(store), warm)
     assert facts["process"] == {**facts["process"], "warm": True, "exit_code": 1}
     assert facts["started"] is False and "libfoo.so" in facts["failure"]["message"]
     assert "libfoo.so" in store.cell_log_path("auto-512").read_text()
     assert not list(store.cells_dir.glob(".warm-*.log"))
-
-
-def _kill_once_started(store: RunDir, cell: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if store.cell_events_path(cell).is_file() and store.cell_events_path(cell).read_text().strip():
-            os.kill(_pid(store, cell), signal.SIGKILL)
-            return
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("fault", ["timeout", "sigkill"])
@@ -189,21 +118,21 @@ def test_a_warm_cell_that_dies_is_recorded_as_a_cold_one_is(tmp_path, monkeypatc
     monkeypatch.setenv("KVEVAL_TEST_HOLD_FAKE_START_S", "60")
     stored = {}
     for mode in ("cold", "warm"):
-        store = _run_dir(tmp_path / mode)
+        store = tiny_run_dir(tmp_path / mode)
         with WarmProcess(store.cells_dir) as warm:
             if mode == "warm":
                 warm.prestart({k: v for k, v in _child_env().items() if v is not None})
             if fault == "sigkill":
-                threading.Thread(target=_kill_once_started, args=(store, "auto-512"), daemon=True).start()
-            facts = run_cell_process(store, _plan(store), timeout_s=4 if fault == "timeout" else 120,
+                threading.Thread(target=kill_once_started, args=(store, "auto-512"), daemon=True).start()
+            facts = run_cell_process(store, tiny_plan(store), timeout_s=4 if fault == "timeout" else 120,
                                      on_event=lambda event: None, warm=warm if mode == "warm" else None)
-        assert _gone(_pid(store, "auto-512"))
+        assert gone(cell_pid(store, "auto-512"))
         assert facts["process"]["warm"] is (mode == "warm")
         stored[mode] = facts
     assert {k: v for k, v in stored["warm"]["process"].items() if k not in ("seconds", "warm")} == \
         {k: v for k, v in stored["cold"]["process"].items() if k not in ("seconds", "warm")}
     assert stored["warm"]["process"]["cause"] == {"timeout": "timeout", "sigkill": "oom_killed"}[fault]
-    texts = [json.dumps(_without_timings(stored[mode]), sort_keys=True).replace(str(tmp_path / mode), "ROOT")
+    texts = [json.dumps(without_timings(stored[mode]), sort_keys=True).replace(str(tmp_path / mode), "ROOT")
              for mode in ("cold", "warm")]
     assert texts[0] == texts[1]
 
