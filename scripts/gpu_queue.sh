@@ -9,6 +9,8 @@
 # everywhere (CUDA graphs, no --enforce-eager) unless a job says otherwise.
 #   bash scripts/gpu_queue.sh JOB...
 #   bench          scripts/bench_vs_naive.py on SmolLM2, fp8 and auto at 8192, quick suite (issue 18)
+#   look-profile   scripts/profile_look.py on the bench's kveval run: where a look's time goes on this host
+#   fork           the bench's kveval command again with KVEVAL_FORK_CELLS=1: cells forked from one server
 #   sweep          SmolLM2 at 8192 with a 1 GiB KV budget: the throughput sweep to concurrency 64 (issue 18)
 #   planted        K x128 (Q /128) in layers 3 and 17 of SmolLM2 at 2048: plain FP8 FAILs, the remedy PASSes
 #   qwen           Qwen2.5-Coder-1.5B GGUF, fp8 and auto at 8192 (issue 23)
@@ -49,6 +51,11 @@ for job in $what; do
     bench)
       python3 scripts/bench_vs_naive.py --out /tmp/runs/bench-h200 -- --kv fp8 auto --max-model-len 8192 \
         --suite quick > /tmp/runs/bench-h200.log 2>&1 ;;
+    look-profile)
+      python3 scripts/profile_look.py /tmp/runs/bench-h200/kveval > /tmp/runs/look-profile.txt 2>&1 ;;
+    fork)
+      KVEVAL_FORK_CELLS=1 python3 -m kveval compare --kv fp8 auto --max-model-len 8192 --suite quick --no-diagnose \
+        --remedy off --out /tmp/runs/fork-h200 > /tmp/runs/fork-h200.log 2>&1 ;;
     sweep)
       python3 -m kveval compare --kv fp8 auto --max-model-len 8192 --kv-cache-memory 1GiB --suite quick \
         --concurrency 1 4 16 64 --tasks none --phases generation scoring speed throughput --no-diagnose \
