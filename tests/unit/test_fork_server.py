@@ -63,15 +63,14 @@ def test_a_forked_cell_stores_what_a_cold_one_does(tmp_path):
 
 
 @pytest.mark.parametrize("fault", ["timeout", "sigkill"])
-def test_a_forked_cell_that_dies_is_recorded_as_a_cold_one_is_and_the_next_is_still_forked(tmp_path, monkeypatch,
-                                                                                          fault):
+def test_a_forked_cell_that_dies_is_recorded_as_a_cold_one_is_and_the_server_lives_on(tmp_path, monkeypatch, fault):
     # The fake engine's start is held (a real one takes seconds): the cell is stopped by its timeout, or
-    # killed, while its engine starts. The server is untouched and forks the next cell.
+    # killed, while its engine starts. Its process dies; the server that forked it does not.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HELD_FAKE_START),
                                                       *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("KVEVAL_TEST_HOLD_FAKE_START_S", "60")
     stored = {}
     for mode in ("cold", "forked"):
-        monkeypatch.setenv("KVEVAL_TEST_HOLD_FAKE_START_S", "60")
         store = tiny_run_dir(tmp_path / mode)
         with ForkServer(tmp_path / mode / "server") as server:
             if mode == "forked":
@@ -79,19 +78,12 @@ def test_a_forked_cell_that_dies_is_recorded_as_a_cold_one_is_and_the_next_is_st
                 assert server.wait_ready(120)   # the cell's clock then covers only what a forked cell does
             if fault == "sigkill":
                 threading.Thread(target=kill_once_started, args=(store, "auto-512"), daemon=True).start()
-            facts = run_cell_process(store, tiny_plan(store), timeout_s=6 if fault == "timeout" else 120,
+            facts = run_cell_process(store, tiny_plan(store), timeout_s=4 if fault == "timeout" else 120,
                                      on_event=lambda event: None, warm=server if mode == "forked" else None)
             assert gone(cell_pid(store, "auto-512"))
             assert facts["process"]["forked"] is (mode == "forked")
+            assert mode == "cold" or server.take(cell_env()) is not None   # still serving
             stored[mode] = facts
-            if mode == "forked":
-                server_pid = server.server.process.pid
-                assert not gone(server_pid)
-                # The server imported the held engine too, so the next cell is held and stopped as well: what
-                # matters is that it is forked, from the same server.
-                after = run_cell_process(store, tiny_plan(store, "auto-next"), timeout_s=6, on_event=lambda e: None,
-                                         warm=server)
-                assert after["process"]["forked"] is True and server.server.process.pid == server_pid
     assert {k: v for k, v in stored["forked"]["process"].items() if k not in ("seconds", "warm", "forked")} == \
         {k: v for k, v in stored["cold"]["process"].items() if k not in ("seconds", "warm", "forked")}
     assert stored["forked"]["process"]["cause"] == {"timeout": "timeout", "sigkill": "oom_killed"}[fault]
