@@ -143,10 +143,15 @@ class ForkedChild:
         except OSError:   # BrokenPipeError: it died while it waited
             return False
         deadline = time.monotonic() + START_WAIT_S
-        while len(self.server.started) == known:
-            if not self.server.alive() or time.monotonic() > deadline:
-                return False
-            self.server.read_reports(wait_s=0.5)
+        try:
+            while len(self.server.started) == known:
+                if not self.server.alive() or time.monotonic() > deadline:
+                    self.server.end()   # a cell it forks after all ends with it (cell_main._end_with)
+                    return False
+                self.server.read_reports(wait_s=0.5)
+        except BaseException:   # Ctrl-C while the server still imports: no cell may start behind the parent's back
+            self.server.end()
+            raise
         self.process = ForkedProcess(self.server.started[known], self.server)
         return True
 

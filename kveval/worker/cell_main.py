@@ -239,12 +239,25 @@ def _serve(server_log: Path, report_fd: int) -> int:
             return 0
         sys.stdout.flush()   # nothing buffered here may be written twice, by the server and by the cell
         sys.stderr.flush()
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
-            os._exit(_forked_cell(Path(line), server_log, report))
+            os._exit(_forked_cell(Path(line), server_log, report, server))
         report.write(f"start {pid}\n")
         _, status = os.waitpid(pid, 0)
         report.write(f"exit {pid} {os.waitstatus_to_exitcode(status)}\n")
+
+
+def _end_with(server: int) -> None:
+    """SIGKILL this process when the server ends (Linux PR_SET_PDEATHSIG): the parent ends the server at
+    Ctrl-C or when a hand-over fails, and a cell it forked just then must not run on unseen."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != server:   # the server was gone before the call above
+        os._exit(1)
 
 
 def _fork_is_safe() -> bool:
@@ -260,13 +273,14 @@ def _fork_is_safe() -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-def _forked_cell(spec_path: Path, server_log: Path, report) -> int:
-    """The forked cell process: its own session, stdin from /dev/null, fds 1 and 2 on the cell's log; never
-    returns into the server's loop (the caller ends it with os._exit)."""
+def _forked_cell(spec_path: Path, server_log: Path, report, server: int) -> int:
+    """The forked cell process: its own session, stdin from /dev/null, fds 1 and 2 on the cell's log, ended
+    with the server; never returns into the server's loop (the caller ends it with os._exit)."""
     code, spec = 1, None
     try:
         report.close()           # only the server reports; the parent sees EOF once the server is gone
         os.setsid()              # a process group of its own: the parent ends the cell's group, not the server
+        _end_with(server)
         quiet = os.open(os.devnull, os.O_RDONLY)
         os.dup2(quiet, 0)
         os.close(quiet)

@@ -152,3 +152,30 @@ def test_where_a_fork_could_not_use_cuda_the_server_ends_and_every_cell_starts_c
         assert [f["process"]["forked"] for f in facts] == [False, False]
         assert server.unsafe and server.server is None   # not started again for the second cell
     assert all(f["complete"] and f["process"]["exit_code"] == 0 for f in facts)
+
+
+def test_a_cell_forked_by_a_server_that_dies_ends_with_it_and_is_recorded_as_dead(tmp_path, monkeypatch):
+    # The parent ends the server at Ctrl-C or after a failed hand-over; a cell it forked must not run on unseen.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HELD_FAKE_START),
+                                                      *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("KVEVAL_TEST_HOLD_FAKE_START_S", "60")
+    store = tiny_run_dir(tmp_path)
+    with ForkServer(tmp_path / "server") as server:
+        server.prestart(cell_env())
+        assert server.wait_ready(120)
+        server_pid = server.server.process.pid
+
+        def kill_server_once_started() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not store.cell_events_path("auto-512").is_file():
+                time.sleep(0.1)
+            time.sleep(0.5)
+            os.kill(server_pid, signal.SIGKILL)
+
+        threading.Thread(target=kill_server_once_started, daemon=True).start()
+        began = time.monotonic()
+        facts = run_cell_process(store, tiny_plan(store), timeout_s=120, on_event=lambda event: None, warm=server)
+    assert time.monotonic() - began < 30                       # not the 60 s hold, nor the timeout
+    assert gone(cell_pid(store, "auto-512")) and gone(server_pid)
+    assert facts["process"]["forked"] is True and facts["process"]["exit_code"] != 0
+    assert facts["started"] is False and facts["complete"] is True
