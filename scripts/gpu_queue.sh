@@ -10,6 +10,7 @@
 #   bash scripts/gpu_queue.sh JOB...
 #   bench          scripts/bench_vs_naive.py on SmolLM2, fp8 and auto at 8192, quick suite (issue 18)
 #   look-profile   scripts/profile_look.py on the bench's kveval run: where a look's time goes on this host
+#   bench-kveval   the bench's kveval side only (--skip-naive --no-warm-up): its overhead and efficiency
 #   fork           the bench's kveval command again with KVEVAL_FORK_CELLS=1: cells forked from one server
 #   sweep          SmolLM2 at 8192 with a 1 GiB KV budget: the throughput sweep to concurrency 64 (issue 18)
 #   planted        K x128 (Q /128) in layers 3 and 17 of SmolLM2 at 2048: plain FP8 FAILs, the remedy PASSes
@@ -51,6 +52,9 @@ for job in $what; do
     bench)
       python3 scripts/bench_vs_naive.py --out /tmp/runs/bench-h200 -- --kv fp8 auto --max-model-len 8192 \
         --suite quick > /tmp/runs/bench-h200.log 2>&1 ;;
+    bench-kveval)
+      python3 scripts/bench_vs_naive.py --skip-naive --no-warm-up --out /tmp/runs/bench-h200-kveval -- --kv fp8 auto \
+        --max-model-len 8192 --suite quick > /tmp/runs/bench-h200-kveval.log 2>&1 ;;
     look-profile)
       python3 scripts/profile_look.py /tmp/runs/bench-h200/kveval > /tmp/runs/look-profile.txt 2>&1 ;;
     fork)

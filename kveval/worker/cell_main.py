@@ -44,6 +44,9 @@ from kveval.files.rundir import DISK_FULL_EXIT, DiskFull, RunDir, read_json, wri
 from kveval.inputs.workloads import PromptSpec
 
 
+_ENDED_WITH_THE_PROCESS: list = []   # engines whose process ends with os._exit (run_cell)
+
+
 class _Events:
     """Progress events, one JSON line each, appended to a file the parent polls."""
 
@@ -151,6 +154,10 @@ def run_cell(spec: CellSpec) -> dict:
     facts["complete"] = True
     write_json_atomic(result_path, facts, compact=True)
     emit(event="phase", phase="done")
+    if _one_process_engine(spec):
+        # Not torn down when this returns: the process ends right after with os._exit (main, _forked_cell),
+        # and vLLM's shutdown in the engine's destructor took 1.2-1.5 s of every cell on the 2-core CPU.
+        _ENDED_WITH_THE_PROCESS.append(engine)
     return facts
 
 

@@ -48,3 +48,12 @@ def test_redo_naive_replaces_the_job_rows_and_moves_the_naive_wall_by_the_differ
     assert written["naive"][0] == rows[0] and written["naive"][1:] == fresh
     assert [(r["cell"], r["before"]["exit"], r["after"]["exit"]) for r in written["redone"]] == [
         ("auto-8192", 1, 0), ("fp8-8192", 1, 0)]
+
+
+def test_a_kveval_only_bench_prints_its_overhead_and_efficiency_and_no_ratio(capsys):
+    published = json.loads((Path(__file__).resolve().parents[2] / "reports" / "cpu-bench-demo-avx512"
+                            / "bench.json").read_text())
+    bench.show({**published, "naive_skipped": True, "naive_wall": 0.0, "ratio": None, "naive": []})
+    printed = capsys.readouterr().out
+    assert "not run (--skip-naive)" in printed and "ratio " not in printed
+    assert f"{published['kveval']['overhead']:8.1f} s" in printed and "Engine efficiency" in printed
