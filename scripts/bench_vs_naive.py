@@ -162,11 +162,12 @@ def kveval_split(run: Path, wall: float) -> dict:
     their phases, and the phases' own work outside engine calls."""
     startup = engine_calls = references = processes = phases_total = 0.0
     missing_engine: list[str] = []
-    cells, warm = [], 0
+    cells, warm, forked = [], 0, 0
     for cell in cell_records(run):
         process = cell.get("process") or {}
         seconds = _num(process.get("seconds"))
-        warm += bool(process.get("warm"))
+        forked += bool(process.get("forked"))
+        warm += bool(process.get("warm")) and not process.get("forked")
         own_startup = _num(cell.get("startup_seconds"))
         own_phases = own_engine = 0.0
         rows = {}
@@ -191,7 +192,8 @@ def kveval_split(run: Path, wall: float) -> dict:
         phases_total += own_phases
         processes += seconds
         cells.append({"cell": cell["cell"], "started": cell.get("started"), "process_seconds": seconds,
-                      "warm": process.get("warm"), "startup_seconds": own_startup, "phases": rows})
+                      "warm": process.get("warm"), "forked": process.get("forked"), "startup_seconds": own_startup,
+                      "phases": rows})
     engine = startup + engine_calls
     overhead = max(0.0, wall - engine)
     in_phases = max(0.0, phases_total - engine_calls)
@@ -199,7 +201,8 @@ def kveval_split(run: Path, wall: float) -> dict:
     parent = max(0.0, overhead - in_phases - process_other)
     return {"parent_parts": parent_parts(run, wall, processes), "wall": wall, "engine": engine, "startup": startup, "engine_calls": engine_calls, "references": references,
             "overhead": overhead, "parent": parent, "process_other": process_other, "in_phases": in_phases,
-            "processes": len(cells), "warm_processes": warm, "missing_engine_seconds": missing_engine,
+            "processes": len(cells), "warm_processes": warm, "forked_processes": forked,
+            "missing_engine_seconds": missing_engine,
             "cells": cells}
 
 
@@ -327,7 +330,8 @@ def show(bench: dict) -> None:
     for entry in bench.get("redone") or []:
         print(f"naive {entry['cell']}/{entry['job']} redone with --redo-naive: {entry['before']['seconds']:.1f} s "
               f"exit {entry['before']['exit']} -> {entry['after']['seconds']:.1f} s exit {entry['after']['exit']}")
-    print(f"{split['processes']} kveval cell processes ({split['warm_processes']} started warm); "
+    forked = f", {split['forked_processes']} forked" if split.get("forked_processes") else ""
+    print(f"{split['processes']} kveval cell processes ({split['warm_processes']} started warm{forked}); "
           f"{sum(1 for r in rows if not r.get('skipped'))} naive processes, one engine each\n")
 
     ratio = kveval_wall / naive_wall if naive_wall else None
@@ -371,6 +375,9 @@ def show(bench: dict) -> None:
     if split["warm_processes"]:
         print("  (a warm process's seconds start at its hand-over: its imports, done while the previous cell "
               "ran, are in no one's time)")
+    if split.get("forked_processes"):
+        print("  (a forked process's seconds start at its hand-over: the fork server's imports, done beside the "
+              "set-up, are in no one's time; a first cell that waits for them has the wait in its own)")
 
     print("\nEngine efficiency: phase tokens/s inside engine calls vs one batched call of a sample of the same "
           f"requests on the same engine (goal >= {100 * GOALS['efficiency']:.0f} %)")
