@@ -160,7 +160,7 @@ PARENT_STEPS = {"looks": "looks at the evidence (read and judge every cell file)
 def kveval_split(run: Path, wall: float) -> dict:
     """Engine start-up + time inside engine calls, and the rest: the parent, the cell processes outside
     their phases, and the phases' own work outside engine calls."""
-    startup = engine_calls = references = processes = phases_total = 0.0
+    startup = engine_calls = references = warmups = processes = phases_total = 0.0
     missing_engine: list[str] = []
     cells, warm, forked = [], 0, 0
     for cell in cell_records(run):
@@ -185,6 +185,10 @@ def kveval_split(run: Path, wall: float) -> dict:
             reference = _num(eff.get("reference_seconds")) if isinstance(eff, dict) else 0.0
             own_engine += reference
             references += reference
+            # The scoring phase's warm-up call, also outside its clock (worker/phases/scoring._warm_up).
+            warmup = _num(phase.get("warmup_seconds"))
+            own_engine += warmup
+            warmups += warmup
             rows[name] = {"seconds": phase_seconds, "engine_seconds": phase.get("engine_seconds"),
                           "efficiency": phase.get("efficiency")}
         startup += own_startup
@@ -199,7 +203,7 @@ def kveval_split(run: Path, wall: float) -> dict:
     in_phases = max(0.0, phases_total - engine_calls)
     process_other = max(0.0, processes - startup - phases_total)
     parent = max(0.0, overhead - in_phases - process_other)
-    return {"parent_parts": parent_parts(run, wall, processes), "wall": wall, "engine": engine, "startup": startup, "engine_calls": engine_calls, "references": references,
+    return {"parent_parts": parent_parts(run, wall, processes), "wall": wall, "engine": engine, "startup": startup, "engine_calls": engine_calls, "references": references, "warmups": warmups,
             "overhead": overhead, "parent": parent, "process_other": process_other, "in_phases": in_phases,
             "processes": len(cells), "warm_processes": warm, "forked_processes": forked,
             "missing_engine_seconds": missing_engine,
@@ -349,7 +353,8 @@ def show(bench: dict) -> None:
     print("\nkveval's own overhead = wall - (engine start-up + time inside engine calls)")
     print(f"  engine start-up                             {split['startup']:8.1f} s")
     print(f"  inside engine calls                         {split['engine_calls']:8.1f} s"
-          f"  (of which efficiency references {split.get('references', 0.0):.1f} s)")
+          f"  (of which efficiency references {split.get('references', 0.0):.1f} s"
+          + (f", scoring warm-ups {split['warmups']:.1f} s" if split.get("warmups") else "") + ")")
     print(f"  overhead                                    {split['overhead']:8.1f} s = {_pct(share)} of wall "
           f"(goal <= {100 * goal:.0f} % on a {'GPU' if gpu else 'CPU'}: {_met(share <= goal if share is not None else None)})")
     print(f"    parent (model check, prompts, task data, planning, report)  {split['parent']:7.1f} s")

@@ -53,6 +53,8 @@ def process_row(facts: CellResult, cell: str, round_number: int | None = None,
         seconds = _own_tasks_seconds(phase, rounds or {}) if name == "tasks" else phase.seconds
         phases.append(_phase_timing(name, phase, seconds))
     engine = sum(p.engine_seconds if p.engine_seconds is not None else (p.seconds or 0.0) for p in phases)
+    # The scoring phase's warm-up call ran outside its engine clock (worker/phases/scoring._warm_up): engine time.
+    engine += float(getattr(facts.phases.scoring, "warmup_seconds", None) or 0.0)
     process = facts.process.seconds if facts.process is not None else None
     startup = facts.startup_seconds
     return TimingRow(

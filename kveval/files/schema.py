@@ -724,6 +724,7 @@ class GenerationPhase(Phase):
 
 class ScoringPhase(Phase):
     top_k: Optional[int] = None
+    warmup_seconds: Optional[Number] = None            # the engine's one-time prompt-logprobs set-up, before the batch
     reference_cell: Optional[str] = None
     sequences: Optional[list[ScoredSequence]] = None   # per sequence: positions with top-k logprobs
     noise: Optional[ScoringNoise] = None               # auto cells: the re-scoring in one batch

@@ -261,7 +261,7 @@ def _cell_starter(options: CompareOptions, devices: list[str] | None, gpu_host: 
     if options.executor == "ray" or (devices and len(devices) > devices_per_cell(options.engine_args)):
         return None
     if fork_cells_enabled(gpu_host):
-        return ForkServer(Path(tempfile.mkdtemp(prefix="kveval-cells-")))
+        return ForkServer(Path(tempfile.mkdtemp(prefix="kveval-cells-")), lm_eval="tasks" in options.phases)
     if warm_cells_enabled(gpu_host):
         return WarmProcess(Path(tempfile.mkdtemp(prefix="kveval-cells-")))
     return None

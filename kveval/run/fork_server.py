@@ -162,8 +162,9 @@ class ForkedChild:
 class ForkServer:
     """At most one server; not thread-safe (cells one after another)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, lm_eval: bool = True):
         self.directory = directory
+        self.lm_eval = lm_eval   # the server imports lm-eval ahead (False: a run without a tasks phase)
         self.server: _Server | None = None
         self.started = 0
         self.unsafe = False   # a server said forks cannot use CUDA here: every cell starts cold from then on
@@ -198,7 +199,8 @@ class ForkServer:
         try:
             with log.open("w", encoding="utf-8") as output:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "kveval.worker.cell_main", "--serve", str(log.resolve()), str(write_end)],
+                    [sys.executable, "-m", "kveval.worker.cell_main", "--serve", str(log.resolve()), str(write_end),
+                     *([] if self.lm_eval else ["--no-lm-eval"])],
                     stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
                     env=env, pass_fds=(write_end,))
         except BaseException:

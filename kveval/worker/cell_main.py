@@ -191,15 +191,16 @@ def _wait_for_spec(waiting_log: Path) -> CellSpec | None:
 
 def main(argv: list[str]) -> int:
     warm = len(argv) == 2 and argv[0] == "--warm"
-    serve = len(argv) == 3 and argv[0] == "--serve" and argv[2].isdigit()
+    serve = len(argv) in (3, 4) and argv[0] == "--serve" and argv[2].isdigit() and argv[3:] in ([], ["--no-lm-eval"])
     if len(argv) != 1 and not (warm or serve):
-        print("usage: python -m kveval.worker.cell_main SPEC.json | --warm LOG | --serve LOG FD", file=sys.stderr)
+        print("usage: python -m kveval.worker.cell_main SPEC.json | --warm LOG | --serve LOG FD [--no-lm-eval]",
+              file=sys.stderr)
         return 2
     # A parent that finds this cell stalled sends SIGUSR1 first: every thread's Python stack goes to the
     # cell's log, which then shows where the engine hung (fd 2, whichever file it points at by then).
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     if serve:
-        return _serve(Path(argv[1]), int(argv[2]))
+        return _serve(Path(argv[1]), int(argv[2]), lm_eval=argv[3:] != ["--no-lm-eval"])
     if warm:
         spec = _wait_for_spec(Path(argv[1]))
         if spec is None:
@@ -226,8 +227,9 @@ def _run_spec(spec: CellSpec) -> int:
     return 0
 
 
-def _serve(server_log: Path, report_fd: int) -> int:
-    """Fork server (module doc): import once, then one forked process per spec path read on stdin."""
+def _serve(server_log: Path, report_fd: int, lm_eval: bool = True) -> int:
+    """Fork server (module doc): import once, then one forked process per spec path read on stdin.
+    `lm_eval` False (a run without a tasks phase): lm-eval is not imported ahead."""
     from kveval.worker import phases
 
     report = os.fdopen(report_fd, "w", buffering=1)
@@ -235,12 +237,14 @@ def _serve(server_log: Path, report_fd: int) -> int:
     if not _fork_is_safe():
         report.write("unsafe\n")   # the parent then starts every cell cold
         return 0
-    preloaded = False
+    preloaded, ready = not lm_eval, False
     while True:
         if not preloaded and not select.select([sys.stdin], [], [], 0)[0]:
             phases.tasks.preload()   # only while no cell waits: the first cell is not held up for it
             preloaded = True
+        if preloaded and not ready:
             report.write("ready\n")
+            ready = True
         line = sys.stdin.readline().strip()
         if not line:
             return 0

@@ -8,7 +8,9 @@ of the phase's own size says how close to the engine's limit the phase ran; it r
 work, so only the run's first cell measures it (run/plan.plan_cells). Below 1: the phase fed
 the engine worse than a plain batched call would (requests one at a time, refusals splitting batches,
 small batches); above 1: the phase's batches were larger than the sample's. The reference runs on the
-engine behind the clock, so it is not counted in the phase's engine time.
+engine behind the clock, so it is not counted in the phase's engine time. Neither is the scoring phase's
+16-token warm-up call (worker/phases/scoring._warm_up): an engine's first prompt-logprobs call pays a
+one-time set-up whatever its size, which no batching causes and the reference, right after, no longer pays.
 """
 from __future__ import annotations
 

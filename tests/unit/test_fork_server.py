@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,14 @@ def test_a_cell_forked_by_a_server_that_dies_ends_with_it_and_is_recorded_as_dea
     assert gone(cell_pid(store, "auto-512")) and gone(server_pid)
     assert facts["process"]["forked"] is True and facts["process"]["exit_code"] != 0
     assert facts["started"] is False and facts["complete"] is True
+
+
+def test_a_run_without_a_tasks_phase_gets_a_server_that_does_not_import_lm_eval(tmp_path):
+    store = tiny_run_dir(tmp_path)
+    with ForkServer(tmp_path / "server", lm_eval=False) as server:
+        server.prestart(cell_env())
+        assert server.wait_ready(60)
+        argv = (Path(f"/proc/{server.server.process.pid}/cmdline").read_bytes().split(b"\0"))
+        assert b"--no-lm-eval" in argv
+        facts = run_in_process(store, tiny_plan(store), server)
+    assert facts["process"]["forked"] is True and facts["complete"] and facts["process"]["exit_code"] == 0
