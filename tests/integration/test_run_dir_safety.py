@@ -55,7 +55,7 @@ def _measured(out: Path, cell: str) -> dict:
     """What a cell measured: its outputs and its teacher-forced figures (not its timings or pids)."""
     facts = json.loads((out / "cells" / f"{cell}.json").read_text())
     records = {pid: (r.text, r.token_ids, r.accepted) for pid, r in generation_records(facts).items()}
-    timing = ("seconds", "engine_seconds", "efficiency")   # how long it took, not what it measured
+    timing = ("seconds", "engine_seconds", "efficiency", "warmup_seconds")   # how long it took, not what it measured
     scoring = {key: value for key, value in (facts["phases"].get("scoring") or {}).items() if key not in timing}
     return {"complete": facts["complete"], "started": facts.get("started"),
             "pool": (facts.get("capacity") or {}).get("kv_pool_tokens"), "records": records, "scoring": scoring}
