@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from kveval.run.warm_process import end_waiting_process
 
 SWITCH = "KVEVAL_FORK_CELLS"
 START_WAIT_S = 600.0   # the server may still be importing when the first cell is handed over (~30 s on a GPU host)
@@ -75,23 +76,7 @@ class _Server:
 
     def end(self) -> None:
         """EOF on its stdin, then SIGTERM/SIGKILL to its group; its log removed."""
-        try:
-            if self.process.stdin is not None and not self.process.stdin.closed:
-                self.process.stdin.close()
-        except OSError:
-            pass
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=5)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.process.wait()
+        end_waiting_process(self.process)
         try:
             os.close(self.report_fd)
         except OSError:

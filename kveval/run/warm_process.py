@@ -64,24 +64,30 @@ class WarmChild:
 
     def end(self) -> None:
         """End its process group (SIGTERM, then SIGKILL) and remove its waiting log."""
-        if self.process.stdin is not None and not self.process.stdin.closed:
+        end_waiting_process(self.process)
+        self.log.unlink(missing_ok=True)
+
+
+def end_waiting_process(process: subprocess.Popen) -> None:
+    """A process waiting on its stdin (a warm child, the fork server): EOF on its stdin, then SIGTERM and,
+    after 5 s, SIGKILL to its process group."""
+    if process.stdin is not None and not process.stdin.closed:
+        try:
+            process.stdin.close()
+        except OSError:
+            pass
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
             try:
-                self.process.stdin.close()
-            except OSError:
-                pass
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=5)
+                os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.process.wait()
-        self.log.unlink(missing_ok=True)
+            process.wait()
 
 
 class WarmProcess:

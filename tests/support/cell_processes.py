@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from kveval.files.rundir import RunDir, write_json_atomic
 from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.workloads import PromptSpec
@@ -15,6 +17,13 @@ from kveval.run.cell_process import CellPlan, run_cell_process
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD_FAKE_START = ROOT / "tests" / "support" / "held_fake_start"
+
+
+@pytest.fixture(autouse=True)
+def fake_engine(monkeypatch):
+    """Import it into a test module: every test there runs cells on the fake engine, undamaged."""
+    monkeypatch.setenv("KVEVAL_ENGINE", "fake")
+    monkeypatch.delenv("KVEVAL_FAKE_DAMAGE", raising=False)
 
 
 def tiny_run_dir(path: Path) -> RunDir:

@@ -18,14 +18,9 @@ import pytest
 
 from kveval.run.cell_process import cell_env, run_cell_process
 from kveval.run.fork_server import ForkServer, fork_cells_enabled
-from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, gone, kill_once_started, run_in_process,
+from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, fake_engine, gone,  # noqa: F401
+                                          kill_once_started, run_in_process,
                                           tiny_plan, tiny_run_dir, wait_gone, without_timings)
-
-
-@pytest.fixture(autouse=True)
-def fake_engine(monkeypatch):
-    monkeypatch.setenv("KVEVAL_ENGINE", "fake")
-    monkeypatch.delenv("KVEVAL_FAKE_DAMAGE", raising=False)
 
 
 def test_every_cell_gets_a_process_of_its_own_forked_from_one_server(tmp_path):

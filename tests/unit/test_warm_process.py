@@ -16,14 +16,9 @@ import pytest
 
 from kveval.run.cell_process import _child_env, run_cell_process
 from kveval.run.warm_process import WarmProcess, warm_cells_enabled
-from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, gone, kill_once_started, run_in_process,
+from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, fake_engine, gone,  # noqa: F401
+                                          kill_once_started, run_in_process,
                                           tiny_plan, tiny_run_dir, wait_gone, without_timings)
-
-
-@pytest.fixture(autouse=True)
-def fake_engine(monkeypatch):
-    monkeypatch.setenv("KVEVAL_ENGINE", "fake")
-    monkeypatch.delenv("KVEVAL_FAKE_DAMAGE", raising=False)
 
 
 def test_a_cell_takes_the_waiting_process_only_when_its_environment_matches(tmp_path):
