@@ -409,12 +409,12 @@ def test_a_version_1_cell_reads_with_its_kv_spec(name, kv):
 
 
 def test_a_version_1_manifest_reads_with_each_cells_kv_spec():
-    path = REPORTS / "cpu-demo-avx512/manifest.json"
+    path = REPORTS / "h200-smollm2-8192-defaults/manifest.json"
     raw = _read(path)
     assert raw["schema_version"] == 1 and [c["kv_cache_dtype"] for c in raw["cells"]] == ["auto", "fp8"]
     manifest = files.load("manifest", path)
     assert manifest.schema_version == files.MANIFEST_VERSION
-    assert [(c.id, c.kv_spec) for c in manifest.cells] == [("auto-1024", "auto"), ("fp8-1024", "fp8")]
+    assert [(c.id, c.kv_spec) for c in manifest.cells] == [("auto-8192", "auto"), ("fp8-8192", "fp8")]
     dumped = files.dump(manifest)
     assert [list(c) for c in dumped["cells"]] == [["id", "kv_spec", "max_model_len"]] * 2
     assert not _keys_named(dumped, "kv_cache_dtype")
@@ -455,10 +455,10 @@ def test_a_version_2_results_reads_with_kv_spec_everywhere(path):
         assert cell.kv_spec == raw["evidence"]["cells"][name]["kv_cache_dtype"]
 
 
-def test_the_cpu_demo_results_read_with_kv_spec():
-    results = files.load("results", REPORTS / "cpu-demo-avx512/results.json.gz")
+def test_a_version_2_results_with_tasks_reads_with_kv_spec():
+    results = files.load("results", REPORTS / "h200-smollm2-8192-defaults/results.json.gz")
     evidence = results.evidence
-    assert {name: cell.kv_spec for name, cell in evidence.cells.items()} == {"auto-1024": "auto", "fp8-1024": "fp8"}
+    assert {name: cell.kv_spec for name, cell in evidence.cells.items()} == {"auto-8192": "auto", "fp8-8192": "fp8"}
     assert {row.kv_spec for row in evidence.pools} == {"fp8"}
     assert {row.kv_spec for row in evidence.startup} == {row.kv_spec for row in evidence.tasks.sample_rows} == {"auto", "fp8"}
     assert [d.kv_cache_dtype for d in evidence.diagnosis.values()] == ["fp8"]
