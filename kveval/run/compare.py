@@ -263,7 +263,7 @@ def _cell_starter(options: CompareOptions, devices: list[str] | None, gpu_host: 
     if fork_cells_enabled(gpu_host):
         return ForkServer(Path(tempfile.mkdtemp(prefix="kveval-cells-")), lm_eval="tasks" in options.phases)
     if warm_cells_enabled(gpu_host):
-        return WarmProcess(Path(tempfile.mkdtemp(prefix="kveval-cells-")))
+        return WarmProcess(Path(tempfile.mkdtemp(prefix="kveval-cells-")), lm_eval="tasks" in options.phases)
     return None
 
 

@@ -93,8 +93,9 @@ def end_waiting_process(process: subprocess.Popen) -> None:
 class WarmProcess:
     """At most one cell process waiting for its cell; not thread-safe (cells one after another)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, lm_eval: bool = True):
         self.directory = directory
+        self.lm_eval = lm_eval   # the child imports lm-eval ahead (False: a run without a tasks phase)
         self.child: WarmChild | None = None
         self.started = 0
 
@@ -117,7 +118,8 @@ class WarmProcess:
         self.directory.mkdir(parents=True, exist_ok=True)
         with log.open("w", encoding="utf-8") as output:
             process = subprocess.Popen(
-                [sys.executable, "-m", "kveval.worker.cell_main", "--warm", str(log.resolve())],
+                [sys.executable, "-m", "kveval.worker.cell_main", "--warm", str(log.resolve()),
+                 *([] if self.lm_eval else ["--no-lm-eval"])],
                 stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.child = WarmChild(process, sys.executable, dict(env), log)
 

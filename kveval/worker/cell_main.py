@@ -5,13 +5,13 @@ stderr to the cell's log, where vLLM writes its own words; a start-up failure is
 that log. The result file is rewritten atomically after start-up and after every phase, so a crash
 in a late phase keeps what the earlier phases measured.
 
-Warm (issue 18; run/warm_process.py): `python -m kveval.worker.cell_main --warm LOG` imports vLLM and torch (or
-the fake engine), the phases and lm-eval ahead, touching no device (vLLM's import reads the GPUs through NVML, which
+Warm (issue 18; run/warm_process.py): `python -m kveval.worker.cell_main --warm LOG [--no-lm-eval]` imports vLLM
+and torch (or the fake engine), the phases and (unless the run has no tasks phase) lm-eval ahead, touching no device (vLLM's import reads the GPUs through NVML, which
 makes no CUDA context), then reads one line on stdin, the spec's path: its output so far (LOG) goes to the
 head of the cell's log, stdout and stderr are pointed at that log, and the cell runs as a cold one does.
 EOF on stdin (no cell came, or the parent is gone) ends it with 0.
 
-Fork server (issue 18; run/fork_server.py): `python -m kveval.worker.cell_main --serve LOG FD` imports the same
+Fork server (issue 18; run/fork_server.py): `python -m kveval.worker.cell_main --serve LOG FD [--no-lm-eval]` imports the same
 once, then reads spec paths on stdin, one per cell: for each it forks a process that starts a session of its
 own, points fds 1 and 2 at the cell's log (after what the server printed while importing, as a cold child's
 log would begin), runs the cell exactly as a cold child does and ends with `os._exit`. The server writes
@@ -161,13 +161,14 @@ def run_cell(spec: CellSpec) -> dict:
     return facts
 
 
-def _wait_for_spec(waiting_log: Path) -> CellSpec | None:
-    """Warm: import what a cell needs, then wait for the spec's path; None on EOF."""
+def _wait_for_spec(waiting_log: Path, lm_eval: bool = True) -> CellSpec | None:
+    """Warm: import what a cell needs, then wait for the spec's path; None on EOF. `lm_eval` False (a run
+    without a tasks phase): lm-eval is not imported ahead."""
     from kveval.worker import phases
 
     _engine_module()
     # lm-eval too, while nothing waits for this process: a cell handed over already gets what a cold one does.
-    if not select.select([sys.stdin], [], [], 0)[0]:
+    if lm_eval and not select.select([sys.stdin], [], [], 0)[0]:
         phases.tasks.preload()
     line = sys.stdin.readline().strip()
     if not line:
@@ -190,10 +191,10 @@ def _wait_for_spec(waiting_log: Path) -> CellSpec | None:
 
 
 def main(argv: list[str]) -> int:
-    warm = len(argv) == 2 and argv[0] == "--warm"
+    warm = len(argv) in (2, 3) and argv[0] == "--warm" and argv[2:] in ([], ["--no-lm-eval"])
     serve = len(argv) in (3, 4) and argv[0] == "--serve" and argv[2].isdigit() and argv[3:] in ([], ["--no-lm-eval"])
     if len(argv) != 1 and not (warm or serve):
-        print("usage: python -m kveval.worker.cell_main SPEC.json | --warm LOG | --serve LOG FD [--no-lm-eval]",
+        print("usage: python -m kveval.worker.cell_main SPEC.json | --warm LOG [--no-lm-eval] | --serve LOG FD [--no-lm-eval]",
               file=sys.stderr)
         return 2
     # A parent that finds this cell stalled sends SIGUSR1 first: every thread's Python stack goes to the
@@ -202,7 +203,7 @@ def main(argv: list[str]) -> int:
     if serve:
         return _serve(Path(argv[1]), int(argv[2]), lm_eval=argv[3:] != ["--no-lm-eval"])
     if warm:
-        spec = _wait_for_spec(Path(argv[1]))
+        spec = _wait_for_spec(Path(argv[1]), lm_eval=argv[2:] != ["--no-lm-eval"])
         if spec is None:
             return 0
     else:

@@ -89,3 +89,12 @@ def kill_once_started(store: RunDir, cell: str) -> None:
             os.kill(cell_pid(store, cell), signal.SIGKILL)
             return
         time.sleep(0.1)
+
+
+MARK_LM_EVAL = ROOT / "tests" / "support" / "mark_lm_eval"
+
+
+def mark_lm_eval_imports(monkeypatch, mark: Path) -> None:
+    """Processes started from here on create `mark` when they import lm-eval (tests/support/mark_lm_eval)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(MARK_LM_EVAL), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("KVEVAL_TEST_LM_EVAL_MARK", str(mark))

@@ -19,7 +19,7 @@ import pytest
 from kveval.run.cell_process import cell_env, run_cell_process
 from kveval.run.fork_server import ForkServer, fork_cells_enabled
 from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, fake_engine, gone,  # noqa: F401
-                                          kill_once_started, run_in_process,
+                                          kill_once_started, mark_lm_eval_imports, run_in_process,
                                           tiny_plan, tiny_run_dir, wait_gone, without_timings)
 
 
@@ -46,7 +46,7 @@ def test_every_cell_gets_a_process_of_its_own_forked_from_one_server(tmp_path):
 def test_a_forked_cell_stores_what_a_cold_one_does(tmp_path):
     cold, forked = tiny_run_dir(tmp_path / "cold"), tiny_run_dir(tmp_path / "forked")
     cold_facts = run_in_process(cold, tiny_plan(cold), None)
-    with ForkServer(tmp_path / "server") as server:
+    with ForkServer(tmp_path / "server", lm_eval=False) as server:
         server.prestart(cell_env())
         forked_facts = run_in_process(forked, tiny_plan(forked), server)
     assert cold_facts["process"]["forked"] is False and forked_facts["process"]["forked"] is True
@@ -68,7 +68,7 @@ def test_a_forked_cell_that_dies_is_recorded_as_a_cold_one_is_and_the_server_liv
     stored = {}
     for mode in ("cold", "forked"):
         store = tiny_run_dir(tmp_path / mode)
-        with ForkServer(tmp_path / mode / "server") as server:
+        with ForkServer(tmp_path / mode / "server", lm_eval=False) as server:
             if mode == "forked":
                 server.prestart(cell_env())
                 assert server.wait_ready(120)   # the cell's clock then covers only what a forked cell does
@@ -90,7 +90,7 @@ def test_a_forked_cell_that_dies_is_recorded_as_a_cold_one_is_and_the_server_liv
 
 def test_a_server_that_died_between_cells_means_a_cold_start_and_a_new_server(tmp_path):
     store = tiny_run_dir(tmp_path)
-    with ForkServer(tmp_path / "server") as server:
+    with ForkServer(tmp_path / "server", lm_eval=False) as server:
         server.prestart(cell_env())
         first = run_in_process(store, tiny_plan(store, "auto-a"), server)
         dead = server.server.process.pid
@@ -139,7 +139,7 @@ def test_where_a_fork_could_not_use_cuda_the_server_ends_and_every_cell_starts_c
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests" / "support" / "bad_fork"),
                                                       *filter(None, [os.environ.get("PYTHONPATH")])]))
     store = tiny_run_dir(tmp_path)
-    with ForkServer(tmp_path / "server") as server:
+    with ForkServer(tmp_path / "server", lm_eval=False) as server:
         server.prestart(cell_env())
         pid = server.server.process.pid
         assert not server.wait_ready(60) and wait_gone(pid)
@@ -156,7 +156,7 @@ def test_a_cell_forked_by_a_server_that_dies_ends_with_it_and_is_recorded_as_dea
                                                       *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("KVEVAL_TEST_HOLD_FAKE_START_S", "60")
     store = tiny_run_dir(tmp_path)
-    with ForkServer(tmp_path / "server") as server:
+    with ForkServer(tmp_path / "server", lm_eval=False) as server:
         server.prestart(cell_env())
         assert server.wait_ready(120)
         server_pid = server.server.process.pid
@@ -177,12 +177,14 @@ def test_a_cell_forked_by_a_server_that_dies_ends_with_it_and_is_recorded_as_dea
     assert facts["started"] is False and facts["complete"] is True
 
 
-def test_a_run_without_a_tasks_phase_gets_a_server_that_does_not_import_lm_eval(tmp_path):
+@pytest.mark.parametrize("tasks", [False, True])
+def test_a_server_imports_lm_eval_ahead_only_for_a_run_with_a_tasks_phase(tmp_path, monkeypatch, tasks):
+    mark = tmp_path / "lm_eval-imported"
+    mark_lm_eval_imports(monkeypatch, mark)
     store = tiny_run_dir(tmp_path)
-    with ForkServer(tmp_path / "server", lm_eval=False) as server:
+    with ForkServer(tmp_path / "server", lm_eval=tasks) as server:
         server.prestart(cell_env())
-        assert server.wait_ready(60)
-        argv = (Path(f"/proc/{server.server.process.pid}/cmdline").read_bytes().split(b"\0"))
-        assert b"--no-lm-eval" in argv
-        facts = run_in_process(store, tiny_plan(store), server)
+        assert server.wait_ready(120)
+        facts = run_in_process(store, tiny_plan(store), server)   # generation only
     assert facts["process"]["forked"] is True and facts["complete"] and facts["process"]["exit_code"] == 0
+    assert mark.exists() is tasks

@@ -11,13 +11,14 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from kveval.run.cell_process import _child_env, run_cell_process
 from kveval.run.warm_process import WarmProcess, warm_cells_enabled
 from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, fake_engine, gone,  # noqa: F401
-                                          kill_once_started, run_in_process,
+                                          kill_once_started, mark_lm_eval_imports, run_in_process,
                                           tiny_plan, tiny_run_dir, wait_gone, without_timings)
 
 
@@ -45,7 +46,7 @@ def test_a_warm_cell_stores_what_a_cold_one_does(tmp_path):
     cold, warm_store = tiny_run_dir(tmp_path / "cold"), tiny_run_dir(tmp_path / "warm")
     plan = tiny_plan(cold)
     cold_facts = run_in_process(cold, plan, None)
-    with WarmProcess(warm_store.cells_dir) as warm:
+    with WarmProcess(warm_store.cells_dir, lm_eval=False) as warm:
         warm.prestart({k: v for k, v in _child_env().items() if v is not None})
         warm_facts = run_in_process(warm_store, tiny_plan(warm_store), warm)
     assert cold_facts["process"]["warm"] is False and warm_facts["process"]["warm"] is True
@@ -114,7 +115,7 @@ def test_a_warm_cell_that_dies_is_recorded_as_a_cold_one_is(tmp_path, monkeypatc
     stored = {}
     for mode in ("cold", "warm"):
         store = tiny_run_dir(tmp_path / mode)
-        with WarmProcess(store.cells_dir) as warm:
+        with WarmProcess(store.cells_dir, lm_eval=False) as warm:
             if mode == "warm":
                 warm.prestart({k: v for k, v in _child_env().items() if v is not None})
             if fault == "sigkill":
@@ -130,6 +131,30 @@ def test_a_warm_cell_that_dies_is_recorded_as_a_cold_one_is(tmp_path, monkeypatc
     texts = [json.dumps(without_timings(stored[mode]), sort_keys=True).replace(str(tmp_path / mode), "ROOT")
              for mode in ("cold", "warm")]
     assert texts[0] == texts[1]
+
+
+def _reading_stdin(pid: int) -> bool:
+    """The process sits in read(0, ...) (Linux x86-64: syscall 0 on fd 0): its imports are done."""
+    try:
+        return Path(f"/proc/{pid}/syscall").read_text().split()[:2] == ["0", "0x0"]
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("tasks", [False, True])
+def test_a_waiting_process_imports_lm_eval_ahead_only_for_a_run_with_a_tasks_phase(tmp_path, monkeypatch, tasks):
+    mark = tmp_path / "lm_eval-imported"
+    mark_lm_eval_imports(monkeypatch, mark)
+    store = tiny_run_dir(tmp_path)
+    with WarmProcess(store.cells_dir, lm_eval=tasks) as warm:
+        warm.prestart({k: v for k, v in _child_env().items() if v is not None})
+        pid, deadline = warm.child.process.pid, time.monotonic() + 120
+        while not _reading_stdin(pid):   # handed its cell only once it waits for one, whatever it imported
+            assert time.monotonic() < deadline and not gone(pid)
+            time.sleep(0.1)
+        facts = run_in_process(store, tiny_plan(store), warm)   # generation only
+    assert facts["process"]["warm"] is True and facts["complete"] and facts["process"]["exit_code"] == 0
+    assert mark.exists() is tasks
 
 
 def test_on_by_default_on_a_gpu_host_only_and_the_switch_decides_otherwise(monkeypatch):
