@@ -64,3 +64,15 @@ class CellSpec(_Message):
     result_path: str
     events_path: str
     log_path: str
+
+
+JOB_PREFIX = "job "   # a fork server's stdin line "job PATH": PATH holds a ForkedJob, not a CellSpec
+
+
+class ForkedJob(_Message):
+    """The parent -> fork server message for work other than a cell (run/fork_server.ForkServer.run_job): a
+    module's `main(argv)` run in a forked process, its stdout and stderr in `log_path` (the K/V range pass,
+    run/diagnosis.py, which then skips importing torch and transformers afresh)."""
+    module: str
+    argv: list[str]
+    log_path: str

@@ -228,10 +228,12 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
             raise KvevalError(f"--engine-arg asks for {devices_per_cell(options.engine_args)} devices per cell; "
                               f"--gpus gives {len(devices)}")
         starter = _cell_starter(options, devices, bool(hardware["hardware"]["gpus"]))
+        env = cell_env(_cells_env(devices, environment_at_start))
         if starter is not None:
             # Its imports (~7 s on the 2-core CPU, ~20 s on a GPU host) overlap the set-up's tokenising and task data.
-            starter.prestart(cell_env(_cells_env(devices, environment_at_start)))
-        setup = _set_up_locked_run(options, suite, shape, user_prompts, show, lock, started, hardware, devices)
+            starter.prestart(env)
+        fork = (starter, env) if isinstance(starter, ForkServer) else None   # the K/V range pass forks from it too
+        setup = _set_up_locked_run(options, suite, shape, user_prompts, show, lock, started, hardware, devices, fork)
         return dataclasses.replace(setup, starter=starter, base_env=environment_at_start)
     except BaseException:
         end_starter(starter)
@@ -284,7 +286,8 @@ def _lock(path: Path) -> RunLock:
 
 
 def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, user_prompts: list[dict], show,
-                       lock: RunLock | None, started: float, hardware: dict, devices: list[str] | None) -> RunSetup:
+                       lock: RunLock | None, started: float, hardware: dict, devices: list[str] | None,
+                       fork: tuple[ForkServer, dict[str, str]] | None = None) -> RunSetup:
     if _needs_vocabulary(options):
         check_against_vllm([spec.dtype for spec in options.kv_specs], options.engine_args, vllm_vocabulary())
     try:
@@ -371,7 +374,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
                   "resumed": reuse}
         if options.diagnose and any(spec.dtype.startswith("fp8") for spec in options.kv_specs):
             begun = time.monotonic()
-            run_diagnosis(run, source, run.manifest().kv_scales, show)
+            run_diagnosis(run, source, run.manifest().kv_scales, show, fork)
             timing["diagnosis_seconds"] = round(time.monotonic() - begun, 3)
         manifest["timing"] = timing
         run.write_manifest(manifest)

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from kveval.files.cell_spec import JOB_PREFIX, ForkedJob
 from kveval.run.warm_process import end_waiting_process
 
 SWITCH = "KVEVAL_FORK_CELLS"
@@ -195,6 +197,27 @@ class ForkServer:
             os.close(write_end)   # the server holds it: EOF here once the server is gone
         self.server = _Server(process, read_end, sys.executable, dict(env), log)
 
+    def run_job(self, env: dict[str, str], module: str, argv: list[str], log_path: Path, timeout_s: float) -> int | None:
+        """`module.main(argv)` in a process forked from the server started with `env` (imports done once, as
+        a cell's are), its output in `log_path`; its exit code, or None where no server with that environment
+        forks (the caller then runs it in a process of its own). subprocess.TimeoutExpired after timeout_s,
+        the job's process group killed."""
+        child = self.take(env)
+        if child is None:
+            return None
+        job = self.directory / f".job-{os.getpid()}-{time.monotonic_ns()}.json"
+        job.write_text(ForkedJob(module=module, argv=argv, log_path=str(log_path)).model_dump_json(), encoding="utf-8")
+        try:
+            if not child.hand_over(Path(f"{JOB_PREFIX}{job}")):
+                return None
+            try:
+                return child.process.wait(timeout_s)
+            except BaseException:   # its timeout, or Ctrl-C: the job must not run on unseen
+                _kill_group(child.process.pid)
+                raise
+        finally:
+            job.unlink(missing_ok=True)
+
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait until the server has done its imports (tests, and callers that time what follows)."""
         deadline = time.monotonic() + timeout_s
@@ -214,6 +237,13 @@ class ForkServer:
 
     def __exit__(self, *_exc) -> None:
         self.close()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)   # the forked process leads a session of its own (cell_main._forked_job)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _gone(pid: int) -> bool:

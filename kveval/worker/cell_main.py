@@ -16,7 +16,9 @@ once, then reads spec paths on stdin, one per cell: for each it forks a process 
 own, points fds 1 and 2 at the cell's log (after what the server printed while importing, as a cold child's
 log would begin), runs the cell exactly as a cold child does and ends with `os._exit`. The server writes
 `unsafe` (and ends: see _fork_is_safe) or `ready` (imports done), `start PID` and `exit PID CODE` (CODE as subprocess gives it: -N for signal N) to FD, and serves the next
-spec only once the cell's process has ended. Every cell is still a process of its own (a crash, a kill or
+spec only once the cell's process has ended. A line `job PATH` (files/cell_spec.ForkedJob) forks a process
+that runs a module's `main(argv)` instead, the K/V range pass (run/diagnosis.py); while it runs, no cell
+being timed, the server may import lm-eval. Every cell is still a process of its own (a crash, a kill or
 the OOM killer ends that cell only); what it no longer pays is the ~7 s (2-core CPU) of importing torch
 and vLLM, and lm-eval's import. The server touches no device: vLLM's import reads GPUs through NVML only.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import importlib
 import json
 import os
 import select
@@ -33,7 +36,7 @@ import time
 import traceback
 from pathlib import Path
 
-from kveval.files.cell_spec import CellSpec
+from kveval.files.cell_spec import JOB_PREFIX, CellSpec, ForkedJob
 from kveval.files.schema import CELL_VERSION
 from kveval.files.startup_failure import classify_startup_failure, detect_backend, not_started_record
 from kveval.files.logfacts import kv_pool_from_log
@@ -249,13 +252,18 @@ def _serve(server_log: Path, report_fd: int, lm_eval: bool = True) -> int:
         line = sys.stdin.readline().strip()
         if not line:
             return 0
+        job = line.startswith(JOB_PREFIX)
         sys.stdout.flush()   # nothing buffered here may be written twice, by the server and by the cell
         sys.stderr.flush()
         server = os.getpid()
         pid = os.fork()
         if pid == 0:
-            os._exit(_forked_cell(Path(line), server_log, report, server))
+            os._exit(_forked_job(Path(line[len(JOB_PREFIX):]), report, server) if job
+                     else _forked_cell(Path(line), server_log, report, server))
         report.write(f"start {pid}\n")
+        if job and not preloaded:   # no cell is being timed: lm-eval's import may overlap the job
+            phases.tasks.preload()
+            preloaded = True
         _, status = os.waitpid(pid, 0)
         report.write(f"exit {pid} {os.waitstatus_to_exitcode(status)}\n")
 
@@ -283,6 +291,36 @@ def _fork_is_safe() -> bool:
         os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+def _forked_job(job_path: Path, report, server: int) -> int:
+    """A forked process that runs a module's main(argv) (files/cell_spec.ForkedJob) instead of a cell: its own
+    session, ended with the server, stdout and stderr in the job's log; its exit code is main's."""
+    code = 1
+    try:
+        report.close()
+        os.setsid()
+        _end_with(server)
+        quiet = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(quiet, 0)
+        os.close(quiet)
+        job = ForkedJob.model_validate(read_json(job_path))
+        with open(job.log_path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        sys.argv = [job.module, *job.argv]
+        result = importlib.import_module(job.module).main(job.argv)
+        code = result if isinstance(result, int) else 0
+    except SystemExit as end:   # argparse's errors
+        code = end.code if isinstance(end.code, int) else 1
+    except BaseException:  # noqa: BLE001 - whatever ends this process, it must not run the server's loop
+        traceback.print_exc()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    return code
 
 
 def _forked_cell(spec_path: Path, server_log: Path, report, server: int) -> int:

@@ -120,3 +120,31 @@ def test_planted_layers_are_exactly_the_offending_ones(planted, healthy):
             128 * healthy["layers"][layer]["k"]["absmax"], rel=0.02)
         assert planted["layers"][layer]["v"]["absmax"] == pytest.approx(
             healthy["layers"][layer]["v"]["absmax"], rel=0.05)
+
+
+def test_the_pass_forked_from_the_runs_fork_server_measures_what_its_own_process_does(model_dir, documents, tmp_path):
+    """run/diagnosis.py forks the pass from the fork server, which imported vLLM and torch: nothing that
+    import set may change a range."""
+    from types import SimpleNamespace
+
+    from kveval.files.rundir import RunDir
+    from kveval.inputs.model_config import ModelSource
+    from kveval.run import diagnosis
+    from kveval.run.cell_process import cell_env
+    from kveval.run.fork_server import ForkServer
+
+    runs = {name: RunDir(tmp_path / name) for name in ("alone", "forked")}
+    for run in runs.values():
+        run.path.mkdir()
+        run.scoring_path.write_bytes(documents.read_bytes())
+    source, quiet = ModelSource(path=str(model_dir)), SimpleNamespace(note=lambda message: None)
+    diagnosis.run_diagnosis(runs["alone"], source, None, quiet)
+    with ForkServer(tmp_path / "server", lm_eval=False) as server:
+        server.prestart(cell_env())
+        assert server.wait_ready(300)
+        assert "libtorch" in Path(f"/proc/{server.server.process.pid}/maps").read_text()   # torch imported there
+        diagnosis.run_diagnosis(runs["forked"], source, None, quiet, fork=(server, cell_env()))
+        assert list(server.server.exits.values()) == [0]   # one job, forked
+    alone, forked = (json.loads(run.kv_ranges_path.read_text()) for run in runs.values())
+    assert "error" not in forked and alone["measurement"].pop("seconds") and forked["measurement"].pop("seconds")
+    assert forked == alone

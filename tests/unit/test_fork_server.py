@@ -13,9 +13,13 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from kveval.files.rundir import RunDir, write_json_atomic
+from kveval.inputs.model_config import ModelSource
+from kveval.run import diagnosis
 from kveval.run.cell_process import cell_env, run_cell_process
 from kveval.run.fork_server import ForkServer, fork_cells_enabled
 from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, fake_engine, gone,  # noqa: F401
@@ -188,3 +192,22 @@ def test_a_server_imports_lm_eval_ahead_only_for_a_run_with_a_tasks_phase(tmp_pa
         facts = run_in_process(store, tiny_plan(store), server)   # generation only
     assert facts["process"]["forked"] is True and facts["complete"] and facts["process"]["exit_code"] == 0
     assert mark.exists() is tasks
+
+
+def test_a_job_forked_from_the_server_fails_in_its_own_words_and_the_server_serves_on(tmp_path):
+    # The K/V range pass (run/diagnosis.py) on a model that is not there: it ends at its own input check.
+    # That a forked pass measures what one in a process of its own does: tests/integration/test_kv_ranges_model.py.
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir(parents=True)
+    write_json_atomic(run.scoring_path, [{"id": "doc", "token_ids": list(range(100, 260))}])
+    with ForkServer(tmp_path / "server", lm_eval=False) as server:
+        server.prestart(cell_env())
+        diagnosis.run_diagnosis(run, ModelSource(path=str(tmp_path / "no-model")), None,
+                                SimpleNamespace(note=lambda message: None), fork=(server, cell_env()))
+        (pid,) = server.server.started
+        assert server.server.exits == {pid: 2} and gone(pid)
+        facts = run_in_process(tiny_run_dir(tmp_path / "cell"), tiny_plan(run), server)
+        assert facts["process"]["forked"] is True and facts["complete"]   # still serving
+    error = json.loads(run.kv_ranges_path.read_text())["error"]
+    assert error.startswith("the K/V range pass failed: kveval.worker.kv_ranges: error:") and "no-model" in error
+    assert not list((tmp_path / "server").glob(".kv-ranges-*")) and not list((tmp_path / "server").glob(".job-*"))
