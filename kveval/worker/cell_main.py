@@ -293,17 +293,22 @@ def _fork_is_safe() -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
+def _leave_the_server(report, server: int) -> None:
+    """A forked process's first steps: no reports, a session of its own, ended with the server, stdin closed."""
+    report.close()           # only the server reports; the parent sees EOF once the server is gone
+    os.setsid()              # a process group of its own: the parent ends the cell's group, not the server
+    _end_with(server)
+    quiet = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(quiet, 0)
+    os.close(quiet)
+
+
 def _forked_job(job_path: Path, report, server: int) -> int:
     """A forked process that runs a module's main(argv) (files/cell_spec.ForkedJob) instead of a cell: its own
     session, ended with the server, stdout and stderr in the job's log; its exit code is main's."""
     code = 1
     try:
-        report.close()
-        os.setsid()
-        _end_with(server)
-        quiet = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(quiet, 0)
-        os.close(quiet)
+        _leave_the_server(report, server)
         job = ForkedJob.model_validate(read_json(job_path))
         with open(job.log_path, "ab") as log:
             os.dup2(log.fileno(), 1)
@@ -328,12 +333,7 @@ def _forked_cell(spec_path: Path, server_log: Path, report, server: int) -> int:
     with the server; never returns into the server's loop (the caller ends it with os._exit)."""
     code, spec = 1, None
     try:
-        report.close()           # only the server reports; the parent sees EOF once the server is gone
-        os.setsid()              # a process group of its own: the parent ends the cell's group, not the server
-        _end_with(server)
-        quiet = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(quiet, 0)
-        os.close(quiet)
+        _leave_the_server(report, server)
         spec = CellSpec.model_validate(read_json(spec_path))
         with open(spec.log_path, "ab") as log:
             try:
