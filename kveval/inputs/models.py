@@ -452,8 +452,9 @@ def _one_line(error: BaseException) -> str:
 
 # --- --model -------------------------------------------------------------------------------------
 
-def resolve_model(model: str | None, progress=print) -> ModelInfo:
-    """Turn --model into what vLLM loads. None means the embedded default model."""
+def resolve_model(model: str | None, progress=print, weights: bool = True) -> ModelInfo:
+    """Turn --model into what vLLM loads. None means the embedded default model. `weights` False: a model
+    directory need not hold weights files (vLLM was given a load_format that finds them elsewhere)."""
     if model is None or model == "default":
         path = prepare_default_model(progress)
         info = default_model_info()
@@ -462,7 +463,7 @@ def resolve_model(model: str | None, progress=print) -> ModelInfo:
     if local.is_file() or (local.suffix.lower() == ".gguf" and not local.is_dir()):
         return resolve_gguf(local, progress, label=f"--model {model}")
     if local.is_dir():
-        return _resolve_directory(local, model, progress)
+        return _resolve_directory(local, model, progress, weights)
     if model.startswith((".", "/", "~")) or model.count("/") > 1:
         raise ModelError(f"--model {model}: no such directory.")
     _check_hub_reachable(model)
@@ -495,9 +496,16 @@ def _check_hub_reachable(model: str, timeout_s: float = 3.0) -> None:
                          "file, or run where the hub is reachable.") from None
 
 
-def _resolve_directory(local: Path, model: str, progress) -> ModelInfo:
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")   # what vLLM's default loader looks for in a model directory
+
+
+def _resolve_directory(local: Path, model: str, progress, weights: bool = True) -> ModelInfo:
     """A Hugging Face directory, or one holding a single GGUF (as a download often is)."""
     if (local / "config.json").is_file():
+        if weights and not any(next(local.glob(pattern), None) for pattern in WEIGHT_FILES):
+            # Every engine would fail to start on it, after the set-up: say so before any starts.
+            raise ModelError(f"--model {model}: the directory has a config.json but no weights for vLLM to load "
+                             f"({', '.join(WEIGHT_FILES)}); give a complete model directory or a .gguf file.")
         return ModelInfo(local.resolve().name, str(local.resolve()), "local directory", True)
     ggufs = sorted(p for p in local.glob("*.gguf") if p.is_file())
     if len(ggufs) == 1:

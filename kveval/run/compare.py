@@ -291,7 +291,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
     if _needs_vocabulary(options):
         check_against_vllm([spec.dtype for spec in options.kv_specs], options.engine_args, vllm_vocabulary())
     try:
-        model = resolve_model(options.model, progress=show.note)
+        model = resolve_model(options.model, progress=show.note, weights=not any(str(k).replace("-", "_") == "load_format" for k in options.engine_args))
     except ModelError as error:
         raise KvevalError(str(error)) from None
     source = ModelSource.of(model.path, options.engine_args)  # what vLLM loads: revision, tokenizer, remote code

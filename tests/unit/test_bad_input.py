@@ -139,6 +139,18 @@ def test_a_hub_id_without_a_reachable_hub_is_refused_at_once(tmp_path, monkeypat
              "the Hugging Face Hub (127.0.0.1) cannot be reached from here")
 
 
+def test_a_model_directory_without_weights_is_refused_before_any_engine(tmp_path, default_model_dir):
+    # A config and a tokenizer only (a download cut short): every engine would fail to start on it.
+    model = tmp_path / "model"
+    model.mkdir()
+    for part in default_model_dir.iterdir():
+        if part.suffix != ".safetensors":
+            (model / part.name).symlink_to(part)
+    output = _refused(["compare", "--model", str(model), "--out", str(tmp_path / "o")],
+                      "the directory has a config.json but no weights for vLLM to load (*.safetensors, *.bin, *.pt)")
+    assert "engine" not in output.lower() and not (tmp_path / "o" / "cells").exists()
+
+
 def test_hostile_prompt_ids_are_escaped_in_the_review():
     from kveval.render.markdown import escape_name
 
