@@ -93,6 +93,13 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
     if not candidates and not missing:
         out.reason(INCONCLUSIVE, None, f"no cell other than {baseline_kv} in the run: nothing to judge",
                    "add the KV dtype to test, e.g. --kv fp8 auto", code="nothing_to_judge")
+    elif candidates and not started and any(c.kv_spec == baseline_kv and not c.missing for c in cells.values()) \
+            and not bases:
+        # Not an FP8 finding: whatever stopped the engine stopped it with the model dtype's cache too.
+        out.reason(INCONCLUSIVE, None, f"no cell started, the {baseline_kv} baseline included: vLLM could not start "
+                                       "this model here in any KV configuration, so nothing points at FP8",
+                   "see the start-up section for vLLM's reason (the model, the engine or the memory)",
+                   code="nothing_started")
     elif candidates and not started:
         out.reason(INCONCLUSIVE, None, "no tested cell started: quality could not be measured",
                    "see the start-up section for vLLM's reason", code="no_tested_cell_started")

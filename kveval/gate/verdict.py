@@ -87,6 +87,7 @@ REASON_CODES = {
     "missing_result": "a planned cell has no result file",
     "not_started": "NOTE: the cell did not start (a start-up finding)",
     "nothing_to_judge": "no cell other than the baseline",
+    "nothing_started": "no cell started, the baseline included",
     "no_tested_cell_started": "no tested cell started",
     "no_baseline": "no baseline cell started",
     "noise_floor_widens_budget": "NOTE: the baseline's noise floor widens the KL budget",

@@ -84,6 +84,9 @@ def headline(verdict, evidence: schema.Evidence, model_dtype: str = "the model d
     by_spec = _specs_by_status(verdict, evidence)
     if not by_spec:
         return f"Nothing was judged: no tested cell besides `{BASELINE_KV}`."
+    if evidence.cells and not any(cell.started for cell in evidence.cells.values()):
+        return (f"No cell started, the `{BASELINE_KV}` baseline included: vLLM could not start this model here in "
+                "any KV configuration (see Start-up for its words); nothing was judged.")
     sentences = []
     for kv, statuses in by_spec.items():
         spec = stored_spec(kv)

@@ -244,6 +244,15 @@ def test_no_baseline_started_is_inconclusive():
     assert any("no auto baseline cell started" in r.message for r in verdict.reasons)
 
 
+def test_nothing_started_not_even_the_baseline_points_at_the_model_not_at_fp8():
+    cells = {"auto-8192": {"kv_spec": "auto", "max_model_len": 8192, "started": False, "failure_reason": "other"},
+             "fp8-8192": {"kv_spec": "fp8", "max_model_len": 8192, "started": False, "failure_reason": "other"}}
+    verdict = evaluate(evidence(cells=cells, comparisons=[], tasks=None))
+    assert verdict.status == INCONCLUSIVE and verdict.cells == {"fp8-8192": "NOT STARTED"}
+    (reason,) = [r for r in verdict.reasons if r.level == INCONCLUSIVE]
+    assert reason.code == "nothing_started" and "the auto baseline included" in reason.message
+
+
 def test_fp8_cell_that_did_not_start_is_a_capacity_note():
     cells = {"auto-8192": {"kv_spec": "auto", "max_model_len": 8192, "started": True},
              "fp8-8192": {"kv_spec": "fp8", "max_model_len": 8192, "started": False,
