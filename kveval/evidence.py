@@ -106,9 +106,10 @@ def _degeneration_evidence(workloads: list[dict], cells: dict[str, CellResult]) 
         per_cell[row["cell"]] = {
             "kv_spec": row["kv_spec"], "max_model_len": row["max_model_len"],
             "outputs": row["outputs"],
-            # Outputs with at least one finding the baseline's output for the same prompt lacks
-            # (hit_token_limit is informational and not counted).
-            "new_degenerate": row["outputs_with_new_findings"],
+            # Outputs that degenerate here while the baseline output for the same prompt does not, whichever
+            # detectors fired (hit_token_limit is informational and not counted); 0 for a baseline cell.
+            "new_degenerate": row["outputs_with_new_findings"] if row["degenerate_only_here"] is None
+            else int(row["degenerate_only_here"]),
             # Outputs that have a baseline output for the same prompt (None for baseline cells).
             "judged_outputs": None if row["judged_outputs"] is None else int(row["judged_outputs"]),
             # Outputs that degenerate in the baseline but not here: the other side of the paired test.

@@ -493,18 +493,26 @@ def _text(record: GenerationRecord | None) -> str:
     return (record.text or "") if record else ""
 
 
-def _baseline_only(findings: pd.DataFrame, cells: dict[str, CellResult], name: str, workloads: list[dict],
-                   records: Records, degenerate: set) -> int:
-    """Prompts this cell answered cleanly whose baseline output (the one that excuses findings) degenerates."""
+def _discordant(findings: pd.DataFrame, cells: dict[str, CellResult], name: str, workloads: list[dict],
+                records: Records) -> tuple[int, int]:
+    """The paired 2×2's discordant counts (gate: McNemar's test) against the baseline output that judges each
+    prompt: (outputs with a new finding whose baseline output is clean; outputs that are clean where the
+    baseline output degenerates). An output that degenerates on both sides is concordant, whichever detectors
+    fired on each (a base model's `????` run against its own `<h2><h2>` loop is one prompt both caches fail);
+    a loop a baseline has at another length stays excused (scan_cells)."""
     failing = _counted(findings)
-    count = 0
+    bad = set(zip(failing["cell"], failing["prompt"]))
+    new = failing[failing["new_vs_baseline"].fillna(False).astype(bool)]
+    with_new = set(new.loc[new["cell"] == name, "prompt"])
+    only_here = only_baseline = 0
     for _, prompt, _ in _scanned(workloads, {name: cells[name]}, {name: records[name]}):
         source = _baseline_source(cells, name, prompt["id"], BASELINE_KV, records)
-        if source is None or prompt["id"] in degenerate:
+        if source is None:
             continue
-        if ((failing["cell"] == source) & (failing["prompt"] == prompt["id"])).any():
-            count += 1
-    return count
+        there = (source, prompt["id"]) in bad
+        only_here += prompt["id"] in with_new and not there
+        only_baseline += there and (name, prompt["id"]) not in bad
+    return only_here, only_baseline
 
 
 def _cumulative(rounds: list[int]) -> list[int]:
@@ -538,15 +546,14 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellLike], wor
             int(record.round or 0) for _, prompt, record in _scanned(workloads, {name: facts}, {name: records[name]})
             if _baseline_source(cells, name, prompt["id"], BASELINE_KV, records) is not None]
         judged = None if is_base else len(judged_rounds)
-        # The other discordant cell of the paired 2×2 (gate: McNemar's test): prompts whose baseline
-        # output degenerates while this cell's does not.
-        baseline_only = None if is_base else _baseline_only(findings, cells, name, workloads, records,
-                                                            set(failures["prompt"]))
+        # The paired 2×2's discordant cells (gate: McNemar's test), output by output.
+        only_here, baseline_only = (None, None) if is_base else _discordant(findings, cells, name, workloads, records)
         limited = sum(1 for record in outputs if record.finish_reason == "length")
         row = {"cell": name, "kv_spec": facts.kv_spec, "max_model_len": facts.max_model_len,
                "outputs": len(outputs),
                "outputs_with_findings": int(failures["prompt"].nunique()),
                "outputs_with_new_findings": int(new["prompt"].nunique()), "judged_outputs": judged,
+               "degenerate_only_here": only_here,
                "baseline_only_degenerate": baseline_only,
                # Judged outputs after each round that added some (rounds of new probes, run/rounds.py):
                # the looks of the sequential design. One look when there were no rounds.
@@ -556,6 +563,7 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellLike], wor
         row["token_limit_rate"] = limited / len(outputs) if outputs else None
         rows.append(row)
     columns = ["cell", "kv_spec", "max_model_len", "outputs", "outputs_with_findings",
-               "outputs_with_new_findings", "judged_outputs", "baseline_only_degenerate", "looks", *DETECTORS,
+               "outputs_with_new_findings", "judged_outputs", "degenerate_only_here", "baseline_only_degenerate",
+               "looks", *DETECTORS,
                "token_limit_rate"]
     return pd.DataFrame(rows, columns=columns)

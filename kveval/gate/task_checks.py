@@ -37,7 +37,8 @@ def _tasks(out: _Collector, cell: str, result: schema.TaskCell | None, tasks_pla
         out.check("task_recovery", cell, None, t.task_noninferiority_margin, None, detail)
         out.reason(INCONCLUSIVE, cell, f"{cell}: task recovery undefined: the {BASELINE_KV} cell answered none of the "
                                        f"{n} paired samples", "tasks the model can answer at this length: smaller "
-                                                              "--task-lengths, or a stronger model",
+                                                              "--task-lengths, or a stronger model; or --tasks none "
+                                                              "to judge on divergence and degeneration alone",
                    code="task_recovery_undefined")
         return
     # Rounds of task samples are judged at every round: each look tests at the alpha it may spend

@@ -467,3 +467,23 @@ def test_a_loop_after_a_capped_answer_is_late_and_not_counted_but_one_replacing_
     summary = degeneration_summary(findings, cells, WORKLOADS)
     fp8 = summary[summary.cell == "fp8-1024"].iloc[0]
     assert (fp8.outputs_with_findings, fp8.outputs_with_new_findings) == (1, 1)   # only the early loop
+
+
+def test_an_output_that_degenerates_in_both_caches_is_concordant_whatever_the_detectors():
+    # McNemar's discordant pairs are outputs, not detectors: auto's loop and fp8's "!!!!" run on short_256-0
+    # are one prompt both caches fail; short_256-1 degenerates only with fp8, and the other way round nowhere.
+    bangs = _rec("short_256-0", "Sure. " + "!" * 480, token_ids=ids("Sure. ") + ids("!!!!") * 120)
+    cells = {
+        "auto-1024": _cell("auto", 1024, [_rec("short_256-0", LOOP), _rec("short_256-1", NORMAL)]),
+        "fp8-1024": _cell("fp8", 1024, [bangs, _rec("short_256-1", LOOP)]),
+    }
+    findings = scan_cells(WORKLOADS, cells)
+    assert _by_key(findings)[("fp8-1024", "short_256-0", "char_run")].new_vs_baseline   # a detector auto's lacks
+    summary = degeneration_summary(findings, cells, WORKLOADS).set_index("cell")
+    assert summary.loc["fp8-1024", "outputs_with_new_findings"] == 2            # the findings table's count
+    assert (summary.loc["fp8-1024", "degenerate_only_here"], summary.loc["fp8-1024", "baseline_only_degenerate"]) == (1, 0)
+    from kveval.analysis.cell_records import typed_cells
+    from kveval.evidence import _degeneration_evidence
+
+    gate_reads = _degeneration_evidence(WORKLOADS, typed_cells(cells))["cells"]["fp8-1024"]
+    assert (gate_reads["new_degenerate"], gate_reads["baseline_only_degenerate"]) == (1, 0)   # what McNemar tests
