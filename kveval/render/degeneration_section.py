@@ -48,8 +48,10 @@ def _degeneration_cells_table(cells: dict[str, schema.DegenerationCell]) -> str:
         fired = ", ".join(f"{d} {n}" for d, n in entry.detectors.items() if n and d not in INFORMATIONAL_DETECTORS)
         rows.append({"cell": cell, "outputs": fmt_int(entry.outputs),
                      "with findings": fmt_int(entry.outputs_with_findings),
-                     f"new vs {BASELINE_KV}": "—" if entry.kv_spec == BASELINE_KV else
+                     "degenerate only here": "—" if entry.kv_spec == BASELINE_KV else
                      "not judged: no baseline" if entry.judged_outputs == 0 else fmt_int(entry.new_degenerate),
+                     f"only in {BASELINE_KV}": "—" if entry.kv_spec == BASELINE_KV or entry.judged_outputs == 0
+                     or entry.baseline_only_degenerate is None else fmt_int(entry.baseline_only_degenerate),
                      "findings by detector": fired or "none",
                      "stopped at the token limit": fmt_share(entry.token_limit_rate)})
     return long_table(pd.DataFrame(rows), f"{len(rows)} cells")
@@ -66,8 +68,11 @@ def degeneration_section(evidence: schema.Evidence) -> str:
     # The detectors of the run that made the evidence: a re-render names what was scanned then.
     detectors = ", ".join(d for d in degeneration.detectors if d not in INFORMATIONAL_DETECTORS)
     out = ["## Degeneration", "",
-           f"Every accepted output is scanned by: {detectors} (hit_token_limit is informational). A finding counts "
-           f"against a cell only when the `{BASELINE_KV}` output for the same prompt does not show the same detector.",
+           f"Every accepted output is scanned by: {detectors} (hit_token_limit is informational). A finding is new "
+           f"when the `{BASELINE_KV}` output for the same prompt does not show the same detector. The verdict counts "
+           f"outputs, not findings: one that degenerates here while the `{BASELINE_KV}` output for the same prompt "
+           f"does not, against one clean here whose `{BASELINE_KV}` output degenerates; an output that degenerates "
+           "with both caches counts for neither, whichever detectors fired.",
            "", f"### New in non-`{BASELINE_KV}` cells", ""]
     if not degeneration.cells:
         out.append("_No started cell produced an output to scan._")

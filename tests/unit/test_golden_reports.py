@@ -121,6 +121,31 @@ def _without_baseline_column(review: str) -> str:
     return "\n".join(lines)
 
 
+NEW_DEGENERATION_WORDING = re.compile(r"A finding is new when the `auto` output for the same prompt does not show "
+                                      r"the same detector\. The verdict counts outputs, not findings: [^\n]*")
+OLD_DEGENERATION_WORDING = ("A finding counts against a cell only when the `auto` output for the same prompt does not "
+                            "show the same detector.")
+
+
+def _with_old_degeneration_wording(review: str) -> str:
+    """The review with the degeneration section's sentence and per-cell table as before the paired count was
+    spelled out (INTENDED_DIFFERENCES.md): `degenerate only here` read `new vs auto`, no `only in auto` column."""
+    lines = NEW_DEGENERATION_WORDING.sub(OLD_DEGENERATION_WORDING, review).split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("| cell ") and "| degenerate only here " in line)
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[start:end]]
+    header, body = rows[0], rows[2:]
+    drop = header.index("only in auto")
+    header[header.index("degenerate only here")] = "new vs auto"
+    kept = [[cell for i, cell in enumerate(row) if i != drop] for row in [header, *body]]
+    # tabulate's pipe format: each column as wide as its widest cell, and at least its header plus 2
+    widths = [max(len(kept[0][i]) + 2, *(len(row[i]) for row in kept[1:])) for i in range(len(kept[0]))]
+    text = ["| " + " | ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)) + " |" for row in kept]
+    text.insert(1, "|" + "|".join(":" + "-" * (w + 1) for w in widths) + "|")
+    lines[start:end] = text
+    return "\n".join(lines)
+
+
 def test_the_old_cpu_demo_re_renders_the_same_review_from_its_cells(tmp_path):
     # The complete run directory (cells included) that the code before issue 9 wrote and rendered.
     source = old_cpu_demo()
@@ -128,7 +153,8 @@ def test_the_old_cpu_demo_re_renders_the_same_review_from_its_cells(tmp_path):
     rendered = (copy / "review.md").read_text(encoding="utf-8")
     assert LOG_LINE_START + "[fp8-1024](cells/fp8-1024.log)" in rendered
     assert (_without_decision_table(_without_baseline_column(_without_added_lines(_with_old_pool_lines(
-        _without_timing_section(rendered))))) == (source / "review.md").read_text(encoding="utf-8"))
+        _with_old_degeneration_wording(_without_timing_section(rendered)))))) ==
+            (source / "review.md").read_text(encoding="utf-8"))
     for table in sorted((source / "tables").glob("*.csv")):
         # speed.csv gains the noise columns, degeneration_summary.csv the paired test's baseline-only
         # count, degeneration_findings.csv the baseline's output (INTENDED_DIFFERENCES.md)

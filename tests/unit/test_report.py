@@ -145,7 +145,7 @@ def test_review_leads_with_the_verdict_and_shows_divergence_with_noise_floor():
 def test_review_degeneration_says_when_nothing_fired():
     review = _flat(review_of(MANIFEST, WORKLOADS, CELLS))
     assert "Nothing new: no detector fired on a non-`auto` output" in review
-    assert "| fp8-1024 | 1 | 0 | 0 | none | 100.0 % |" in review  # every output stopped at max_tokens
+    assert "| fp8-1024 | 1 | 0 | 0 | 0 | none | 100.0 % |" in review  # every output stopped at max_tokens
 
 
 def test_review_without_scoring_is_inconclusive_and_says_why():
