@@ -233,7 +233,7 @@ def test_harmed_run_fails_with_reasons_and_loop_findings(run_dir):
     assert "| fp8-1024 | short\\_256 | short\\_256-0 | ngram\\_loop\\_tokens" not in new_table  # detector names are ours
     assert "| ngram_loop_tokens |" in new_table and "The pass key is 42." in new_table
     assert "Nothing new" not in review
-    assert "| fp8-1024 | 3 | 3 | 3 | ngram_loop_tokens 3, ngram_loop_chars 3 | 100.0 % |" in review
+    assert "| fp8-1024 | 3 | 3 | 3 | 0 | ngram_loop_tokens 3, ngram_loop_chars 3 | 100.0 % |" in review
     assert "100.0 %" in review  # fp8 stopped at the token limit every time
 
 
