@@ -29,9 +29,20 @@ def pool_ratio(pools: list[schema.PoolRow], spec: str, lengths: list[int]) -> tu
     return (min(ratios) if ratios else None), estimated
 
 
+def _no_gain(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence) -> list[str]:
+    """Passing specs whose pool is known and no larger than `auto`'s (every layer kept, say): nothing to deploy
+    them for, since FP8 is only worth its precision for the KV it frees."""
+    out = []
+    for kv, statuses in by_spec.items():
+        ratio = pool_ratio(evidence.pools, kv, statuses[PASS])[0] if statuses.get(PASS) else None
+        if ratio is not None and ratio <= 1.0:
+            out.append(kv)
+    return out
+
+
 def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence) -> str | None:
-    """The passing spec that holds the most KV (largest pool ratio to `auto`), if any passes."""
-    passing = [kv for kv, statuses in by_spec.items() if statuses.get(PASS)]
+    """The passing spec that holds the most KV (largest pool ratio to `auto`), if any passes with more than `auto`."""
+    passing = [kv for kv, statuses in by_spec.items() if statuses.get(PASS) and kv not in _no_gain(by_spec, evidence)]
     if not passing:
         return None
     ratio = lambda kv: pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
@@ -53,8 +64,12 @@ def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, 
 def deploy_line(verdict, evidence: schema.Evidence) -> str:
     """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV; where
     none passes, the cache the model already runs with (`auto`), and why."""
-    spec = _deployable(_specs_by_status(verdict, evidence), evidence)
+    by_spec = _specs_by_status(verdict, evidence)
+    spec = _deployable(by_spec, evidence)
     if spec is None:
+        if _no_gain(by_spec, evidence):
+            return (f"Deploy: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` ({', '.join(f'`{kv}`' for kv in _no_gain(by_spec, evidence))} "
+                    f"passed but holds no more KV than `{BASELINE_KV}`: nothing to gain from it)")
         if verdict.status == "FAIL":
             return (f"Deploy: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` (no tested FP8 configuration "
                     "passed: keep the model dtype's KV cache)")

@@ -9,8 +9,8 @@ When no layer clips, the next candidates are the outlier layers (`analysis.kv_ra
 a quarter of the limit and four times the median layer), where FP8's relative rounding loses the
 most absolute detail. The remedied spec is tried at the lengths where plain FP8 failed (`always`:
 every length where it started) and judged by the same gate, which also checks that the remedy is
-sound (`analysis.attribution`). With neither kind of layer, kveval has no layer set to propose, and
-the review says so for a FAIL; when the remedied spec fails too, the headline says that nothing
+sound (`analysis.attribution`). With neither kind of layer, or when the set is every layer (the `auto`
+cache under another name), kveval has no layer set to propose, and the review says so for a FAIL; when the remedied spec fails too, the headline says that nothing
 tried passes.
 """
 from __future__ import annotations
@@ -63,6 +63,14 @@ def plan_remedy(verdict: Verdict, evidence: schema.Evidence, mode: str = "auto")
         if not keep:
             notes.append(f"No remedy for {dtype}: no layer's K or V leaves or nears the FP8 range, so the damage is not "
                          "range-related and keeping layers in the model dtype is not expected to help")
+            continue
+        layers = measured.model.num_layers or len({row.layer for row in measured.rows})
+        if layers and len(set(keep)) >= layers:
+            # Every layer kept in the model dtype is the `auto` cache under another name: no capacity to gain.
+            what = "K or V leave the FP8 range" if clipping else "K or V peak near the FP8 limit"
+            notes.append(f"No remedy for {dtype}: {what} in all {layers} layers, and keeping them all in the model "
+                         "dtype is the `auto` cache: no capacity to gain; calibrated K/V scales (`--search`) are what "
+                         "could bring those values into the FP8 range")
             continue
         spec = keep_spec(dtype, keep)
         for length, _ in sorted(lengths):

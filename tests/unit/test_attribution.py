@@ -81,6 +81,17 @@ def test_drift_the_kept_layers_remove_fails_plain_fp8_and_the_remedy_passes():
                                               "`vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17`")
 
 
+def test_a_passing_configuration_that_holds_no_more_than_auto_is_not_deployed():
+    # Every layer kept (K x128 planted in all 30 layers of SmolLM2 on the CPU, --kv fp8:keep=0,...,29): it passes
+    # with auto's own pool, 1.00x, so FP8 frees nothing and the deploy line keeps the model dtype's cache.
+    cells = _cells(DRIFT, HEALTHY)
+    cells[f"fp8:keep=3,17-{LENGTH}"] = _cell("fp8:keep=3,17", HEALTHY, 2, pool=1000)
+    evidence, verdict = _judge(cells)
+    assert verdict.cells[f"fp8:keep=3,17-{LENGTH}"] == PASS
+    assert deploy_line(verdict, evidence) == ("Deploy: `vllm serve MODEL --kv-cache-dtype auto` (`fp8:keep=3,17` "
+                                              "passed but holds no more KV than `auto`: nothing to gain from it)")
+
+
 def test_the_deploy_line_names_the_backend_the_passing_cells_ran_on():
     # On a GPU a cell that keeps layers runs on Triton (worker/engine.py): what passed is what is deployed.
     cells = _cells(DRIFT, HEALTHY)

