@@ -6,7 +6,7 @@ The ladder, most capacity first (each candidate a cell judged by the same gate, 
 2. `fp8:scaled`: per-tensor K/V scales calibrated with llm-compressor (same pool);
 3. `fp8:scaled=head`: per-attention-head scales (same pool; vLLM reads them on Flash Attention only);
 4. `fp8:keep=L`: the diagnosed layers kept in the model dtype, fewest first (the worst layer, then the
-   worst 2, 4, ... of them, then all): each kept layer costs pool;
+   worst 2, 4, ... of them, then all, unless all are every layer of the model): each kept layer costs pool;
 5. `fp8:scaled,keep=L`: the same layer sets with calibrated scales.
 Scaled candidates come before kept layers because they keep the whole 2× pool; among equal pools the
 simpler one is tried first. At a length, the search stops at the first candidate that PASSes, moves
@@ -47,9 +47,11 @@ def _prefix_sizes(count: int) -> list[int]:
 
 
 def ladder(diagnosis: schema.Diagnosis | None) -> list[KVSpec]:
-    """The candidates, in the order they are tried."""
+    """The candidates, in the order they are tried. A keep set of every layer is left out: it is the `auto` cache
+    under another name (no capacity to gain), so the search ends with "none passes" rather than try it."""
     layers = _layers_by_severity(diagnosis)
-    keeps = [keep_spec(SEARCH_DTYPE, layers[:size]).keep for size in _prefix_sizes(len(layers))]
+    total = (diagnosis.model.num_layers or len({row.layer for row in diagnosis.rows})) if layers else 0
+    keeps = [keep_spec(SEARCH_DTYPE, layers[:size]).keep for size in _prefix_sizes(len(layers)) if size < total]
     return ([KVSpec(SEARCH_DTYPE), KVSpec(SEARCH_DTYPE, scaled="tensor"), KVSpec(SEARCH_DTYPE, scaled="head")]
             + [KVSpec(SEARCH_DTYPE, keep) for keep in keeps]
             + [KVSpec(SEARCH_DTYPE, keep, "tensor") for keep in keeps])

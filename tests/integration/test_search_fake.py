@@ -82,6 +82,19 @@ def test_the_ladder_puts_capacity_first_and_keeps_the_worst_layers_first():
     assert specs == ["fp8", "fp8:scaled", "fp8:scaled=head"]
 
 
+def test_the_ladder_never_keeps_every_layer():
+    # K x128 in every layer (reports/cpu-planted-all-layers-1024): keeping all 6 is the auto cache, not a candidate.
+    from kveval.analysis.kv_range import diagnose
+    from kveval.files.schema import Diagnosis
+    from tests.unit.test_remedy import ranges
+
+    every = [spec.text for spec in ladder(Diagnosis.model_validate(diagnose(ranges({i: 60 for i in range(6)}))))]
+    assert every == ["fp8", "fp8:scaled", "fp8:scaled=head", "fp8:keep=0", "fp8:keep=0,1", "fp8:keep=0,1,2,3",
+                     "fp8:scaled,keep=0", "fp8:scaled,keep=0,1", "fp8:scaled,keep=0,1,2,3"]
+    some = [spec.text for spec in ladder(Diagnosis.model_validate(diagnose(ranges({1: 60, 4: 90}))))]
+    assert some[3:] == ["fp8:keep=1", "fp8:keep=1,4", "fp8:scaled,keep=1", "fp8:scaled,keep=1,4"]   # equal peaks
+
+
 def test_search_step_plans_the_next_candidate_and_ends_where_it_must():
     candidates = [KVSpec("fp8"), KVSpec("fp8", scaled="tensor"), KVSpec("fp8", ("0",))]
     # Nothing ran yet: plain fp8 first.
