@@ -223,6 +223,13 @@ def plan_keep_layers(diagnosis: dict) -> list[int]:
     return sorted({int(layer) for layer in diagnosis.get("offending_layers") or []})
 
 
+def keeps_every_layer(diagnosis: schema.Diagnosis, keep: list[int]) -> bool:
+    """Whether keeping `keep` in the model dtype keeps every layer of the diagnosed model: the `auto` cache under
+    another name, with no capacity to gain (run/remedy.py and run/search.py propose no such set)."""
+    layers = diagnosis.model.num_layers or len({row.layer for row in diagnosis.rows})
+    return bool(layers) and len(set(keep)) >= layers
+
+
 def skip_layers_argument(diagnosis: dict) -> str | None:
     """The vLLM flag that keeps the planned layers out of the FP8 cache, or None when none need it."""
     keep = plan_keep_layers(diagnosis)

@@ -42,7 +42,8 @@ def _no_gain(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence
 
 def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence) -> str | None:
     """The passing spec that holds the most KV (largest pool ratio to `auto`), if any passes with more than `auto`."""
-    passing = [kv for kv, statuses in by_spec.items() if statuses.get(PASS) and kv not in _no_gain(by_spec, evidence)]
+    no_gain = set(_no_gain(by_spec, evidence))
+    passing = [kv for kv, statuses in by_spec.items() if statuses.get(PASS) and kv not in no_gain]
     if not passing:
         return None
     ratio = lambda kv: pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
@@ -66,10 +67,12 @@ def deploy_line(verdict, evidence: schema.Evidence) -> str:
     none passes, the cache the model already runs with (`auto`), and why."""
     by_spec = _specs_by_status(verdict, evidence)
     spec = _deployable(by_spec, evidence)
+    no_gain = _no_gain(by_spec, evidence)
     if spec is None:
-        if _no_gain(by_spec, evidence):
-            return (f"Deploy: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` ({', '.join(f'`{kv}`' for kv in _no_gain(by_spec, evidence))} "
-                    f"passed but holds no more KV than `{BASELINE_KV}`: nothing to gain from it)")
+        if no_gain:
+            named = ", ".join(f"`{kv}`" for kv in no_gain)
+            return (f"Deploy: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` ({named} passed but holds no more KV "
+                    f"than `{BASELINE_KV}`: nothing to gain from it)")
         if verdict.status == "FAIL":
             return (f"Deploy: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` (no tested FP8 configuration "
                     "passed: keep the model dtype's KV cache)")

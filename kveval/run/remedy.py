@@ -10,12 +10,12 @@ a quarter of the limit and four times the median layer), where FP8's relative ro
 most absolute detail. The remedied spec is tried at the lengths where plain FP8 failed (`always`:
 every length where it started) and judged by the same gate, which also checks that the remedy is
 sound (`analysis.attribution`). With neither kind of layer, or when the set is every layer (the `auto`
-cache under another name), kveval has no layer set to propose, and the review says so for a FAIL; when the remedied spec fails too, the headline says that nothing
-tried passes.
+cache under another name), kveval has no layer set to propose, and the review says so for a FAIL; when
+the remedied spec fails too, the headline says that nothing tried passes.
 """
 from __future__ import annotations
 
-from kveval.analysis.kv_range import plan_keep_layers
+from kveval.analysis.kv_range import keeps_every_layer, plan_keep_layers
 from kveval.files import schema
 from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, Verdict
 from kveval.analysis.cell_records import stored_spec
@@ -64,13 +64,11 @@ def plan_remedy(verdict: Verdict, evidence: schema.Evidence, mode: str = "auto")
             notes.append(f"No remedy for {dtype}: no layer's K or V leaves or nears the FP8 range, so the damage is not "
                          "range-related and keeping layers in the model dtype is not expected to help")
             continue
-        layers = measured.model.num_layers or len({row.layer for row in measured.rows})
-        if layers and len(set(keep)) >= layers:
-            # Every layer kept in the model dtype is the `auto` cache under another name: no capacity to gain.
+        if keeps_every_layer(measured, keep):
             what = "K or V leave the FP8 range" if clipping else "K or V peak near the FP8 limit"
-            notes.append(f"No remedy for {dtype}: {what} in all {layers} layers, and keeping them all in the model "
-                         "dtype is the `auto` cache: no capacity to gain; calibrated K/V scales (`--search`) are what "
-                         "could bring those values into the FP8 range")
+            notes.append(f"No remedy for {dtype}: {what} in all {len(set(keep))} layers, and keeping them all in the "
+                         "model dtype is the `auto` cache: no capacity to gain; calibrated K/V scales (`--search`) are "
+                         "what could bring those values into the FP8 range")
             continue
         spec = keep_spec(dtype, keep)
         for length, _ in sorted(lengths):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from kveval.analysis.kv_range import keeps_every_layer
 from kveval.files import schema
 from kveval.files.rundir import cell_id
 from kveval.gate import NOT_STARTED, PASS
@@ -50,8 +51,8 @@ def ladder(diagnosis: schema.Diagnosis | None) -> list[KVSpec]:
     """The candidates, in the order they are tried. A keep set of every layer is left out: it is the `auto` cache
     under another name (no capacity to gain), so the search ends with "none passes" rather than try it."""
     layers = _layers_by_severity(diagnosis)
-    total = (diagnosis.model.num_layers or len({row.layer for row in diagnosis.rows})) if layers else 0
-    keeps = [keep_spec(SEARCH_DTYPE, layers[:size]).keep for size in _prefix_sizes(len(layers)) if size < total]
+    keeps = [keep_spec(SEARCH_DTYPE, layers[:size]).keep for size in _prefix_sizes(len(layers))
+             if not keeps_every_layer(diagnosis, layers[:size])]
     return ([KVSpec(SEARCH_DTYPE), KVSpec(SEARCH_DTYPE, scaled="tensor"), KVSpec(SEARCH_DTYPE, scaled="head")]
             + [KVSpec(SEARCH_DTYPE, keep) for keep in keeps]
             + [KVSpec(SEARCH_DTYPE, keep, "tensor") for keep in keeps])
