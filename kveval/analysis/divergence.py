@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cell, typed_cells
+from kveval.analysis.cluster_interval import cluster_mean
 from kveval.files.schema import CellResult, ScoredPosition, ScoredSequence
 
 # Floor for a candidate probability before taking log(p/q): a token the candidate gives ~0 then
@@ -232,6 +233,28 @@ def late_start(max_model_len: int | None, model_limit: int | None = None) -> int
     return int(LATE_FRACTION * usable) if usable else None
 
 
+def clustered_figures(pooled: pd.DataFrame, late_from: int | None) -> dict[str, dict]:
+    """KL mean, late KL mean and top-1 agreement as means over the scored sequences (the unit of the
+    gate's intervals: analysis/cluster_interval.py), each {estimate, se, clusters, positions}."""
+    if pooled.empty:
+        return {}
+    kl = pooled[pooled["kl"].notna()]
+    agree = pooled[pooled["top1_agree"].notna()]
+    parts = {"kl_mean": (kl.groupby("sequence")["kl"].sum(), kl.groupby("sequence").size()),
+             "top1_agreement": (agree.groupby("sequence")["top1_agree"].sum().astype(float),
+                                agree.groupby("sequence").size())}
+    if late_from is not None:
+        late = kl[kl["position"] >= late_from]
+        parts["kl_late_mean"] = (late.groupby("sequence")["kl"].sum(), late.groupby("sequence").size())
+    out = {}
+    for name, (sums, counts) in parts.items():
+        figure = cluster_mean(sums.to_numpy(), counts.reindex(sums.index).to_numpy())
+        if figure is not None:
+            out[name] = {"estimate": figure.estimate, "se": figure.se, "clusters": figure.clusters,
+                         "positions": figure.positions}
+    return out
+
+
 def _comparison(kind: str, cell: str, reference: str, ref_seqs: dict, cand_seqs: dict, late_from: int | None = None,
                 **extra) -> dict:
     pooled, per_sequence, skipped = compare_sequences(ref_seqs, cand_seqs)
@@ -243,6 +266,8 @@ def _comparison(kind: str, cell: str, reference: str, ref_seqs: dict, cand_seqs:
     if late_from is not None:
         late = pooled[pooled["position"] >= late_from] if len(pooled) else pooled
         out["late"] = {"start": late_from, **divergence_summary(late)}
+    if kind == "kv":
+        out["clustered"] = clustered_figures(pooled, late_from)
     return out
 
 

@@ -76,6 +76,29 @@ def paired_recovery_bound(n: int, b: int, c: int, baseline_accuracy: float, alph
     return float(brentq(excess, _TINY, estimate, xtol=1e-10))
 
 
+def paired_recovery_upper_bound(n: int, b: int, c: int, baseline_accuracy: float, alpha: float = 0.05) -> float:
+    """One-sided (1 − alpha) upper confidence bound of the paired recovery: the same score interval's
+    other side, the phi above the estimate where T(phi) = −z (inf when nothing bounds it)."""
+    n11 = _table(n, b, c, baseline_accuracy)
+    estimate = (n11 + c) / (n11 + b)
+    if alpha >= 1:
+        return estimate
+    z = float(norm.ppf(1 - alpha))
+
+    def excess(phi: float) -> float:
+        return score_statistic(phi, n11, c, b, n) + z
+
+    high = max(2 * estimate, 2.0)
+    while excess(high) > 0:
+        if high > 1e6:
+            return math.inf
+        high *= 2
+    low = max(estimate, _TINY)
+    if excess(low) <= 0:
+        return low
+    return float(brentq(excess, low, high, xtol=1e-10))
+
+
 def samples_to_decide(n: int, b: int, c: int, baseline_accuracy: float, margin: float,
                       alpha: float = 0.05) -> int | None:
     """Paired samples at which the bound would reach `margin` if the observed shares held: the score

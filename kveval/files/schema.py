@@ -807,12 +807,12 @@ CellStatus = Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT STARTED", "MISSING"]
 class Budget(FileModel):
     kl_mean_max: Number
     kl_late_max: Number
-    kl_p99_max: Number
     top1_agreement_min: Number
     kl_mean_fail: Number
     kl_late_fail: Number
-    kl_p99_fail: Number
-    top1_agreement_fail: Number
+    kl_p99_max: Optional[Number] = None           # gated before the cluster intervals (2026-12-05), not since
+    kl_p99_fail: Optional[Number] = None          # ditto
+    top1_agreement_fail: Optional[Number] = None  # ditto
 
 
 class Profile(FileModel):
@@ -844,12 +844,12 @@ class Thresholds(FileModel):
 
     kl_mean_max: Optional[Number]
     kl_late_max: Optional[Number]
-    kl_p99_max: Optional[Number]
     top1_agreement_min: Optional[Number]
     kl_mean_fail: Optional[Number]
     kl_late_fail: Optional[Number]
-    kl_p99_fail: Optional[Number]
-    top1_agreement_fail: Optional[Number]
+    kl_p99_max: Optional[Number] = None           # retired 2026-12-05 (see Budget)
+    kl_p99_fail: Optional[Number] = None
+    top1_agreement_fail: Optional[Number] = None
     noise_multiplier: Number
     min_scored_tokens: int
     min_late_tokens: int
@@ -954,6 +954,16 @@ class DivergenceBucket(DivergenceSummary):
     end: Optional[int]                    # None: open
 
 
+class ClusterFigure(FileModel):
+    """analysis.divergence.clustered_figures: a figure as a mean over scored sequences, with its
+    cluster-robust standard error (None with fewer than 2 sequences)."""
+
+    estimate: Number
+    se: Optional[Number]
+    clusters: int
+    positions: int
+
+
 class Comparison(FileModel):
     cell: str
     reference: str
@@ -968,6 +978,7 @@ class Comparison(FileModel):
     late: Optional[LateSummary] = None    # kv comparisons only
     kv_spec: Optional[str] = None         # kv comparisons only: the cell's
     max_model_len: Optional[int] = None   # kv comparisons only: the cell's
+    clustered: Optional[dict[str, ClusterFigure]] = None   # kv comparisons only; absent before 2026-12-05
 
 
 class Unmatched(FileModel):

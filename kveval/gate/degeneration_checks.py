@@ -14,17 +14,15 @@ from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOTE
 
 
 def _degeneration(out: _Collector, cell: str, entry: schema.DegenerationCell | None, t: Thresholds) -> None:
-    """Degeneration as paired evidence (issue 22): per prompt, does the cell's output degenerate, and the
-    baseline's? The excess is (cell-only − baseline-only) / judged outputs, bounded both ways by Tango's
-    score interval for the difference of paired proportions (analysis/paired_difference.py).
+    """Degeneration as paired evidence, in three zones: per prompt, does the cell's output degenerate, and
+    the baseline's? The excess is (cell-only − baseline-only) / judged outputs, bounded both ways by
+    Tango's score interval for the difference of paired proportions (analysis/paired_difference.py).
 
-    - PASS: at most `new_degenerate_allowance` (or `max_new_degenerate_share` of the outputs) new, or the
-      one-sided (1 − alpha) upper bound of the excess under `degeneration_noninferiority_margin`
-      (7 vs 5 of 109: bound 7.1 % < 10 %).
-    - FAIL: McNemar's exact test (McNemar 1947; one-sided binomial on the discordant prompts) at p < alpha
-      and the lower bound above `max_new_degenerate_share`.
-    - Otherwise undecided, with the counts: a handful of loops (2 of 9 against 0), or an excess that is
-      neither shown small nor shown large (12 vs 4 of 109: 7.3 %, bounds 1.4 % and 13.3 %)."""
+    - PASS: the one-sided upper bound of the excess (level alpha) under `degeneration_noninferiority_margin`
+      (0 vs 0 of 109: 2.4 % < 5 %).
+    - FAIL: the lower bound (at the FAIL path's level) above `max_new_degenerate_share`, and McNemar's exact
+      one-sided test on the discordant prompts at that level.
+    - Otherwise undecided, with the counts; rounds add probes."""
     if entry is None or not entry.outputs:
         return
     judged, new = entry.judged_outputs, entry.new_degenerate
@@ -38,27 +36,26 @@ def _degeneration(out: _Collector, cell: str, entry: schema.DegenerationCell | N
     p = float(binomtest(new, new + base_only, 0.5, alternative="greater").pvalue) if new else 1.0
     detail = (f"{new} of {judged} outputs degenerate only here, {base_only} only in {BASELINE_KV}; excess "
               f"{_pct(excess)}, McNemar exact p {_g(p)}")
-    allowed = max(t.new_degenerate_allowance, t.max_new_degenerate_share * judged)
-    if new <= allowed:
-        out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, True,
-                  f"{detail}; allowed {allowed:g}")
-        return
-    # Rounds of new probes are judged at every round, like task samples: each look tests at the alpha
-    # it may spend (analysis/sequential.py); without rounds, the fixed-sample test at t.alpha.
-    look = look_alpha(entry.looks or [judged], entry.n_max, t.alpha, entry.final is not False)
-    level = look.alpha
-    lower = excess_lower_bound(judged, new, base_only, level) if level > 0 else -1.0
+    # Rounds of new probes are judged at every round, like task samples: each look tests at the nominal
+    # level of its exact boundary (analysis/sequential.py), the PASS side at alpha, the FAIL side at its
+    # share; without rounds, the fixed-sample test.
+    final = entry.final is not False
+    look = look_alpha(entry.looks or [judged], entry.n_max, t.alpha, final)
+    fail_look = look_alpha(entry.looks or [judged], entry.n_max, t.fail_alpha, final)
+    level, fail_level = look.alpha, fail_look.alpha
+    lower = excess_lower_bound(judged, new, base_only, fail_level) if fail_level > 0 else -1.0
     upper = excess_upper_bound(judged, new, base_only, level) if level > 0 else 1.0
-    detail += f", {_pct(1 - 2 * level)} interval {_pct(lower)} to {_pct(upper)} (Tango score)"
+    detail += (f", {_confidence(level)} upper bound {_pct(upper)}, {_confidence(fail_level)} lower bound "
+               f"{_pct(lower)} (Tango score)")
     if look.sequential:
-        detail += (f"; look {look.number} of a sequential design over at most {entry.n_max} outputs, "
-                   f"alpha {_g(level)} of {t.alpha:g} spent here{' (the final look)' if look.final else ''}")
+        detail += (f"; look {look.number} of a sequential design over at most {entry.n_max} outputs, nominal levels "
+                   f"{_g(level)} (PASS) and {_g(fail_level)} (FAIL){' (the final look)' if look.final else ''}")
     # Both: the exact test keeps a few outputs (3 of 3: p 0.125) from deciding, where the asymptotic
-    # bound alone would; the bound keeps a significant but small excess (12 vs 4 of 109) from it.
-    if p < level and lower > t.max_new_degenerate_share:
-        out.check("new_degenerate_share", cell, new / judged, t.max_new_degenerate_share, False, detail)
+    # bound alone would.
+    if p < fail_level and lower > t.max_new_degenerate_share:
+        out.check("new_degenerate_share", cell, excess, t.max_new_degenerate_share, False, detail)
         out.reason(FAIL, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output for the "
-                               f"same prompt does not, {base_only} the other way ({detail}: lower bound > "
+                               f"same prompt does not, {base_only} the other way ({detail}: lower bound > harm bar "
                                f"{_pct(t.max_new_degenerate_share)})", code="degeneration_excess")
         return
     if upper < t.degeneration_noninferiority_margin:
@@ -66,12 +63,16 @@ def _degeneration(out: _Collector, cell: str, entry: schema.DegenerationCell | N
                   f"{detail}; the excess is shown under {_pct(t.degeneration_noninferiority_margin)}")
         return
     out.check("degeneration_noninferiority", cell, upper, t.degeneration_noninferiority_margin, None, detail)
-    why = ("not significant" if p >= level else
-           f"the excess is not shown to be above {_pct(t.max_new_degenerate_share)}")
     out.reason(INCONCLUSIVE, cell, f"{cell}: {new} of {judged} outputs degenerate where the {BASELINE_KV} output "
-                                   f"does not, {base_only} the other way: {why}, nor shown under "
-                                   f"{_pct(t.degeneration_noninferiority_margin)} ({detail})",
+                                   f"does not, {base_only} the other way: the excess is neither shown under "
+                                   f"{_pct(t.degeneration_noninferiority_margin)} nor above "
+                                   f"{_pct(t.max_new_degenerate_share)} ({detail})",
                _more_probes_hint(entry, look), code="degeneration_undecided")
+
+
+def _confidence(level: float) -> str:
+    share = 100 * (1 - level)
+    return f"{share:g} %" if share == round(share, 2) else f"{share:.4g} %"
 
 
 def _more_probes_hint(entry: schema.DegenerationCell, look) -> str:

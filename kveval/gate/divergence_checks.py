@@ -3,6 +3,7 @@ budget and harm limits (widened by the baseline's noise floor), and the state it
 from __future__ import annotations
 
 from kveval.analysis.cell_records import BASELINE_KV
+from kveval.analysis.cluster_interval import ClusterMean
 from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Budget, Thresholds
@@ -13,9 +14,29 @@ def _widen(limit: float, multiplier: float, floor: float | None) -> float:
     return limit if floor is None else max(limit, multiplier * floor)
 
 
+def _bounds(figure: schema.ClusterFigure | None, floor: float, t: Thresholds) -> tuple[float | None, float | None]:
+    """(upper bound at the PASS level, lower bound at one FAIL path's level) of a figure's excess over the
+    noise floor, or (None, None) without an interval (fewer than 2 sequences). A KL is never negative, so
+    neither bound is reported below 0."""
+    if figure is None or figure.se is None:
+        return None, None
+    estimate = ClusterMean(float(figure.estimate) - floor, float(figure.se), figure.clusters, figure.positions)
+    return max(0.0, estimate.upper(t.alpha)), max(0.0, estimate.lower(t.fail_alpha))
+
+
+def _agreement_bound(figure: schema.ClusterFigure | None, t: Thresholds) -> float | None:
+    if figure is None or figure.se is None:
+        return None
+    estimate = ClusterMean(float(figure.estimate), float(figure.se), figure.clusters, figure.positions)
+    return min(1.0, max(0.0, estimate.lower(t.alpha)))
+
+
 def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_missing: str,
                 floor: schema.NoiseFloor | None, budget: Budget, t: Thresholds) -> None:
-    """Healthy inside every budget -> positive evidence; beyond a harm limit -> FAIL; else undecided."""
+    """Divergence as a test on scored sequences (analysis/cluster_interval.py): healthy when the upper
+    bound of the KL excess over the noise floor (all positions, and the late half) is under its budget and
+    the lower bound of top-1 agreement is at or above its minimum; FAIL when the lower bound of a KL excess
+    is over its harm limit (each at `fail_alpha`: two of the gate's FAIL paths); else undecided."""
     if comp is None:
         out.reason(INCONCLUSIVE, cell, f"{cell}: no teacher-forced divergence ({why_missing})",
                    "run the scoring phase (it is in the default --phases) with a started baseline at this length",
@@ -23,7 +44,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         return
     s, late = comp.summary, comp.late
     late_start = late.start if late else "?"
-    floor_kl_mean, floor_kl_p99 = (floor.kl_mean, floor.kl_p99) if floor else (None, None)
+    floor_kl = float(floor.kl_mean) if floor and floor.kl_mean is not None else 0.0
     reference = comp.reference
     other_length = comp.same_length is False   # None: not a kv comparison, or from before the field
     if other_length:
@@ -31,42 +52,64 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         out.reason(NOTE, cell, f"{cell}: its own-length baseline {own} did not start; divergence is measured "
                                f"against {reference} on the sequences both scored", code="baseline_other_length")
     mult = t.noise_multiplier
-    figures = [  # name, label, value, healthy limit, harm limit, higher is worse
-        ("kl_mean", "KL mean", s.kl_mean, _widen(budget.kl_mean_max, mult, floor_kl_mean),
-         _widen(budget.kl_mean_fail, mult, floor_kl_mean), True, s.n),
-        ("kl_p99", "KL p99", s.kl_p99, _widen(budget.kl_p99_max, mult, floor_kl_p99),
-         _widen(budget.kl_p99_fail, mult, floor_kl_p99), True, s.n),
-        ("kl_late_mean", f"KL mean at positions ≥ {late_start}", late.kl_mean if late else None,
-         _widen(budget.kl_late_max, mult, floor_kl_mean), _widen(budget.kl_late_fail, mult, floor_kl_mean),
-         True, late.n if late else 0),
-    ]
-    disagreement = floor.top1_disagreement if floor else None
-    top1_ok = budget.top1_agreement_min if disagreement is None else min(budget.top1_agreement_min, 1 - mult * disagreement)
-    top1_bad = budget.top1_agreement_fail if disagreement is None else min(budget.top1_agreement_fail, 1 - 2 * mult * disagreement)
-    figures.append(("top1_agreement", "top-1 agreement", s.top1_agreement, top1_ok, top1_bad, False, s.top1_n))
+    clustered = comp.clustered or {}
     harmed, undecided = [], []
-    for name, label, value, ok, bad, higher_worse, n in figures:
+    for name, label, value, ok, bad, n in (
+            ("kl_mean", "KL mean", s.kl_mean, _widen(budget.kl_mean_max, mult, floor_kl or None),
+             _widen(budget.kl_mean_fail, mult, floor_kl or None), s.n),
+            ("kl_late_mean", f"KL mean at positions ≥ {late_start}", late.kl_mean if late else None,
+             _widen(budget.kl_late_max, mult, floor_kl or None), _widen(budget.kl_late_fail, mult, floor_kl or None),
+             late.n if late else 0)):
+        figure = clustered.get(name)
         if value is None or not n:
             out.check(name, cell, None, ok, None, "no positions")
             continue
-        healthy = value <= ok if higher_worse else value >= ok
-        harm = value > bad if higher_worse else value < bad
-        shown = _pct if name == "top1_agreement" else _g
-        if harm and n >= min(t.min_scored_tokens, t.min_late_tokens):
-            out.check(name, cell, value, bad, False, f"harm limit {shown(bad)}, healthy {shown(ok)}, n {n}")
-            harmed.append(f"{label} {shown(value)} {'>' if higher_worse else '<'} harm limit {shown(bad)}")
+        upper, lower = _bounds(figure, floor_kl, t)
+        documents = figure.clusters if figure else None
+        excess = max(0.0, float(value) - floor_kl)
+        if upper is None:
+            out.check(name, cell, excess, ok, None, f"healthy budget {_g(ok)}, harm limit {_g(bad)}, n {n}, "
+                                                    f"{documents or 'no'} sequence{'s' if documents != 1 else ''}: no interval")
+            undecided.append(f"{label} {_g(excess)} rests on {documents or 'no'} scored sequence"
+                             f"{'s' if documents != 1 else ''}: no interval")
+            continue
+        detail = (f"excess over the noise floor {_g(excess)} on {documents} sequences ({n} positions), "
+                  f"{_confidence(t.alpha)} upper bound {_g(upper)} vs healthy budget {_g(ok)}, "
+                  f"{_confidence(t.fail_alpha)} lower bound {_g(lower)} vs harm limit {_g(bad)}")
+        if lower > bad and n >= min(t.min_scored_tokens, t.min_late_tokens):
+            out.check(name, cell, excess, bad, False, detail)
+            harmed.append(f"{label} {_g(excess)}, lower bound {_g(lower)} > harm limit {_g(bad)} "
+                          f"({documents} sequences)")
+        elif upper <= ok:
+            out.check(name, cell, excess, ok, True, detail)
         else:
-            out.check(name, cell, value, ok, True if healthy else None, f"healthy budget {shown(ok)}, harm limit {shown(bad)}, n {n}")
-            if not healthy:
-                undecided.append(f"{label} {shown(value)} is outside the healthy budget {shown(ok)} but within the "
-                                 f"harm limit {shown(bad)}")
+            out.check(name, cell, excess, ok, None, detail)
+            undecided.append(f"{label} {_g(excess)} is not shown inside the healthy budget {_g(ok)} (upper bound "
+                             f"{_g(upper)}) nor beyond the harm limit {_g(bad)} (lower bound {_g(lower)}; "
+                             f"{documents} sequences)")
+    disagreement = floor.top1_disagreement if floor else None
+    top1_ok = budget.top1_agreement_min if disagreement is None else min(budget.top1_agreement_min, 1 - mult * disagreement)
+    agreement = s.top1_agreement
+    if agreement is None or not s.top1_n:
+        out.check("top1_agreement", cell, None, top1_ok, None, "no positions")
+    else:
+        bound = _agreement_bound(clustered.get("top1_agreement"), t)
+        figure = clustered.get("top1_agreement")
+        documents = figure.clusters if figure else 0
+        healthy = bound is not None and bound >= top1_ok
+        out.check("top1_agreement", cell, agreement, top1_ok, True if healthy else None,
+                  f"{_confidence(t.alpha)} lower bound {_pct(bound) if bound is not None else 'none'} vs minimum "
+                  f"{_pct(top1_ok)}, n {s.top1_n}, {documents} sequences")
+        if not healthy:
+            undecided.append(f"top-1 agreement {_pct(agreement)} is not shown at or above {_pct(top1_ok)} (lower bound "
+                             f"{_pct(bound) if bound is not None else 'none'}; {documents} sequences)")
     if harmed:
-        out.reason(FAIL, cell, f"{cell}: divergence vs {reference} far outside the healthy range: {'; '.join(harmed)}",
+        out.reason(FAIL, cell, f"{cell}: divergence vs {reference} shown beyond the harm limit: {'; '.join(harmed)}",
                    code="divergence_harm")
     elif undecided:
         out.reason(INCONCLUSIVE, cell, f"{cell}: {'; '.join(undecided)}",
-                   "task accuracy decides it: more paired samples (--full, or --task-samples N) show whether the "
-                   "drift costs answers", code="divergence_undecided")
+                   "more scored documents narrow the interval (--suite standard scores more; rounds add them within "
+                   "--budget); task accuracy shows whether the drift costs answers", code="divergence_undecided")
     n, n_late = s.n, late.n if late else 0
     if n < t.min_scored_tokens:
         out.reason(INCONCLUSIVE, cell, f"{cell}: only {n} scored positions vs {reference} (PASS needs "
@@ -78,13 +121,19 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
                    f"{cell}: only {n_late} scored positions at or beyond position {late_start} (the late half "
                    f"of its context; scoring reached position {reach if reach is not None else '?'}); PASS needs "
                    f"{t.min_late_tokens} there, so damage that grows with position could go unseen",
-                   "score documents that reach the late half: --suite standard (documents at 90 % of max_model_len)"
+                   "score documents that reach the late half: --suite standard (documents at 55-90 % of max_model_len)"
                    + ("" if not other_length else f", with the {BASELINE_KV} cell started at this length "
                                                                  "(raise --kv-cache-memory)"),
                    code="divergence_too_few_late_positions")
 
 
-_DIVERGENCE_CHECKS = ("kl_mean", "kl_p99", "kl_late_mean", "top1_agreement")
+def _confidence(level: float) -> str:
+    """95 % for alpha 0.05, 99 % for 0.01."""
+    share = 100 * (1 - level)
+    return f"{share:g} %" if share == round(share, 2) else f"{share:.4g} %"
+
+
+_DIVERGENCE_CHECKS = ("kl_mean", "kl_late_mean", "top1_agreement")
 
 
 def _divergence_state(out: _Collector, cell: str) -> str | None:

