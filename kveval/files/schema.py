@@ -288,6 +288,7 @@ class TaskRound(ManifestModel):
     probe_cells: Optional[list[str]] = None
     probes: Optional[RoundProbes] = None
     probe_target: Optional[int] = None        # judged outputs per cell this round aims to reach
+    n_max: Optional[int] = None               # the design's N_max when planned (its look's); absent: TaskRounds'
 
 
 class TaskRounds(ManifestModel):
@@ -301,6 +302,7 @@ class TaskRounds(ManifestModel):
     stopped: Optional[str]
     notes: list[str]
     final_degeneration: list[str] = []   # cells whose degeneration comparison is still open at the end
+    first_n_max: Optional[int] = None    # N_max at the first look (a larger --budget keeps it); absent: n_max
 
 
 class ReferenceCell(ManifestModel):
@@ -542,6 +544,7 @@ class GenerationDesign(CellModel):
 
     n_max: int
     final: bool
+    n_max_rounds: Optional[list[int]] = None   # as TasksDesign's
 
 
 class ProbeRound(CellModel):
@@ -624,6 +627,7 @@ class TasksDesign(CellModel):
     n_max: int
     final: bool
     stopped: Optional[str] = None
+    n_max_rounds: Optional[list[int]] = None   # N_max in force at the look after round k (0: the first look)
 
 
 class TaskRoundOutcome(CellModel):

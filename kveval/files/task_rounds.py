@@ -56,14 +56,29 @@ def streams_of(manifest: schema.Manifest | None, cell: str) -> RoundStreams:
 
 def design_of(manifest: schema.Manifest | None, cell: str) -> dict | None:
     """The sequential design as it applies to `cell`: n_max (the budget's paired samples per cell, task
-    samples and probe outputs alike), final (its last task look spends the alpha left) and
-    final_degeneration (the same for its degeneration comparison); None for runs without rounds or with
-    --budget 0."""
+    samples and probe outputs alike), final (its last task look spends the alpha left),
+    final_degeneration (the same for its degeneration comparison) and, where a larger --budget extended
+    the design, n_max_rounds; None for runs without rounds or with --budget 0."""
     rounds = manifest.task_rounds if manifest is not None else None
     if rounds is None or not rounds.n_max:
         return None
-    return {"n_max": rounds.n_max, "final": cell in rounds.final,
-            "final_degeneration": cell in rounds.final_degeneration, "stopped": rounds.stopped}
+    design = {"n_max": rounds.n_max, "final": cell in rounds.final,
+              "final_degeneration": cell in rounds.final_degeneration, "stopped": rounds.stopped}
+    caps = n_max_rounds(rounds)
+    if any(cap != rounds.n_max for cap in caps):   # a larger --budget extended the design (sequential.look_alpha)
+        design["n_max_rounds"] = caps
+    return design
+
+
+def n_max_rounds(rounds: schema.TaskRounds) -> list[int]:
+    """The N_max in force at the look after each round (index 0: the first look, before any round): old
+    looks keep the N_max they were judged under, so the alpha they spent stays spent."""
+    caps = [rounds.first_n_max or rounds.n_max]
+    for entry in sorted(rounds.rounds, key=lambda r: r.round):
+        while len(caps) <= entry.round:
+            caps.append(rounds.n_max)
+        caps[entry.round] = entry.n_max or rounds.n_max
+    return caps
 
 
 def _round_failure(record: CellResult | None, error: str | None) -> str | None:
@@ -81,7 +96,9 @@ def _merged_generation(phase: GenerationPhase | None, rounds: list[tuple[int, Ce
         return phase
     update: dict = {}
     if design:
-        update["design"] = GenerationDesign(n_max=design["n_max"], final=bool(design.get("final_degeneration")))
+        update["design"] = GenerationDesign(n_max=design["n_max"], final=bool(design.get("final_degeneration")),
+                                            **({"n_max_rounds": design["n_max_rounds"]}
+                                               if design.get("n_max_rounds") else {}))
     if rounds:
         records = [record if "round" in record.model_fields_set else record.model_copy(update={"round": 0})
                    for record in phase.records or []]

@@ -5,9 +5,9 @@ probes (new short questions, generated in the cell and its baseline). A tested c
 while that stream's comparison is open and more of it can decide the cell: PASS is within reach when
 every open reason of the cell is a stream being sampled; otherwise only a FAIL is, so a stream is sampled
 only where it leans towards harm (task recovery under `task_recovery_min`; more outputs degenerating only
-in the cell than only in the baseline). A task round is sized for what would decide it at the alpha the
-next look may spend (analysis/sequential.next_look_size); a probe round doubles the judged outputs. Both
-are capped by the budget's samples per cell and cut to the round time left. The cells of one length
+in the cell than only in the baseline). Round sizes follow a schedule fixed in advance, never the data
+(analysis/sequential.next_look_size): looks at n_1, 2·n_1, 4·n_1, … (a probe round adds at least
+MIN_PROBE_ROUND), capped by the budget's samples per cell and cut to the round time left. The cells of one length
 share a round: the same new samples and probes for them and their baseline.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kveval.analysis.sequential import increasing_looks, next_look_size
+from kveval.analysis.sequential import next_look_size
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.gate import INCONCLUSIVE, Thresholds, Verdict
@@ -157,9 +157,7 @@ def _task_want(cell: str, entry: schema.TaskCell, evidence: schema.Evidence, bud
     if n >= budget.samples:
         notes.append(f"{cell}: the budget of {budget.samples} paired samples per cell is spent")
         return None
-    target = next_look_size(n, entry.b, entry.c, float(entry.baseline_accuracy or 0),
-                            thresholds.task_noninferiority_margin, thresholds.alpha,
-                            increasing_looks(entry.looks or [n]), budget.samples)
+    target = next_look_size(entry.looks or [n], budget.samples)
     if target - n < max(1, n // 4):
         # What the budget leaves would hardly move the bound: not worth another engine start.
         notes.append(f"{cell}: the budget of {budget.samples} paired samples per cell is spent "
@@ -175,8 +173,9 @@ def _probe_want(cell: str, entry: schema.DegenerationCell, budget: Budget, probe
     judged = entry.judged_outputs or 0
     if not judged:
         return None
-    # Double, but never a round of a handful (a run with few prompts): each round costs engine starts.
-    target = min(budget.samples, max(2 * judged, judged + MIN_PROBE_ROUND), judged + probes_left)
+    # The doubling schedule, never a round of a handful (a run with few prompts): each round costs engine
+    # starts. The pool of probes may cut a look short; the boundaries follow the actual looks.
+    target = min(next_look_size(entry.looks or [judged], budget.samples, MIN_PROBE_ROUND), judged + probes_left)
     if target - judged < max(1, judged // 4):
         why = (f"the budget of {budget.samples} outputs per cell is spent"
                if budget.samples - judged < max(1, judged // 4) else "kveval's pool of new probes is spent")

@@ -205,8 +205,11 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     run, manifest = setup.run, setup.manifest
     # Planned afresh on a resume too: the plan is a function of the stored files, so finished round cells
     # are reused (module docstring).
+    # A larger --budget extends the design: rounds an earlier record planned are planned again under the
+    # N_max they had, so their looks keep the alpha they spent (analysis/sequential.py).
+    caps = _earlier_caps(stored.task_rounds, budget.samples)
     record = {"budget": budget.to_dict(), "n_max": budget.samples, "rounds": [], "final": [], "stopped": None,
-              "notes": [], "final_degeneration": []}
+              "notes": [], "final_degeneration": [], "first_n_max": caps.get(0, budget.samples)}
     manifest["task_rounds"] = record
     run.write_manifest(manifest)
     data = _Data(setup, stored.options)
@@ -226,7 +229,8 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
             break
         if number > MAX_ROUNDS:
             break
-        plan = plan_round(verdict, evidence, budget, thresholds,
+        cap = caps.get(number, budget.samples)
+        plan = plan_round(verdict, evidence, dataclasses.replace(budget, samples=cap), thresholds,
                           shapes if task_rounds else {},
                           round_costs(cells, evidence), seconds_used(run, rounds_run),
                           probes_left=max(0, probe_pool - _probes_used(rounds_run)) if probe_pool else None)
@@ -251,7 +255,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
                                      "task_cells": _with_reference(length_round, length_round.task_cells),
                                      "probe_cells": _with_reference(length_round, length_round.probe_cells),
                                      "probes": probes if length_round.probe_cells else None,
-                                     "probe_target": length_round.probe_target or None})
+                                     "probe_target": length_round.probe_target or None, "n_max": cap})
             plans += _round_plans(setup, number, length_round, relative,
                                   probes["file"] if probes and length_round.probe_cells else None, kv_of, references)
             show.note(_round_note(number, length_round))
@@ -260,6 +264,16 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
             _forget_if_changed(run, cell_round)
         run_cells(plans)
     _finish(run, manifest, record, evidence, verdict, stopped, show)
+
+
+def _earlier_caps(earlier: schema.TaskRounds | None, n_max: int) -> dict[int, int]:
+    """Per round of an earlier record of this run (0: the first look), the N_max it was planned under,
+    never above this run's."""
+    if earlier is None or not earlier.n_max:
+        return {}
+    caps = {0: earlier.first_n_max or earlier.n_max}
+    caps.update({r.round: r.n_max or earlier.n_max for r in earlier.rounds})
+    return {k: min(cap, n_max) for k, cap in caps.items()}
 
 
 def _with_reference(length_round: LengthRound, cells: list[str]) -> list[str]:

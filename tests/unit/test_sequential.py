@@ -1,5 +1,6 @@
 """The group-sequential design behind task rounds (kveval/analysis/sequential.py): the spending
-function's values, the alpha each look may use, round sizes, and validity by simulation."""
+function's values, the exact Lan–DeMets boundaries (checked by Monte Carlo of the Brownian-motion null),
+the fixed look schedule, the budget extension, and validity on paired counts by simulation."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,8 @@ import pytest
 from scipy.stats import beta, binom, norm
 
 from kveval.analysis.noninferiority import paired_recovery_bound, score_statistic
-from kveval.analysis.sequential import (final_look_alpha, increasing_looks, look_alpha, next_look_size,
-                                        samples_to_show_drop, spent)
+from kveval.analysis.sequential import (cumulative_spending, final_look_alpha, increasing_looks, look_alpha,
+                                        next_look_size, nominal_levels, samples_to_show_drop, spent)
 from kveval.analysis.task_accuracy import mcnemar_p
 
 ALPHA = 0.05
@@ -18,7 +19,6 @@ MARGIN = 0.90
 # --- the spending function -------------------------------------------------------------------------
 
 def test_pocock_type_spending_values():
-    # alpha(t) = alpha ln(1 + (e - 1) t) (Lan & DeMets 1983, Pocock type)
     assert spent(1.0, ALPHA) == pytest.approx(ALPHA, abs=1e-12)
     assert spent(0.5, ALPHA) == pytest.approx(0.031006, abs=1e-5)
     assert spent(0.25, ALPHA) == pytest.approx(0.017869, rel=1e-3)
@@ -26,51 +26,117 @@ def test_pocock_type_spending_values():
     assert spent(2.0, ALPHA) == spent(1.0, ALPHA)                     # past N_max: everything, no more
     assert spent(0.3, 0.01) == pytest.approx(0.01 * np.log(1 + (np.e - 1) * 0.3))
     values = [spent(t, ALPHA) for t in np.linspace(0.01, 1, 50)]
-    assert values == sorted(values)                                   # never gives back
+    assert values == sorted(values)
 
 
-def test_each_look_uses_its_increment_and_the_last_spends_what_is_left():
-    looks, n_max = [12, 24, 48, 96, 600], 600
-    increments = [look_alpha(looks[:k + 1], n_max, ALPHA, final=False).alpha for k in range(len(looks))]
-    assert increments[0] == pytest.approx(spent(12 / 600, ALPHA))
-    assert increments[2] == pytest.approx(spent(48 / 600, ALPHA) - spent(24 / 600, ALPHA))
-    assert sum(increments) == pytest.approx(ALPHA)                    # t = 1 at the last look
-    last = look_alpha([12, 48, 192], n_max, ALPHA, final=True)        # budget ran out before N_max
-    assert last.alpha == pytest.approx(ALPHA - spent(48 / 600, ALPHA)) and last.final and last.number == 3
-    assert last.sequential
+# --- exact boundaries: Monte Carlo of the null -----------------------------------------------------
+
+PATHS = 250_000
+DESIGNS = [[12, 24], [12, 24, 48], [12, 24, 48, 96], [12, 24, 48, 96, 192, 384],   # the doubling schedule
+           [10, 17, 45, 60], [30, 31, 90], [50, 90, 100, 400, 410, 600]]          # uneven looks
 
 
-def test_one_final_look_or_no_design_is_todays_fixed_sample_test():
-    assert look_alpha([12], 600, ALPHA, final=True).alpha == pytest.approx(ALPHA)
+def _first_crossing(looks, levels, seed):
+    """Per simulated null path (Z_k √n_k a Brownian motion at n_k), the first look whose Z_k reaches
+    its boundary Φ⁻¹(1 − level), or -1."""
+    steps = np.diff(looks, prepend=0)
+    score = np.cumsum(np.random.default_rng(seed).standard_normal((PATHS, len(looks))) * np.sqrt(steps), axis=1)
+    cross = score / np.sqrt(looks) >= norm.isf(np.asarray(levels))
+    return np.where(cross.any(1), cross.argmax(1), -1)
+
+
+def _se(p):
+    return 4 * np.sqrt(p * (1 - p) / PATHS)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01])
+def test_any_crossing_is_alpha_and_each_look_spends_its_increment(alpha):
+    for i, looks in enumerate(DESIGNS):
+        n_max = looks[-1] if i % 2 == 0 else 2 * looks[-1]          # some designs stop short of N_max
+        levels = nominal_levels(looks, n_max, alpha, final=True)
+        first = _first_crossing(looks, levels, seed=i)
+        assert (first >= 0).mean() == pytest.approx(alpha, abs=_se(alpha))
+        increments = np.diff([0.0, *cumulative_spending(looks, [n_max] * len(looks), alpha, True)])
+        for k, share in enumerate(increments):
+            assert (first == k).mean() == pytest.approx(share, abs=_se(share) + 1e-4)
+        # (b) each nominal level is at least the union-bound increment, and the last is under alpha
+        assert all(level >= share - 1e-9 for level, share in zip(levels, increments))
+        assert levels[-1] < alpha and levels[-1] > increments[-1]
+
+
+def test_a_single_final_look_is_the_fixed_sample_test():
+    assert look_alpha([12], 600, ALPHA, final=True).alpha == ALPHA
     assert not look_alpha([12], 600, ALPHA, final=True).sequential
+    assert nominal_levels([300], 600, 0.01, final=True) == [0.01]
     assert look_alpha([12], None, ALPHA, final=False).alpha == ALPHA   # evidence from before rounds
     assert look_alpha([], 600, ALPHA, final=False).alpha == ALPHA
-    early = look_alpha([12], 600, ALPHA, final=False)                  # an early look spends its small share
+    early = look_alpha([12], 600, ALPHA, final=False)                  # a first look tests at its share
     assert early.sequential and early.alpha == pytest.approx(spent(12 / 600, ALPHA)) and early.alpha < ALPHA / 25
 
 
-def test_looks_that_added_nothing_are_not_looks():
+def test_looks_use_the_exact_boundaries():
+    looks, n_max = [12, 24, 48, 96, 192, 384, 600], 600
+    levels = [look_alpha(looks[:k + 1], n_max, ALPHA, final=k == 6).alpha for k in range(7)]
+    assert levels == pytest.approx(nominal_levels(looks, n_max, ALPHA, final=True), rel=1e-9)
+    # later looks gain over the union bound (correlated looks); the final one most
+    assert levels[2] > spent(48 / 600, ALPHA) - spent(24 / 600, ALPHA)
+    assert 0.02 < levels[-1] < ALPHA and levels[-1] > 1.5 * (ALPHA - spent(384 / 600, ALPHA))   # 0.0236 vs 0.0118
+    last = look_alpha([12, 48, 192], n_max, ALPHA, final=True)        # budget ran out before N_max
+    assert last.final and last.number == 3 and last.sequential and last.alpha < ALPHA
+    # the boundaries of earlier looks do not depend on later ones
+    assert nominal_levels([12, 48], n_max, ALPHA, False) == nominal_levels([12, 48, 192], n_max, ALPHA, True)[:2]
+
+
+def test_a_look_that_paired_nothing_new_is_no_look():
     assert increasing_looks([12, 12, 30, 0, 30, 64]) == [12, 30, 64]
     assert look_alpha([12, 12, 30], 600, ALPHA, final=False).number == 2
+    assert look_alpha([12, 12, 30], 600, ALPHA, False).alpha == look_alpha([12, 30], 600, ALPHA, False).alpha
 
 
-def test_final_look_level_of_a_doubling_design():
-    assert final_look_alpha(ALPHA) == pytest.approx(ALPHA - spent(0.5, ALPHA))
-    assert 0.015 < final_look_alpha(ALPHA) < ALPHA / 2   # Pocock type: half the samples spend 62 % of alpha
+def test_hint_level_is_the_last_of_two_looks_at_half_and_all():
+    assert final_look_alpha(ALPHA) == pytest.approx(nominal_levels([50, 100], 100, ALPHA, True)[-1])
+    assert ALPHA - spent(0.5, ALPHA) < final_look_alpha(ALPHA) < ALPHA   # above the union bound's 0.019
+    assert final_look_alpha(0.01) < 0.01
 
 
-# --- round sizes ------------------------------------------------------------------------------------
+# --- a larger --budget extends the design ------------------------------------------------------------
 
-def test_next_look_at_least_doubles_and_stays_in_the_budget():
-    # The demo's 12 samples, 1 discordant pair each way: doubling is the least; the cap is N_max.
-    size = next_look_size(12, 1, 1, 0.5, MARGIN, ALPHA, [12], 600)
-    assert 24 <= size <= 600
-    assert next_look_size(400, 10, 9, 0.6, MARGIN, ALPHA, [100, 200, 400], 600) == 600
-    assert next_look_size(590, 10, 9, 0.6, MARGIN, ALPHA, [590], 600) == 600
-    # a clean pairing (no discordance) needs little beyond doubling
-    assert next_look_size(96, 0, 0, 0.8, MARGIN, ALPHA, [12, 24, 48, 96], 600) == 192
-    # recovery under the margin: sized for McNemar to show the drop
-    assert next_look_size(20, 6, 1, 0.6, MARGIN, ALPHA, [20], 600) > 40
+def test_budget_extension_keeps_old_looks_and_the_total_within_alpha():
+    # Looks at 12 .. 96 under N_max 96 (the earlier run), then a rerun with --budget 384 adds 192, 384.
+    looks, caps = [12, 24, 48, 96, 192, 384], [96, 96, 96, 96, 384, 384]
+    spending = cumulative_spending(looks, caps, ALPHA, final=True)
+    assert spending == sorted(spending) and spending[-1] == ALPHA
+    assert spending[3] == pytest.approx(ALPHA)          # the earlier N_max was reached: nothing is left
+    levels = [look_alpha(looks[:k + 1], caps[:k + 1], ALPHA, final=k == 5).alpha for k in range(6)]
+    assert levels[:3] == pytest.approx(nominal_levels(looks[:3], 96, ALPHA, False), rel=1e-9)   # as they were
+    assert levels[4] == levels[5] == 0.0                # alpha already spent stays spent
+    # The same with the earlier run stopped at 48 of 600, extended to N_max 1200.
+    looks, caps = [12, 24, 48, 192, 600, 1200], [600, 600, 600, 1200, 1200, 1200]
+    levels = [look_alpha(looks[:k + 1], caps[:k + 1], ALPHA, final=k == 5).alpha for k in range(6)]
+    assert levels[:3] == pytest.approx(nominal_levels(looks[:3], 600, ALPHA, False), rel=1e-9)
+    assert all(level > 0 for level in levels[3:])
+    for alpha in (0.05, 0.01):
+        levels = nominal_levels(looks, caps, alpha, final=True)
+        first = _first_crossing(looks, levels, seed=11)
+        assert (first >= 0).mean() <= alpha + _se(alpha)
+        assert (first >= 0).mean() == pytest.approx(alpha, abs=_se(alpha))   # the final look spends the rest
+    # A look list with a repeated n keeps the N_max of its first occurrence.
+    assert (look_alpha([12, 24, 24, 48], [600, 600, 1200, 1200], ALPHA, False).alpha
+            == look_alpha([12, 24, 48], [600, 600, 1200], ALPHA, False).alpha)
+
+
+# --- the fixed look schedule ------------------------------------------------------------------------
+
+def test_next_look_follows_the_doubling_schedule_whatever_the_data():
+    assert next_look_size([12], 600) == 24
+    assert next_look_size([12, 24, 48, 96], 600) == 192
+    assert next_look_size([12, 24, 48, 96, 192, 384], 600) == 600              # capped at N_max
+    assert next_look_size([12, 23], 600) == 48            # a look short of its plan keeps its place
+    assert next_look_size([12, 12, 24], 600) == 48         # a round that paired nothing is no look
+    assert next_look_size([12, 50], 600) == 96             # never a step back below the samples so far
+    assert next_look_size([590], 600) == 600 and next_look_size([600], 600) == 600
+    assert next_look_size([109], 600, min_step=50) == 218 and next_look_size([20], 600, min_step=50) == 70
+    assert next_look_size([20, 70], 600, min_step=50) == 140
 
 
 def test_samples_to_show_drop():

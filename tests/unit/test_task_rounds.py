@@ -181,6 +181,31 @@ def test_pooled_rounds_pair_by_sample_id_and_give_the_looks():
     assert entry["looks"] == [12, 36] and entry["n_max"] == 600 and entry["final"] is True
 
 
+def test_a_larger_budget_keeps_the_n_max_each_earlier_look_was_taken_under():
+    from kveval.files.task_rounds import design_of
+
+    def entry(number, n_max=None):
+        return {"round": number, "max_model_len": 1024, "cells": ["auto-1024", "fp8-1024"], "data_dir": None,
+                "samples_per_point": 1, "limit": None, "target": 24 * 2 ** (number - 1), "n_max": n_max}
+
+    earlier = schema.TaskRounds.model_validate({"budget": {}, "n_max": 96, "rounds": [entry(1), entry(2)],
+                                                "final": ["fp8-1024"], "stopped": "budget", "notes": []})
+    # Rounds the earlier record planned are planned again under its N_max; the first look's too.
+    assert rounds_module._earlier_caps(earlier, 384) == {0: 96, 1: 96, 2: 96}
+    assert rounds_module._earlier_caps(earlier, 48) == {0: 48, 1: 48, 2: 48}    # never above this run's
+    assert rounds_module._earlier_caps(None, 384) == {}
+    extended = schema.TaskRounds.model_validate({"budget": {}, "n_max": 384, "first_n_max": 96, "final": [],
+                                                 "rounds": [entry(1, 96), entry(2, 96), entry(3, 384)],
+                                                 "stopped": None, "notes": []})
+    manifest = SimpleNamespace(task_rounds=extended)
+    design = design_of(manifest, "fp8-1024")
+    assert design["n_max"] == 384 and design["n_max_rounds"] == [96, 96, 96, 384]
+    merged = merge_rounds(with_tasks(started_cell("fp8", 1024, 4096, []), _samples(0, 4)), [], design)
+    assert merged["phases"]["tasks"]["design"]["n_max_rounds"] == [96, 96, 96, 384]
+    # One N_max throughout: no per-round list (the design reads as before).
+    assert "n_max_rounds" not in design_of(SimpleNamespace(task_rounds=earlier), "fp8-1024")
+
+
 # --- the loop, with a stand-in for the cell process ---------------------------------------------------
 
 DOCS_PER_STEP = 12
