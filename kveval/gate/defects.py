@@ -16,26 +16,35 @@ def _layers(kept: list[str]) -> str:
 
 def _remedy_defect(pair: schema.Attribution, budget: Budget, t: Thresholds) -> str | None:
     """Why the remedy cell of `pair` cannot be sound, or None. Keeping layers in the model dtype can
-    only remove quantization error; a remedy much worse than plain FP8 is a broken engine path."""
+    only remove quantization error; a remedy much worse than plain FP8 is a broken engine path.
+
+    "Worse" is the one-sided sign-flip test by sequence (analysis/attribution.py) that the remedy's KL
+    is above plain FP8's, overall and in each position range; a defect turns FAIL reasons into
+    INCONCLUSIVE, so its tests share `t.fail_alpha` equally (Bonferroni): under the null hypothesis that
+    the kept layers do not matter, a defect is claimed with probability at most fail_alpha."""
     plain, remedy = pair.plain_kl_mean, pair.remedy_kl_mean
-    if plain is None or remedy is None:
+    # Evidence from before the test by sequence (no n_sequences) carries the block test's p: not used.
+    if plain is None or remedy is None or getattr(pair, "n_sequences", None) is None:
         return None
+    tests = 1 + sum(1 for bucket in pair.buckets if bucket.p_remedy_worse is not None)
+    level = t.fail_alpha / tests
+    shown = f"p < {level:.2g}" if tests == 1 else f"p < {level:.2g}, {t.fail_alpha:g} shared by {tests} tests"
     sound_before = False  # a position range where the remedy is not worse: the breakage starts later
     for bucket in pair.buckets:
         b_plain, b_remedy, b_p = bucket.plain_kl_mean, bucket.remedy_kl_mean, bucket.p_remedy_worse
         if b_plain is None or b_remedy is None:
             continue
         worse = (b_remedy >= t.defect_factor * b_plain and b_remedy > budget.kl_late_max
-                 and bucket.n >= t.min_late_tokens and b_p is not None and b_p < t.alpha)
+                 and bucket.n >= t.min_late_tokens and b_p is not None and b_p < level)
         if worse and sound_before:
             return (f"at positions {bucket.bucket} its KL mean is {_g(b_remedy)} against plain FP8's {_g(b_plain)} "
-                    f"(paired block test p {_g(b_p)}), while earlier positions are sound: the kept-layer cache breaks "
-                    "with position")
+                    f"(sign-flip test over {bucket.n_sequences} scored sequences, p {_g(b_p)}; {shown}), while "
+                    "earlier positions are sound: the kept-layer cache breaks with position")
         sound_before = sound_before or b_remedy <= max(t.defect_factor * b_plain, budget.kl_mean_max)
     p = pair.p_remedy_worse
-    if remedy >= t.defect_factor * plain and remedy > budget.kl_mean_max and p is not None and p < t.alpha:
+    if remedy >= t.defect_factor * plain and remedy > budget.kl_mean_max and p is not None and p < level:
         return (f"its KL mean {_g(remedy)} is {remedy / plain:.1f}× plain FP8's {_g(plain)} on the same positions "
-                f"(paired block test p {_g(p)})")
+                f"(sign-flip test over {pair.n_sequences} scored sequences, p {_g(p)}; {shown})")
     return None
 
 
