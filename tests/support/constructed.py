@@ -1,7 +1,8 @@
 """Constructed run directories for tests: stored facts with known figures, no engine.
 
-A cell's scoring phase holds one document scored at positions 1..n with a fixed top-5
-distribution per position; `shape` picks the candidate's distribution:
+A cell's scoring phase holds DOCUMENTS (3) documents, doc:300, doc:301, ..., each scored at positions
+1..n with a fixed top-5 distribution per position (the gate's divergence intervals count scored
+sequences: one document gives none); `shape` picks the candidate's distribution:
   "same"    identical to the reference (KL 0),
   "healthy" 0.01 of mass moved from the first to the second token (KL ≈ 3.3e-4),
   "harmed"  the reference's top token nearly dropped, the second promoted (KL ≈ 1.52, top-1 never agrees).
@@ -22,6 +23,7 @@ TEMPLATE_MANIFEST = schema.upgrade("manifest", json.loads(
     (Path(__file__).resolve().parents[2] / "reports/cpu-demo/manifest.json").read_text()))
 
 TOP_K = 5
+DOCUMENTS = 3   # scored documents per cell: the gate's divergence interval needs at least 2
 REFERENCE_P = [0.6, 0.2, 0.1, 0.05, 0.03]
 SHAPES = {
     "same": REFERENCE_P,
@@ -48,10 +50,18 @@ def scored_document(n: int, shape: str = "same", doc_id: str = "doc:300") -> dic
             "rejection": None, "error": None, "positions": positions}
 
 
-def scoring_phase(n: int, shape: str, noise_shape: str | None = None) -> dict:
-    phase = {"top_k": TOP_K, "reference_cell": "auto-1024", "sequences": [scored_document(n, shape)]}
+def scored_documents(n: int, shape: str = "same", documents: int = DOCUMENTS) -> list[dict]:
+    """`documents` scored documents doc:300, doc:301, ..., each as `scored_document(n, shape)`: documents × n
+    positions in all. Every document has the same figures, so a clustered figure's standard error is 0."""
+    return [scored_document(n, shape, f"doc:{300 + i}") for i in range(documents)]
+
+
+def scoring_phase(n: int, shape: str, noise_shape: str | None = None, documents: int = DOCUMENTS) -> dict:
+    """A scoring phase of `documents` documents of n scored positions each (documents × n in all)."""
+    phase = {"top_k": TOP_K, "reference_cell": "auto-1024", "sequences": scored_documents(n, shape, documents)}
     if noise_shape is not None:
-        phase["noise"] = {"method": "same sequences re-scored in one batch", "sequences": [scored_document(n, noise_shape)]}
+        phase["noise"] = {"method": "same sequences re-scored in one batch",
+                          "sequences": scored_documents(n, noise_shape, documents)}
     return phase
 
 
@@ -59,6 +69,21 @@ def record(prompt_id: str, token_ids: list[int], text: str, finish: str = "stop"
     return {"prompt_id": prompt_id, "workload": prompt_id.rsplit("-", 1)[0], "accepted": True, "rejection": None,
             "error": None, "text": text, "token_ids": list(token_ids), "finish_reason": finish,
             "output_tokens": len(token_ids)}
+
+
+PROBES = 60   # degeneration probes: 0 vs 0 new degenerate of 60 is shown under the 5 % margin (upper bound 4.3 %)
+
+
+def probe_workloads(count: int = PROBES) -> list[dict]:
+    """`count` degeneration probes (workload "probe", kind "probe", as the suites plan them): without them a
+    constructed run's handful of prompts can never show degeneration non-inferior (0 of 3: upper bound 47 %)."""
+    return [{"id": f"probe-{i}", "workload": "probe", "kind": "probe", "token_ids": [1, 5, 10 + i], "max_tokens": 32}
+            for i in range(count)]
+
+
+def probe_records(count: int = PROBES) -> list[dict]:
+    """Healthy answers to `probe_workloads(count)`, the same in every cell: short, distinct, stopped."""
+    return [record(f"probe-{i}", [600 + i, 700 + i, 800 + i], f"Answer number {i} is short.") for i in range(count)]
 
 
 def rejected(prompt_id: str, message: str = "VLLMValidationError: This model's maximum context length is 1024 tokens."):

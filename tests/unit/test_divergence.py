@@ -280,3 +280,26 @@ def test_different_scored_from_aligns_on_absolute_position():
     assert comp["summary"]["n"] == N - 5
     assert comp["per_sequence"][0]["scored_from"] == SCORED_FROM + 5
     assert comp["summary"]["kl_mean"] == pytest.approx(kl_of(0.05))
+
+
+def test_kv_comparisons_carry_figures_per_scored_sequence():
+    # Two documents with different shifts: the clustered KL mean is the position-weighted mean over both, its
+    # standard error the CR1 figure over the two sequences (analysis/cluster_interval.py); noise rows have none.
+    auto, fp8 = cell("auto", 2048, noise_shift=0.01), cell("fp8", 2048, shift=0.05)
+    second = dict(fp8["phases"]["scoring"]["sequences"][0], id="doc-1", positions=positions(0.1, flip_every=2))
+    fp8["phases"]["scoring"]["sequences"].append(second)
+    auto["phases"]["scoring"]["sequences"].append(dict(second, positions=positions()))
+    result = cell_divergence({"auto-2048": auto, "fp8-2048": fp8})
+    comp = result["comparisons"][0]
+    clustered = comp["clustered"]
+    assert set(clustered) == {"kl_mean", "top1_agreement"}  # no late start given: no late figure
+    kl = clustered["kl_mean"]
+    assert (kl["clusters"], kl["positions"]) == (2, 2 * N) and kl["positions"] == comp["summary"]["n"]
+    assert kl["estimate"] == pytest.approx(comp["summary"]["kl_mean"])
+    per_doc = [s["kl_mean"] for s in comp["per_sequence"]]
+    # CR1 with two equal-sized clusters: sqrt(2 · Σ (n (m_g − m))²) / (2n) = |m_1 − m_2| / 2.
+    assert kl["se"] == pytest.approx(abs(per_doc[0] - per_doc[1]) / 2)
+    top1 = clustered["top1_agreement"]
+    assert top1["estimate"] == pytest.approx(comp["summary"]["top1_agreement"])
+    assert top1["clusters"] == 2 and top1["se"] > 0
+    assert all("clustered" not in c for c in result["comparisons"] if c["kind"] != "kv")

@@ -16,10 +16,13 @@ from kveval.analysis.json_values import json_safe
 from kveval.evidence import build_evidence
 from kveval.files import schema
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
-from tests.support.constructed import planned_manifest, expected_kl, failed_cell, record, rejected, scoring_phase, started_cell, write_run
+from tests.support.constructed import (DOCUMENTS, PROBES, expected_kl, failed_cell, planned_manifest, probe_records,
+                                       probe_workloads, record, rejected, scoring_phase, started_cell, write_run)
 from tests.support.evidence import typed_manifest
 
-N = 700  # scored positions per cell: 200+ in all, 100+ from position 512 (the late half of 1024)
+N = 700  # scored positions per document (DOCUMENTS of them): 200+ in all, 100+ from position 512 (the late half of 1024)
+POSITIONS = DOCUMENTS * N   # 2100 scored positions per cell
+OUTPUTS = 3 + PROBES        # judged generation outputs per cell: 3 prompts and the degeneration probes
 CPU = Thresholds().budget("cpu")  # constructed cells ran on CPU_ATTN: the CPU profile applies
 KL_MAX = f"{CPU.kl_mean_max:.2g}"                 # as the gate writes it, e.g. 0.08
 KL_FAIL = f"{CPU.kl_mean_fail:.2g}"
@@ -31,7 +34,7 @@ WORKLOADS = [
     {"id": "ctx_1k-0", "workload": "ctx_1k", "kind": "context", "token_ids": list(range(10, 60)), "max_tokens": 64},
     {"id": "over_1024-0", "workload": "over_1024", "kind": "over_limit", "token_ids": list(range(1025)),
      "max_tokens": 16},
-]
+] + probe_workloads()
 AUTO_TEXTS = {
     "short_256-0": (list(range(100, 140)), "Paris is the capital of France. It lies on the Seine."),
     "short_256-1": (list(range(200, 230)), "Water boils at 100 degrees Celsius at sea level."),
@@ -44,7 +47,7 @@ LOOP_TEXT = "The pass key is 42. " * 12
 
 
 def _auto_records():
-    return [record(pid, ids, text) for pid, (ids, text) in AUTO_TEXTS.items()] + [rejected("over_1024-0")]
+    return [record(pid, ids, text) for pid, (ids, text) in AUTO_TEXTS.items()] + [rejected("over_1024-0")] + probe_records()
 
 
 def _fp8_records(kind):
@@ -53,7 +56,7 @@ def _fp8_records(kind):
     else:
         outputs = {**AUTO_TEXTS, "short_256-1": DIVERGING}
     return [record(pid, ids, text, finish="length" if kind == "harmed" else "stop")
-            for pid, (ids, text) in outputs.items()] + [rejected("over_1024-0")]
+            for pid, (ids, text) in outputs.items()] + [rejected("over_1024-0")] + probe_records()
 
 
 def make_cells(kind):
@@ -103,17 +106,38 @@ def test_evidence_has_the_gate_shape_and_is_json():
     assert schema.dump(evidence.cells["fp8-1024"]) == {"kv_spec": "fp8", "max_model_len": 1024, "started": True,
                                                        "failure_reason": None, "kv_pool_tokens": 3584}
     fp8 = evidence.degeneration.cells["fp8-1024"]
-    assert (fp8.outputs, fp8.new_degenerate) == (3, 3)
-    assert fp8.detectors["ngram_loop_tokens"] == 3 and fp8.token_limit_rate == 1.0
+    assert (fp8.outputs, fp8.new_degenerate, fp8.judged_outputs) == (OUTPUTS, 3, OUTPUTS)
+    assert fp8.detectors["ngram_loop_tokens"] == 3 and fp8.token_limit_rate == pytest.approx(3 / OUTPUTS)
     assert evidence.degeneration.cells["auto-1024"].new_degenerate == 0
     assert evidence.divergence.top_k == [5]
     verdict = evaluate(evidence)
     assert verdict.status == "FAIL"
-    # KL p99 1.52 stays under the CPU harm limit 3.0: the mean, the late mean and top-1 decide it.
-    assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_late_mean", "top1_agreement"}
-    # 3 of 3 outputs loop only in FP8: McNemar exact p 0.125, too few outputs to decide (issue 22).
+    # The KL mean and the late KL mean are the FAIL paths; top-1 agreement (0 %) is only not shown healthy.
+    assert {c.name for c in verdict.checks if c.passed is False} == {"kl_mean", "kl_late_mean"}
+    assert [c.passed for c in verdict.checks if c.name == "top1_agreement"] == [None]
+    # 3 of 63 outputs loop only in FP8 (the three prompts, not the probes): McNemar exact p 0.125, too few
+    # to decide (issue 22).
     assert [c.passed for c in verdict.checks if c.name == "degeneration_noninferiority"] == [None]
     assert evidence.platform.profile == "cpu" and evidence.tasks_planned is False
+
+
+def test_one_scored_document_gives_no_interval_and_no_verdict_on_divergence():
+    # The harmed cell (KL 1.52) with one scored document: its 700 positions are one unit of evidence, so
+    # the divergence has no interval: neither PASS nor FAIL, and the gate says what would decide it.
+    cells = make_cells("harmed")
+    for facts in cells.values():
+        scoring = facts["phases"]["scoring"]
+        scoring["sequences"] = scoring["sequences"][:1]
+        if "noise" in scoring:
+            scoring["noise"]["sequences"] = scoring["noise"]["sequences"][:1]
+    evidence = build_evidence(typed_manifest({}), WORKLOADS, cells)
+    (comp,) = [c for c in evidence.divergence.comparisons if c.kind == "kv"]
+    assert comp.clustered["kl_mean"].clusters == 1 and comp.clustered["kl_mean"].se is None
+    verdict = evaluate(evidence)
+    assert verdict.status == "INCONCLUSIVE" and not [r for r in verdict.reasons if r.level == "FAIL"]
+    (reason,) = [r for r in verdict.reasons if r.code == "divergence_undecided"]
+    assert "KL mean 1.52 rests on 1 scored sequence: no interval" in reason.message
+    assert "more scored documents" in reason.decide
 
 
 def test_json_safe_replaces_nan_and_numpy():
@@ -135,7 +159,12 @@ def test_healthy_run_passes_with_every_figure_stored(run_dir):
     assert results["schema_version"] == results["evidence"]["schema_version"] == 3
     assert results["verdict"]["status"] == "PASS" and results["verdict"]["exit_code"] == 0
     summary = _kv(results)["summary"]
-    assert summary["n"] == N
+    assert summary["n"] == POSITIONS
+    clustered = _kv(results)["clustered"]
+    assert clustered["kl_mean"]["clusters"] == DOCUMENTS and clustered["kl_mean"]["positions"] == POSITIONS
+    assert clustered["kl_mean"]["estimate"] == pytest.approx(expected_kl("healthy"), rel=1e-9)
+    assert clustered["kl_mean"]["se"] == pytest.approx(0, abs=1e-12)  # identical documents
+    assert clustered["kl_late_mean"]["positions"] == DOCUMENTS * (N - 511)
     assert summary["kl_mean"] == pytest.approx(expected_kl("healthy"), rel=1e-9)
     assert summary["kl_mean"] == pytest.approx(3.26e-4, abs=1e-6)
     assert summary["top1_agreement"] == 1.0
@@ -147,20 +176,21 @@ def test_healthy_run_passes_with_every_figure_stored(run_dir):
     assert row["earliest_divergence"] == 10
 
     pairs = _csv(path, "diff_pairs")
-    assert len(pairs) == 3 and {p["prompt"] for p in pairs} == {"short_256-0", "short_256-1", "ctx_1k-0"}
+    assert len(pairs) == OUTPUTS
+    assert {p["prompt"] for p in pairs} - {f"probe-{i}" for i in range(PROBES)} == {"short_256-0", "short_256-1", "ctx_1k-0"}
     divergence = _csv(path, "divergence")
     assert [(r["kind"], r["bucket"]) for r in divergence] == [
         ("kv", "all"), ("kv", "0-127"), ("kv", "128-255"), ("kv", "256-511"), ("kv", "512-1023"),
         ("noise_batch", "all"), ("noise_batch", "0-127"), ("noise_batch", "128-255"), ("noise_batch", "256-511"),
         ("noise_batch", "512-1023")]
-    assert _kv(results)["late"]["start"] == 512 and _kv(results)["late"]["n"] == N - 511
+    assert _kv(results)["late"]["start"] == 512 and _kv(results)["late"]["n"] == DOCUMENTS * (N - 511)
     assert float(divergence[0]["kl_mean"]) == pytest.approx(expected_kl("healthy"))
-    assert int(divergence[1]["n"]) == 127  # positions 1..127
+    assert int(divergence[1]["n"]) == DOCUMENTS * 127  # positions 1..127 of each document
     assert [r["cell"] for r in _csv(path, "startup")] == ["auto-1024", "fp8-1024"]
     speed = {r["cell"]: r for r in _csv(path, "speed")}
     assert float(speed["fp8-1024"]["ttft_delta_pct"]) == pytest.approx(20.0)
-    assert {r["name"] for r in _csv(path, "checks")} == {"kl_mean", "kl_p99", "kl_late_mean", "top1_agreement",
-                                                         "new_degenerate_share"}
+    assert {r["name"] for r in _csv(path, "checks")} == {"kl_mean", "kl_late_mean", "top1_agreement",
+                                                         "degeneration_noninferiority"}
     assert results["verdict"]["cells"] == {"fp8-1024": "PASS"}
 
 
@@ -174,14 +204,18 @@ def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
     order = [review.index(h) for h in ("## Verdict", "## Run", "## Start-up", "## Output diff vs `auto`",
                                        "## Degeneration", "## Teacher-forced divergence")]
     assert order == sorted(order)
-    assert (f"- fp8-1024: KL mean 0.000326 ≤ {KL_MAX}; KL p99 0.000326 ≤ 1; KL mean (late) 0.000326 ≤ 0.12; "
-            f"top-1 agreement 100.0 % ≥ {TOP1_MIN}; 0 of 3 outputs degenerate only here, 0 only in auto") in review
+    assert (f"- fp8-1024: KL mean excess over the noise floor 0.00033 on {DOCUMENTS} sequences ({POSITIONS} positions), "
+            f"95 % upper bound 0.00033 vs healthy budget {KL_MAX}, 99 % lower bound 0.00033 vs harm limit {KL_FAIL}; "
+            f"KL mean (late) excess over the noise floor 0.00033 on {DOCUMENTS} sequences") in review
+    assert (f"top-1 agreement 100.0 %, 95 % lower bound 100.0 % vs minimum {TOP1_MIN}, n {POSITIONS}, {DOCUMENTS} "
+            f"sequences; degeneration excess upper bound 4.1 % < 5.0 % (0 of {OUTPUTS} outputs degenerate only here, "
+            "0 only in auto") in review
     assert "**FP8 passes at 1024 and holds 2× the `auto` pool.**" in review
     assert "long-context task accuracy not measured (tasks turned off)" in review
     assert "Divergence budgets: **cpu profile**" in review
-    assert "Noise floor (auto vs itself, worst of: auto-1024 re-scored in another batch (n 700))" in review
+    assert f"Noise floor (auto vs itself, worst of: auto-1024 re-scored in another batch (n {POSITIONS:,}))" in review
     # Output diff: per workload, the first diverging pair side by side, escaped.
-    assert "**2 of 3** outputs identical." in review
+    assert f"**{OUTPUTS - 1} of {OUTPUTS}** outputs identical." in review
     assert "| short\\_256 | fp8-1024 | auto-1024 | 1/2 | 50.0 %" in review
     assert "first differing token 10" in review
     assert "| fp8-1024 | Water boils at 100 degrees ▸ \\| &lt;b&gt;Fahrenheit&lt;/b&gt; \\`x\\` \\# no |" in review
@@ -192,7 +226,7 @@ def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
     assert "None: no detector fired on any output, the baseline's included." in review
     # Divergence: k stated, noise floor beside.
     assert "reference top-k (k=5) plus a rest bucket" in review
-    assert "| fp8-1024 vs auto-1024 | KV dtype | 700 | 0.000326" in review
+    assert f"| fp8-1024 vs auto-1024 | KV dtype | {POSITIONS:,} | 0.000326" in review
     assert "**noise floor** (worst noise row)" in review
     assert "### By position" in review and "| 512-1023 " in review
     for line in lines:
@@ -207,11 +241,14 @@ def test_harmed_run_fails_with_reasons_and_loop_findings(run_dir):
     assert result.exit_code == EXIT_FAIL, result.output
     out = result.stdout.splitlines()
     assert out[0] == "FAIL"
-    kl_reason = f"fp8-1024: divergence vs auto-1024 far outside the healthy range: KL mean 1.52 > harm limit {KL_FAIL}"
+    kl_reason = (f"fp8-1024: divergence vs auto-1024 shown beyond the harm limit: KL mean 1.52, lower bound 1.52 > "
+                 f"harm limit {KL_FAIL} ({DOCUMENTS} sequences)")
     assert any(line.startswith(f"- {kl_reason}") for line in out), out
-    assert any("top-1 agreement 0.0 % < harm limit 60.0 %" in line for line in out)
-    assert any("fp8-1024: 3 of 3 outputs degenerate where the auto output does not, 0 the other way: not "
-               "significant" in line for line in out), out
+    assert any(f"KL mean at positions ≥ 512 1.52, lower bound 1.52 > harm limit {CPU.kl_late_fail:g}" in line
+               for line in out), out
+    # Three looping outputs of 63 are not shown harmful (issue 22): the excess is undecided, not a FAIL.
+    assert any(f"fp8-1024: 3 of {OUTPUTS} outputs degenerate where the auto output does not, 0 the other way: the "
+               "excess is neither shown under 5.0 % nor above 5.0 %" in line for line in out), out
     assert f"results: {path / 'results.json'}" in out
     assert runner.invoke(cli, ["report", str(path)]).exit_code == EXIT_FAIL
 
@@ -233,8 +270,8 @@ def test_harmed_run_fails_with_reasons_and_loop_findings(run_dir):
     assert "| fp8-1024 | short\\_256 | short\\_256-0 | ngram\\_loop\\_tokens" not in new_table  # detector names are ours
     assert "| ngram_loop_tokens |" in new_table and "The pass key is 42." in new_table
     assert "Nothing new" not in review
-    assert "| fp8-1024 | 3 | 3 | 3 | 0 | ngram_loop_tokens 3, ngram_loop_chars 3 | 100.0 % |" in review
-    assert "100.0 %" in review  # fp8 stopped at the token limit every time
+    assert f"| fp8-1024 | {OUTPUTS} | 3 | 3 | 0 | ngram_loop_tokens 3, ngram_loop_chars 3 | 4.8 % |" in review
+    # fp8 stopped at the token limit on each of its 3 looping outputs (3 of 63), on no probe
 
 
 def test_no_fp8_cell_started_is_inconclusive(run_dir):
@@ -265,8 +302,8 @@ def test_report_is_reproducible(run_dir):
 
 # --- thresholds ------------------------------------------------------------------------------------
 
-LOOSE = ("kl_mean_max: 5\nkl_p99_max: 5\nkl_late_max: 5\ntop1_agreement_min: 0\nmax_new_degenerate_share: 1\n"
-         "kl_mean_fail: 9\nkl_p99_fail: 9\nkl_late_fail: 9\ntop1_agreement_fail: 0\n")
+LOOSE = ("kl_mean_max: 5\nkl_late_max: 5\ntop1_agreement_min: 0\nmax_new_degenerate_share: 1\n"
+         "degeneration_noninferiority_margin: 1\nkl_mean_fail: 9\nkl_late_fail: 9\n")
 
 
 def test_yaml_config_and_threshold_overrides(run_dir, tmp_path):
@@ -277,13 +314,18 @@ def test_yaml_config_and_threshold_overrides(run_dir, tmp_path):
     result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config)])
     assert result.exit_code == EXIT_PASS, result.output
     assert _results(harmed)["verdict"]["thresholds"]["kl_mean_max"] == 5.0
-    assert "kl_mean_max=5 kl_late_max=5 kl_p99_max=5" in (harmed / "review.md").read_text()
+    assert "kl_mean_max=5 kl_late_max=5 top1_agreement_min=0 kl_mean_fail=9" in (harmed / "review.md").read_text()
     # --threshold wins over the file.
     result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_max=0.01"])
     assert result.exit_code == EXIT_INCONCLUSIVE
-    assert "KL mean 1.52 is outside the healthy budget 0.01 but within the harm limit 9" in result.stdout
-    result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_fail=0.5"])
-    assert result.exit_code == EXIT_FAIL and "KL mean 1.52 > harm limit 0.5" in result.stdout
+    assert ("KL mean 1.52 is not shown inside the healthy budget 0.01 (upper bound 1.52) nor beyond the harm limit 9"
+            in result.stdout)
+    result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_fail=0.5",
+                                 "--threshold", "kl_mean_max=0.1"])
+    assert result.exit_code == EXIT_FAIL and "KL mean 1.52, lower bound 1.52 > harm limit 0.5" in result.stdout
+    # A --threshold that makes the zones overlap is a usage error, not a verdict.
+    result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_fail=4"])
+    assert result.exit_code == EXIT_USAGE and "kl_mean_fail 4 is under kl_mean_max 5" in result.output
     # A stricter limit moves the healthy run out of PASS; report takes the same options.
     result = runner.invoke(cli, ["report", str(healthy), "--threshold", "kl_mean_max=0.0001", "--threshold",
                                  "top1_agreement_min=0.5"])
@@ -369,14 +411,18 @@ def test_api_report_and_gate(run_dir):
     result = api.report(path)
     assert result.verdict.status == "FAIL" and result.evidence.cells["fp8-1024"].started
     assert result.results_path == path / "results.json" and result.review_path == path / "review.md"
-    verdict = api.gate(path, gate_overrides={"kl_mean_max": 5, "kl_p99_max": 5, "kl_late_max": 5,
-                                             "top1_agreement_min": 0, "max_new_degenerate_share": 1,
-                                             "kl_mean_fail": 9, "kl_p99_fail": 9, "kl_late_fail": 9,
-                                             "top1_agreement_fail": 0})
+    verdict = api.gate(path, gate_overrides={"kl_mean_max": 5, "kl_late_max": 5, "top1_agreement_min": 0,
+                                             "max_new_degenerate_share": 1, "degeneration_noninferiority_margin": 1,
+                                             "kl_mean_fail": 9, "kl_late_fail": 9})
     assert verdict.status == "PASS"
     assert _results(path)["verdict"]["status"] == "PASS"
     with pytest.raises(api.KvevalError, match="unknown threshold"):
         api.gate(path, gate_overrides={"nope": 1})
+    # Retired limits (KL p99, top-1 harm) are no longer gated: naming one is an unknown threshold.
+    with pytest.raises(api.KvevalError, match="unknown threshold 'kl_p99_max'"):
+        api.gate(path, gate_overrides={"kl_p99_max": 5})
+    with pytest.raises(api.KvevalError, match="task_recovery_min 0.95 is above task_noninferiority_margin 0.9"):
+        api.gate(path, gate_overrides={"task_recovery_min": 0.95})
 
 
 def test_run_with_no_cell_results_yet_is_inconclusive_not_a_crash(tmp_path):

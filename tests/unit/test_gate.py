@@ -42,8 +42,21 @@ def evidence(*args, **kwargs):
     return typed_evidence(evidence_dict(*args, **kwargs))
 
 
+def clustered(kl_mean, late_kl, top1, n, n_late, documents=24, spread=0.1):
+    """The comparison's per-sequence figures as the gate reads them: `documents` sequences, each figure's
+    standard error `spread` × its value (top-1: of its disagreement); one sequence has none."""
+    def figure(value, positions, se):
+        return {"estimate": value, "se": se if documents >= 2 else None, "clusters": documents, "positions": positions}
+
+    out = {"kl_mean": figure(kl_mean, n, spread * kl_mean), "kl_late_mean": figure(late_kl, n_late, spread * late_kl)}
+    if top1 is not None:
+        out["top1_agreement"] = figure(top1, n, spread * (1 - top1))
+    return out
+
+
 def evidence_dict(figures=None, *, late=None, n=1800, n_late=600, floor=None, cells=None, comparisons=None,
-                  tasks=TASKS_HEALTHY, profile="gpu", tasks_planned=True, degeneration=None, **extra):
+                  tasks=TASKS_HEALTHY, profile="gpu", tasks_planned=True, degeneration=None, documents=24,
+                  spread=0.1, **extra):
     """One auto + one fp8 cell at 8192 with the given fp8-vs-auto figures and task pairing (the parts the
     gate reads; typed_evidence fills in the rest)."""
     figures = figures or HEALTHY_H200
@@ -54,7 +67,9 @@ def evidence_dict(figures=None, *, late=None, n=1800, n_late=600, floor=None, ce
     if comparisons is None:
         comparisons = [{"kind": "kv", "cell": "fp8-8192", "reference": "auto-8192", "same_length": True,
                         "max_position": 7300, "summary": summary(n, **figures),
-                        "late": {"start": 4096, "n": n_late, "kl_mean": figures["kl_mean"] if late is None else late}}]
+                        "late": {"start": 4096, "n": n_late, "kl_mean": figures["kl_mean"] if late is None else late},
+                        "clustered": clustered(figures["kl_mean"], figures["kl_mean"] if late is None else late,
+                                               figures.get("top1_agreement"), n, n_late, documents, spread)}]
     task_block = {"cells": {"fp8-8192": tasks}} if tasks else {}
     return {"cells": cells, "platform": {"profile": profile, "why": "test"}, "tasks_planned": tasks_planned,
             "divergence": {"comparisons": comparisons, "unmatched": [], "noise_floor": floor},
@@ -83,8 +98,9 @@ def test_healthy_model_passes_on_its_platform(figures, profile):
 
 
 def test_healthy_cpu_figures_are_not_failed_even_under_the_gpu_budget():
-    # The CPU FP8 path drifts more: judged by the GPU budget it is outside the healthy range, but
-    # nowhere near harm, so the answer is INCONCLUSIVE, never a false FAIL.
+    # The CPU FP8 path drifts more: judged by the GPU budget (0.03, harm 0.045) its KL mean 0.049 is
+    # outside the healthy range, but its lower bound on 24 documents (0.037) is not beyond harm, so the
+    # answer is INCONCLUSIVE, never a false FAIL.
     verdict = evaluate(evidence(HEALTHY_CPU, profile="gpu"))
     assert verdict.status == INCONCLUSIVE
     assert not decided(verdict, FAIL)
@@ -96,15 +112,20 @@ def test_planted_k128_damage_fails_on_every_profile(profile):
     assert verdict.status == FAIL
     assert exit_code(verdict) == EXIT_FAIL
     (reason,) = decided(verdict, FAIL)
-    assert "far outside the healthy range" in reason.message and "KL mean 0.59" in reason.message
+    assert "shown beyond the harm limit" in reason.message and "KL mean 0.59" in reason.message
+    assert reason.code == "divergence_harm" and "lower bound 0.45 >" in reason.message
 
 
 def test_mild_damage_between_budget_and_harm_is_inconclusive_with_what_decides():
-    verdict = evaluate(evidence({"kl_mean": 0.05, "kl_p99": 0.4, "top1_agreement": 0.9}))
+    # KL mean 0.04 between the GPU budget 0.03 and harm limit 0.045: its interval (24 documents) holds both.
+    verdict = evaluate(evidence({"kl_mean": 0.04, "kl_p99": 0.4, "top1_agreement": 0.9}))
     assert verdict.status == INCONCLUSIVE
+    assert not decided(verdict, FAIL)
     (reason,) = decided(verdict, INCONCLUSIVE)
-    assert "outside the healthy budget 0.03 but within the harm limit 0.09" in reason.message
-    assert "--task-samples" in reason.decide
+    assert "KL mean 0.04 is not shown inside the healthy budget 0.03 (upper bound 0.047" in reason.message
+    assert "nor beyond the harm limit 0.045 (lower bound 0.03" in reason.message and "24 sequences" in reason.message
+    assert "more scored documents" in reason.decide and "task accuracy" in reason.decide
+    assert check(verdict, "kl_mean").passed is None and check(verdict, "kl_late_mean").passed is True
 
 
 def test_damage_concentrated_late_is_not_diluted_by_short_positions():
@@ -129,6 +150,36 @@ def test_too_few_scored_positions_cannot_pass():
     assert "only 150 scored positions" in decided(verdict, INCONCLUSIVE)[0].message
 
 
+def test_one_scored_sequence_has_no_interval_and_never_decides():
+    # KL 0.6 (planted K×128 damage) on one long document: 1800 positions, but one unit of evidence. Without
+    # a second sequence there is no interval: not PASS, and not FAIL either.
+    harmed = {"kl_mean": 0.6, "kl_p99": 4.4, "top1_agreement": 0.48}
+    verdict = evaluate(evidence(harmed, documents=1, tasks=None, tasks_planned=False))
+    assert verdict.status == INCONCLUSIVE
+    assert not decided(verdict, FAIL) and verdict.cells == {"fp8-8192": INCONCLUSIVE}
+    (reason,) = [r for r in decided(verdict, INCONCLUSIVE) if r.code == "divergence_undecided"]
+    assert "KL mean 0.6 rests on 1 scored sequence: no interval" in reason.message
+    assert "more scored documents" in reason.decide
+    for name in ("kl_mean", "kl_late_mean"):
+        assert check(verdict, name).passed is None and "no interval" in check(verdict, name).detail
+    assert check(verdict, "top1_agreement").passed is None
+
+
+def test_a_healthy_figure_on_one_sequence_is_not_a_pass():
+    verdict = evaluate(evidence(HEALTHY_H200, documents=1))
+    assert verdict.status == INCONCLUSIVE and not decided(verdict, FAIL)
+    assert any("no interval" in r.message for r in decided(verdict, INCONCLUSIVE))
+
+
+def test_two_sequences_are_enough_for_an_interval():
+    # The same harm on 2 documents: t with 1 degree of freedom, a wide interval, still beyond the harm limit
+    # with a small spread; the healthy figures with 2 documents are judged too (no "no interval").
+    harmed = {"kl_mean": 0.6, "kl_p99": 4.4, "top1_agreement": 0.48}
+    verdict = evaluate(evidence(harmed, documents=2, spread=0.01, tasks=None, tasks_planned=False))
+    assert verdict.status == FAIL and "(2 sequences)" in decided(verdict, FAIL)[0].message
+    assert not any("no interval" in r.message for r in evaluate(evidence(documents=2)).reasons)
+
+
 # --- task accuracy: non-inferiority, power, significant drops ----------------------------------------
 
 def test_few_task_samples_without_a_drop_are_inconclusive_not_pass():
@@ -138,7 +189,8 @@ def test_few_task_samples_without_a_drop_are_inconclusive_not_pass():
     verdict = evaluate(evidence(tasks=tasks))
     assert verdict.status == INCONCLUSIVE
     (reason,) = decided(verdict, INCONCLUSIVE)
-    assert "not shown non-inferior" in reason.message and "lower bound" in reason.message
+    assert "neither shown non-inferior nor shown to drop" in reason.message and "lower bound 60.0 %" in reason.message
+    assert "upper bound 220.3 % ≥ harm bar 90.0 %" in reason.message
     assert "paired samples per cell (now 12)" in reason.decide
 
 
@@ -157,7 +209,41 @@ def test_significant_task_drop_fails():
              "mcnemar_p": 0.0003, "reference": "auto-8192"}
     verdict = evaluate(evidence(tasks=tasks))
     assert verdict.status == FAIL
-    assert "significant task accuracy drop" in decided(verdict, FAIL)[0].message
+    (reason,) = decided(verdict, FAIL)
+    assert reason.code == "task_drop" and "task accuracy drop shown" in reason.message
+    assert "upper bound 85.1 % < 90.0 %" in reason.message and "99 % upper bound 85.1 %" in reason.message
+
+
+@pytest.mark.parametrize("n,b,c,zone", [(270, 20, 11, INCONCLUSIVE), (1000, 50, 15, PASS), (4000, 200, 60, PASS)],
+                         ids=["270 samples: undecided", "1000 samples", "4000 samples: tight"])
+def test_a_recovery_of_93_percent_is_never_a_fail(n, b, c, zone):
+    # Recovery 0.93: above the harm bar 0.90, so no sample size shows it under the bar. With few samples it is
+    # undecided; once the interval is tight (lower bound 0.903 at 1000 samples, 0.917 at 4000) it passes.
+    base = n // 2
+    tasks = {"n": n, "b": b, "c": c, "baseline_accuracy": base / n, "cell_accuracy": (base - b + c) / n,
+             "recovery": (base - b + c) / base, "mcnemar_p": 0.001, "reference": "auto-8192"}
+    assert tasks["recovery"] == pytest.approx(0.93, abs=0.004)
+    verdict = evaluate(evidence(tasks=tasks))
+    assert verdict.status == zone and not decided(verdict, FAIL)
+    assert not [c for c in verdict.checks if c.name == "task_recovery"]
+    judged = check(verdict, "task_noninferiority")
+    assert judged.passed is (True if zone == PASS else None)
+    upper = float(judged.detail.split("99 % upper bound ")[1].split(" %")[0]) / 100
+    assert upper > 0.93 > 0.90
+
+
+@pytest.mark.xfail(strict=True, reason="kveval/gate/task_checks.py:99-107 sizes the 'show the drop' hint with "
+                   "McNemar at alpha, not the FAIL path (fail_alpha and the recovery's upper bound under the harm bar)")
+def test_the_drop_hint_names_a_sample_count_that_would_fail():
+    # 12 of 16 against 16 of 16 (recovery 75 %, 4 vs 0): undecided; the hint's sample count, at the same shares,
+    # should be one at which the gate FAILs the cell.
+    tasks = {"n": 16, "b": 4, "c": 0, "baseline_accuracy": 1.0, "cell_accuracy": 0.75, "recovery": 0.75,
+             "mcnemar_p": 0.125, "reference": "auto-8192"}
+    (reason,) = [r for r in decided(evaluate(evidence(tasks=tasks)), INCONCLUSIVE) if r.code == "task_undecided"]
+    need = int(reason.decide.split("about ")[1].split(" paired samples")[0].replace(",", ""))
+    b = round(need / 4)
+    more = {**tasks, "n": need, "b": b, "cell_accuracy": (need - b) / need, "recovery": (need - b) / need}
+    assert evaluate(evidence(tasks=more)).status == FAIL
 
 
 def test_tasks_turned_off_pass_on_divergence_and_say_so():
@@ -182,14 +268,16 @@ def test_degeneration_without_a_baseline_output_is_not_judged():
 
 
 def test_an_excess_of_new_degeneration_shown_above_the_margin_fails():
-    # 12 of 60 outputs loop only in FP8, none only in auto: excess 20 %, Tango's 95 % lower bound 12.9 % > 5 %.
+    # 12 of 60 outputs loop only in FP8, none only in auto: excess 20 %, Tango's 99 % lower bound (the FAIL
+    # path's level, alpha / 5) 10.1 % > 5 %.
     degeneration = {"fp8-8192": {"outputs": 60, "new_degenerate": 12, "judged_outputs": 60,
                                  "baseline_only_degenerate": 0}}
     verdict = evaluate(evidence(degeneration=degeneration))
     assert verdict.status == FAIL
     message = decided(verdict, FAIL)[0].message
     assert "12 of 60 outputs degenerate" in message and "McNemar exact p 0.00024" in message
-    assert "90.0 % interval 12.9 % to" in message and "(Tango score): lower bound > 5.0 %" in message
+    assert "99 % lower bound 10.1 %" in message and "(Tango score): lower bound > harm bar 5.0 %" in message
+    assert check(verdict, "new_degenerate_share").passed is False
 
 
 @pytest.mark.parametrize("new,base_only,judged", [(2, 0, 9), (3, 0, 9), (6, 3, 60), (12, 4, 109)],
@@ -201,20 +289,25 @@ def test_a_handful_of_loops_is_never_a_fail(new, base_only, judged):
     verdict = evaluate(evidence(degeneration=degeneration))
     assert verdict.status == INCONCLUSIVE
     assert check(verdict, "degeneration_noninferiority").passed is None
-    why = "not shown to be above 5.0 %" if (new, base_only) == (12, 4) else "not significant"  # p 0.038 there
-    assert any(why in r.message and "nor shown under 10.0 %" in r.message for r in decided(verdict, INCONCLUSIVE))
+    assert not decided(verdict, FAIL)
+    # 12 vs 4 of 109 is significant at 5 % (McNemar p 0.038), not at the FAIL path's 1 %; its 99 % lower
+    # bound (-1.4 %) is nowhere above the harm bar.
+    (reason,) = [r for r in decided(verdict, INCONCLUSIVE) if r.code == "degeneration_undecided"]
+    assert "the excess is neither shown under 5.0 % nor above 5.0 %" in reason.message
+    assert "more generation prompts" in reason.decide
 
 
 def test_an_excess_shown_under_the_margin_passes():
-    # Healthy SmolLM2 at 8192 on the H200 with default settings: 7 of 109 outputs loop only with FP8, 5 only
-    # with auto; more than the allowance (5.45), but the excess 1.8 % has the upper bound 7.6 % < 10 %.
-    degeneration = {"fp8-8192": {"outputs": 109, "new_degenerate": 7, "judged_outputs": 109,
+    # Healthy SmolLM2 at 8192 on the H200 with default settings looped in 7 outputs only with FP8 and 5 only
+    # with auto of 109 (upper bound 7.6 %: undecided under the 5 % margin); the same counts over twice the
+    # probes, 7 vs 5 of 218: excess 0.9 %, upper bound 3.8 % < 5 %.
+    degeneration = {"fp8-8192": {"outputs": 218, "new_degenerate": 7, "judged_outputs": 218,
                                  "baseline_only_degenerate": 5}}
     verdict = evaluate(evidence(degeneration=degeneration))
     assert verdict.status == PASS
     passed = check(verdict, "degeneration_noninferiority")
-    assert passed.passed is True and passed.value == pytest.approx(0.0757, abs=5e-4)
-    assert "90.0 % interval -3.7 % to 7.6 %" in passed.detail
+    assert passed.passed is True and passed.value == pytest.approx(0.0384, abs=5e-4)
+    assert "95 % upper bound 3.8 %" in passed.detail and "the excess is shown under 5.0 %" in passed.detail
 
 
 def test_missing_result_file_is_named_and_never_pass():
@@ -269,7 +362,8 @@ def test_one_failing_cell_fails_the_run_and_statuses_are_per_cell():
     ev["cells"]["auto-2048"] = {"kv_spec": "auto", "max_model_len": 2048, "started": True}
     ev["divergence"]["comparisons"].append(
         {"kind": "kv", "cell": "fp8-2048", "reference": "auto-2048", "same_length": True,
-         "summary": summary(**HARMED_K128), "late": {"start": 1024, "n": 600, "kl_mean": 0.7}})
+         "summary": summary(**HARMED_K128), "late": {"start": 1024, "n": 600, "kl_mean": 0.7},
+         "clustered": clustered(HARMED_K128["kl_mean"], 0.7, HARMED_K128["top1_agreement"], 1800, 600)})
     ev["tasks"]["cells"]["fp8-2048"] = TASKS_HEALTHY
     verdict = evaluate(typed_evidence(ev))
     assert verdict.status == FAIL
@@ -312,6 +406,40 @@ def test_bad_thresholds_are_refused(tmp_path, settings, message):
     path.write_text(json.dumps(settings))
     with pytest.raises(GateConfigError, match=message):
         load_thresholds(path)
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"task_recovery_min": 0.95}, "task_recovery_min 0.95 is above task_noninferiority_margin 0.9"),
+    ({"task_noninferiority_margin": 0.85}, "task_recovery_min 0.9 is above task_noninferiority_margin 0.85"),
+    ({"degeneration_noninferiority_margin": 0.10}, "degeneration_noninferiority_margin 0.1 is above "
+                                                   "max_new_degenerate_share 0.05"),
+    ({"kl_mean_max": 0.05, "kl_mean_fail": 0.04}, "kl_mean_fail 0.04 is under kl_mean_max 0.05"),
+    ({"kl_late_max": 0.2, "kl_late_fail": 0.1}, "kl_late_fail 0.1 is under kl_late_max 0.2"),
+], ids=["task harm bar above the margin", "task margin under the harm bar", "degeneration margin above harm",
+        "KL mean harm under budget", "late KL harm under budget"])
+def test_overlapping_zones_are_refused(tmp_path, settings, message):
+    # A value both acceptable and harmful would let one figure PASS and FAIL at once.
+    with pytest.raises(GateConfigError, match=message):
+        Thresholds(**settings)
+    path = tmp_path / "gate.yaml"
+    path.write_text(json.dumps(settings))
+    with pytest.raises(GateConfigError, match=message):
+        load_thresholds(path)
+    with pytest.raises(GateConfigError, match=message):
+        load_thresholds(None, {k: str(v) for k, v in settings.items()})
+
+
+def test_zones_may_touch():
+    # Equal bars are not an overlap: the defaults are such (tasks 0.90/0.90, degeneration 5 %/5 %).
+    t = Thresholds(kl_mean_max=0.04, kl_mean_fail=0.04, task_recovery_min=0.9, task_noninferiority_margin=0.9)
+    assert t.degeneration_noninferiority_margin == t.max_new_degenerate_share == 0.05
+    assert t.fail_alpha == pytest.approx(0.01)
+
+
+def test_a_budget_above_the_profile_harm_limit_lifts_the_harm_limit():
+    # Only the healthy budget set: the profile's harm limit (0.045) under it is raised to it, never left below.
+    budget = Thresholds(kl_mean_max=0.06).budget("gpu")
+    assert (budget.kl_mean_max, budget.kl_mean_fail) == (0.06, 0.06)
 
 
 def test_verdict_round_trips_to_json():

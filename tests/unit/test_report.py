@@ -126,7 +126,8 @@ def test_review_leads_with_the_verdict_and_shows_divergence_with_noise_floor():
     review = review_of(MANIFEST, WORKLOADS, CELLS)
     assert review.index("## Verdict: **FAIL**") < review.index("## Run") < review.index("## Start-up")
     limit = f"{Thresholds().budget('cpu').kl_mean_fail:.2g}"
-    assert f"- fp8-2048: divergence vs auto-1024 far outside the healthy range: KL mean 1.52 > harm limit {limit}" in review
+    assert (f"- fp8-2048: divergence vs auto-1024 shown beyond the harm limit: KL mean 1.52, lower bound 1.52 > harm "
+            f"limit {limit} (3 sequences)") in review
     # No auto at 2048, so fp8-2048's outputs and tasks are not judged; its headline still says FAIL.
     assert "**FP8 fails at 2048, is inconclusive at 1024.**" in review
     # fp8-2048 has no started auto at 2048: compared with auto-1024, said so in the verdict and the section.
@@ -135,11 +136,14 @@ def test_review_leads_with_the_verdict_and_shows_divergence_with_noise_floor():
     flat = _flat(review)
     assert "over the reference top-k (k=5) plus a rest bucket" in flat
     kl = expected_kl("healthy")
-    assert f"| fp8-1024 vs auto-1024 | KV dtype | 250 | {kl:.3g} | {kl:.3g} |" in flat
-    assert "| fp8-2048 vs auto-1024 | KV dtype | 250 | 1.52 |" in flat
-    assert "| auto-1024 | noise: another batch | 250 | 0 |" in flat
+    # 3 scored documents of 250 positions each; the last column: sequences the gate's intervals rest on (and
+    # those reaching the late half: none of 250 positions reach 512, nor 1024).
+    assert f"| fp8-1024 vs auto-1024 | KV dtype | 750 | {kl:.3g} | {kl:.3g} |" in flat
+    assert f"| fp8-1024 vs auto-1024 | KV dtype | 750 | {kl:.3g} |" in flat and "| 0.01 | 0.01 | 3 (0) |" in flat
+    assert "| fp8-2048 vs auto-1024 | KV dtype | 750 | 1.52 |" in flat and "| 0.57 | 0.57 | 3 (0) |" in flat
+    assert "| auto-1024 | noise: another batch | 750 | 0 |" in flat
     assert "| **noise floor** (worst noise row) | noise | | 0 |" in flat
-    assert "| fp8-1024 vs auto-1024 | KV dtype | 128-255 | 123 |" in flat
+    assert "| fp8-1024 vs auto-1024 | KV dtype | 128-255 | 369 |" in flat
 
 
 def test_review_degeneration_says_when_nothing_fired():

@@ -175,7 +175,8 @@ def test_write_results_writes_task_csvs_and_heatmap_and_removes_a_stale_one(tmp_
 # --- gate and `kveval report` end to end -------------------------------------------------------------------
 
 # 16 paired samples cannot show non-inferiority, so even a perfect pairing is INCONCLUSIVE (and these
-# constructed cells have no teacher-forced scoring either); a significant drop FAILs.
+# constructed cells' documents, 300 positions, do not reach the late half of 1024 either); a drop shown
+# under the harm bar FAILs.
 @pytest.mark.parametrize("kind, code, status", [("healthy", EXIT_INCONCLUSIVE, "INCONCLUSIVE"),
                                                 ("mixed", EXIT_INCONCLUSIVE, "INCONCLUSIVE"),
                                                 ("harmed", EXIT_FAIL, "FAIL")])
@@ -193,13 +194,16 @@ def test_report_cli_on_a_run_with_task_samples(tmp_path, kind, code, status):
     assert f"## Verdict: **{status}**" in review and "## Long-context tasks" in review
     assert (path / HEATMAP_FILE).exists() and (path / "tables" / "task_accuracy.csv").exists()
     if kind == "harmed":
-        assert ("- fp8-1024: significant task accuracy drop: recovery 50.0 % < 95.0 %, McNemar p 0.002 < 0.05 "
-                "(accuracy 50.0 % vs 100.0 % on 20 paired samples (10 only auto right, 0 only this cell)") in review
+        assert ("- fp8-1024: task accuracy drop shown: recovery 50.0 %, upper bound 77.1 % < 90.0 % "
+                "(accuracy 50.0 % vs 100.0 % on 20 paired samples (10 only auto right, 0 only this cell), "
+                "McNemar p 0.002") in review
+        assert "99 % upper bound 77.1 %" in review
     elif kind == "mixed":
-        assert "- fp8-1024: task accuracy not shown non-inferior: recovery 75.0 %" in review
-        assert "(16 paired samples)" in review
+        assert ("- fp8-1024: task accuracy neither shown non-inferior nor shown to drop: recovery 75.0 %, lower bound "
+                "54.5 % < margin 90.0 %, upper bound 108.8 % ≥ harm bar 90.0 % (16 paired samples)") in review
+        assert "would show whether the drop is significant" in review
     else:
-        assert "- fp8-1024: task accuracy not shown non-inferior: recovery 100.0 %" in review
+        assert "- fp8-1024: task accuracy neither shown non-inferior nor shown to drop: recovery 100.0 %" in review
         assert "**to decide:** about" in review and "paired samples per cell (now 16)" in review
 
 
