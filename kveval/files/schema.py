@@ -1548,7 +1548,8 @@ class AttributionBucket(FileModel):
     bucket: str
     start: int
     n: int
-    n_blocks: int
+    n_sequences: Optional[int] = None     # scored sequences in the range: the sign-flip test's units
+    n_blocks: Optional[int] = None        # evidence from before the test by sequence (2026-12-05)
     plain_kl_mean: Optional[Number]
     remedy_kl_mean: Optional[Number]
     p_remedy_worse: Optional[Number]
@@ -1563,7 +1564,9 @@ class Attribution(FileModel):
     kept: list[str]
     max_model_len: Optional[int]
     n_positions: int
-    n_blocks: int
+    n_sequences: Optional[int] = None     # scored sequences: the units of the sign-flip test
+    min_p: Optional[Number] = None        # the smallest p that test can give with them (2^-n)
+    n_blocks: Optional[int] = None        # evidence from before the test by sequence (2026-12-05)
     plain_kl_mean: Optional[Number]
     remedy_kl_mean: Optional[Number]
     reduction: Optional[Number]           # share of plain FP8's KL mean the kept layers remove

@@ -3,7 +3,7 @@ budget and harm limits (widened by the baseline's noise floor), and the state it
 from __future__ import annotations
 
 from kveval.analysis.cell_records import BASELINE_KV
-from kveval.analysis.cluster_interval import ClusterMean
+from kveval.analysis.cluster_interval import ClusterMean, cluster_mean
 from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Budget, Thresholds
@@ -21,14 +21,31 @@ def _bounds(figure: schema.ClusterFigure | None, floor: float, t: Thresholds) ->
     if figure is None or figure.se is None:
         return None, None
     estimate = ClusterMean(float(figure.estimate) - floor, float(figure.se), figure.clusters, figure.positions)
-    return max(0.0, estimate.upper(t.alpha)), max(0.0, estimate.lower(t.fail_alpha))
+    return max(0.0, estimate.upper(t.divergence_pass_alpha)), max(0.0, estimate.lower(t.fail_alpha))
 
 
 def _agreement_bound(figure: schema.ClusterFigure | None, t: Thresholds) -> float | None:
     if figure is None or figure.se is None:
         return None
     estimate = ClusterMean(float(figure.estimate), float(figure.se), figure.clusters, figure.positions)
-    return min(1.0, max(0.0, estimate.lower(t.alpha)))
+    return min(1.0, max(0.0, estimate.lower(t.divergence_pass_alpha)))
+
+
+def _from_per_sequence(comp: schema.Comparison) -> dict[str, schema.ClusterFigure]:
+    """Evidence written before the per-sequence figures existed (2026-12-05) still lists each sequence's
+    positions, KL mean and top-1 agreement: the overall figures are rebuilt from them. The late half's are
+    not (no per-sequence late figures were stored), so such evidence has no late interval."""
+    rows = [row for row in comp.per_sequence if row.get("n")]
+    out = {}
+    kl = cluster_mean([row["n"] * row["kl_mean"] for row in rows if row.get("kl_mean") is not None],
+                      [row["n"] for row in rows if row.get("kl_mean") is not None])
+    top1 = cluster_mean([row["top1_n"] * row["top1_agreement"] for row in rows if row.get("top1_agreement") is not None],
+                        [row["top1_n"] for row in rows if row.get("top1_agreement") is not None])
+    for name, figure in (("kl_mean", kl), ("top1_agreement", top1)):
+        if figure is not None:
+            out[name] = schema.ClusterFigure(estimate=figure.estimate, se=figure.se, clusters=figure.clusters,
+                                             positions=figure.positions)
+    return out
 
 
 def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_missing: str,
@@ -52,7 +69,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         out.reason(NOTE, cell, f"{cell}: its own-length baseline {own} did not start; divergence is measured "
                                f"against {reference} on the sequences both scored", code="baseline_other_length")
     mult = t.noise_multiplier
-    clustered = comp.clustered or {}
+    clustered = comp.clustered if comp.clustered is not None else _from_per_sequence(comp)
     harmed, undecided = [], []
     for name, label, value, ok, bad, n in (
             ("kl_mean", "KL mean", s.kl_mean, _widen(budget.kl_mean_max, mult, floor_kl or None),
@@ -71,10 +88,12 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
             out.check(name, cell, excess, ok, None, f"healthy budget {_g(ok)}, harm limit {_g(bad)}, n {n}, "
                                                     f"{documents or 'no'} sequence{'s' if documents != 1 else ''}: no interval")
             undecided.append(f"{label} {_g(excess)} rests on {documents or 'no'} scored sequence"
-                             f"{'s' if documents != 1 else ''}: no interval")
+                             f"{'s' if documents != 1 else ''}: no interval" if documents or comp.clustered is not None
+                             else f"{label} {_g(excess)}: no per-sequence figures in this evidence (written before "
+                                  "2026-12-05), so no interval")
             continue
         detail = (f"excess over the noise floor {_g(excess)} on {documents} sequences ({n} positions), "
-                  f"{_confidence(t.alpha)} upper bound {_g(upper)} vs healthy budget {_g(ok)}, "
+                  f"{_confidence(t.divergence_pass_alpha)} upper bound {_g(upper)} vs healthy budget {_g(ok)}, "
                   f"{_confidence(t.fail_alpha)} lower bound {_g(lower)} vs harm limit {_g(bad)}")
         if lower > bad and n >= min(t.min_scored_tokens, t.min_late_tokens):
             out.check(name, cell, excess, bad, False, detail)
@@ -98,7 +117,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         documents = figure.clusters if figure else 0
         healthy = bound is not None and bound >= top1_ok
         out.check("top1_agreement", cell, agreement, top1_ok, True if healthy else None,
-                  f"{_confidence(t.alpha)} lower bound {_pct(bound) if bound is not None else 'none'} vs minimum "
+                  f"{_confidence(t.divergence_pass_alpha)} lower bound {_pct(bound) if bound is not None else 'none'} vs minimum "
                   f"{_pct(top1_ok)}, n {s.top1_n}, {documents} sequences")
         if not healthy:
             undecided.append(f"top-1 agreement {_pct(agreement)} is not shown at or above {_pct(top1_ok)} (lower bound "

@@ -141,6 +141,14 @@ class Thresholds:
                                       "healthy and harmful")
 
     @property
+    def divergence_pass_alpha(self) -> float:
+        """The level of divergence's PASS bounds: alpha / 5. The CR1 interval with t on G − 1 df under-covers
+        for right-skewed KLs over sequences of unequal size (Cameron & Miller 2015, section VI): at the
+        full alpha a KL exactly at the budget PASSed 10.6 % (CPU, 21 sequences) and 8.7 % (GPU, 33) of
+        simulated runs; at alpha / 5 it stays within alpha (scripts/simulate_gate.py, docs/statistics.md)."""
+        return self.alpha / 5
+
+    @property
     def fail_alpha(self) -> float:
         """The level of each FAIL path: alpha split equally over FAIL_PATHS (Bonferroni)."""
         return self.alpha / len(FAIL_PATHS)
@@ -159,6 +167,7 @@ class Thresholds:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Thresholds)}
+_RETIRED_DEFAULTS = {"task_recovery_min": 0.95, "degeneration_noninferiority_margin": 0.10}
 _SHARES = {"top1_agreement_min", "max_new_degenerate_share",
            "degeneration_noninferiority_margin", "task_recovery_min",
            "task_noninferiority_margin", "alpha", "attribution_min_reduction"}
@@ -202,7 +211,10 @@ def load_thresholds(path: str | Path | None = None, overrides: dict | None = Non
         raise GateConfigError(f"the run's thresholds.json: expected a mapping of threshold: value, got {type(base).__name__}")
     if base:
         # Limits stored by an older kveval may lack newer fields (defaults) or name retired ones (dropped).
-        _apply(values, {k: v for k, v in base.items() if k in _FIELDS}, "the run's thresholds.json")
+        # A stored value that is only an older kveval's default (from before the three-zone rule) is not a
+        # choice of the user's: today's default takes its place, so old runs re-judge under today's rules.
+        _apply(values, {k: v for k, v in base.items() if k in _FIELDS and _RETIRED_DEFAULTS.get(k) != v},
+               "the run's thresholds.json")
     if path is not None:
         import yaml  # only needed for files; evaluate() stays dependency-free
 
