@@ -45,8 +45,8 @@ def _degeneration(out: _Collector, cell: str, entry: schema.DegenerationCell | N
     level, fail_level = look.alpha, fail_look.alpha
     lower = excess_lower_bound(judged, new, base_only, fail_level) if fail_level > 0 else -1.0
     upper = excess_upper_bound(judged, new, base_only, level) if level > 0 else 1.0
-    detail += (f", {_confidence(level)} upper bound {_pct(upper)}, {_confidence(fail_level)} lower bound "
-               f"{_pct(lower)} (Tango score)")
+    detail += (f", one-sided bounds (Tango score): excess ≤ {_pct(upper)} ({_confidence(level)}), excess ≥ "
+               f"{_pct(lower)} ({_confidence(fail_level)})")
     if look.sequential:
         detail += (f"; look {look.number} of a sequential design over at most {entry.n_max} outputs, nominal levels "
                    f"{_g(level)} (PASS) and {_g(fail_level)} (FAIL){' (the final look)' if look.final else ''}")

@@ -117,10 +117,10 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         documents = figure.clusters if figure else 0
         healthy = bound is not None and bound >= top1_ok
         out.check("top1_agreement", cell, agreement, top1_ok, True if healthy else None,
-                  f"{_confidence(t.divergence_pass_alpha)} lower bound {_pct(bound) if bound is not None else 'none'} vs minimum "
+                  f"{_confidence(t.divergence_pass_alpha)} one-sided bound {_pct(bound) if bound is not None else 'none'} vs minimum "
                   f"{_pct(top1_ok)}, n {s.top1_n}, {documents} sequences")
         if not healthy:
-            undecided.append(f"top-1 agreement {_pct(agreement)} is not shown at or above {_pct(top1_ok)} (lower bound "
+            undecided.append(f"top-1 agreement {_pct(agreement)} is not shown at or above {_pct(top1_ok)} (one-sided bound "
                              f"{_pct(bound) if bound is not None else 'none'}; {documents} sequences)")
     if harmed:
         out.reason(FAIL, cell, f"{cell}: divergence vs {reference} shown beyond the harm limit: {'; '.join(harmed)}",

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 
-from scipy.stats import binomtest
+from scipy.stats import binomtest, norm
 
 from kveval.analysis.cell_records import BASELINE_KV
-from kveval.analysis.noninferiority import paired_recovery_bound, paired_recovery_upper_bound, samples_to_decide
-from kveval.analysis.sequential import final_look_alpha, look_alpha, samples_to_show_drop
+from kveval.analysis.noninferiority import (paired_recovery_bound, paired_recovery_upper_bound, samples_to_decide,
+                                            score_statistic)
+from kveval.analysis.sequential import final_look_alpha, look_alpha
 from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Thresholds
@@ -79,6 +80,17 @@ def _tasks(out: _Collector, cell: str, result: schema.TaskCell | None, tasks_pla
                    code="task_undecided")
 
 
+def _samples_to_show_harm(n: int, b: int, c: int, base_acc: float, t: Thresholds) -> int | None:
+    """Paired samples at which the recovery's upper bound would fall under the harm bar, at the FAIL level
+    of a design's last look, if the observed shares held: Tang's statistic at the bar grows with √n."""
+    n11 = round(base_acc * n) - b
+    statistic = score_statistic(t.task_recovery_min, n11, c, b, n)
+    if not statistic < 0 or math.isinf(statistic):
+        return None
+    z = float(norm.ppf(1 - final_look_alpha(t.fail_alpha)))
+    return max(n + 1, math.ceil(n * (z / statistic) ** 2))
+
+
 def _shown(value: float) -> str:
     return "none" if math.isinf(value) else _pct(value)
 
@@ -102,9 +114,9 @@ def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look
         hint = (f"the observed recovery {_pct(rec)} is not 2 points above the margin "
                 f"{_pct(t.task_noninferiority_margin)}: if it holds, more samples would not show it non-inferior, "
                 "and that is the finding")
-        drop = samples_to_show_drop(n, b, c, level) if rec < t.task_recovery_min else None
+        drop = _samples_to_show_harm(n, b, c, base_acc, t) if rec < t.task_recovery_min else None
         if drop:
-            hint += f"; about {drop:,} paired samples per cell would show whether the drop is significant"
+            hint += f"; about {drop:,} paired samples per cell would show whether it is under the harm bar {_pct(t.task_recovery_min)}"
             hint += f" (--budget {drop})" if sequential else ""
         return hint
     if sequential and not look.final:

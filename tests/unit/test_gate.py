@@ -232,8 +232,6 @@ def test_a_recovery_of_93_percent_is_never_a_fail(n, b, c, zone):
     assert upper > 0.93 > 0.90
 
 
-@pytest.mark.xfail(strict=True, reason="kveval/gate/task_checks.py:99-107 sizes the 'show the drop' hint with "
-                   "McNemar at alpha, not the FAIL path (fail_alpha and the recovery's upper bound under the harm bar)")
 def test_the_drop_hint_names_a_sample_count_that_would_fail():
     # 12 of 16 against 16 of 16 (recovery 75 %, 4 vs 0): undecided; the hint's sample count, at the same shares,
     # should be one at which the gate FAILs the cell.
@@ -276,7 +274,7 @@ def test_an_excess_of_new_degeneration_shown_above_the_margin_fails():
     assert verdict.status == FAIL
     message = decided(verdict, FAIL)[0].message
     assert "12 of 60 outputs degenerate" in message and "McNemar exact p 0.00024" in message
-    assert "99 % lower bound 10.1 %" in message and "(Tango score): lower bound > harm bar 5.0 %" in message
+    assert "excess ≥ 10.1 % (99 %)" in message and "(Tango score)" in message and "lower bound > harm bar 5.0 %" in message
     assert check(verdict, "new_degenerate_share").passed is False
 
 
@@ -307,7 +305,7 @@ def test_an_excess_shown_under_the_margin_passes():
     assert verdict.status == PASS
     passed = check(verdict, "degeneration_noninferiority")
     assert passed.passed is True and passed.value == pytest.approx(0.0384, abs=5e-4)
-    assert "95 % upper bound 3.8 %" in passed.detail and "the excess is shown under 5.0 %" in passed.detail
+    assert "excess ≤ 3.8 % (95 %)" in passed.detail and "the excess is shown under 5.0 %" in passed.detail
 
 
 def test_missing_result_file_is_named_and_never_pass():

@@ -27,7 +27,7 @@ ADDED_EVIDENCE = {"acceptance", "sample_outputs", "speed_settings", "capacity_mo
                   "attribution", "identical_specs", "quality_references", "timings", "timing_totals"}
 # Gate limits added by issue 23 (INTENDED_DIFFERENCES.md): the review's thresholds line names them too.
 ADDED_THRESHOLDS = {"attribution_min_reduction": 0.5, "defect_factor": 1.5}
-ADDED_DEGENERATION_MARGIN = {"degeneration_noninferiority_margin": 0.1}   # issue 22: degeneration can PASS on a bound
+ADDED_DEGENERATION_MARGIN = {"degeneration_noninferiority_margin": 0.05}  # issue 22; 0.05 since the three-zone gate (issue 40)
 
 
 @pytest.fixture(autouse=True)
@@ -146,15 +146,37 @@ def _with_old_degeneration_wording(review: str) -> str:
     return "\n".join(lines)
 
 
+_GATE_LINES = ("Divergence budgets:", "Thresholds:", "Every cell scored the same token sequences")
+
+
+def _with_old_gate_lines(text: str, old: str) -> str:
+    """The three-zone gate (2026-12-05) words the budgets, the thresholds and the divergence section's
+    introduction anew and adds the divergence table's 'sequences (late)' column
+    (INTENDED_DIFFERENCES.md): the old review's lines stand in for them."""
+    before = {prefix: next(line for line in old.split("\n") if line.startswith(prefix)) for prefix in _GATE_LINES}
+    lines = []
+    for line in text.split("\n"):
+        prefix = next((p for p in _GATE_LINES if line.startswith(p)), None)
+        lines.append(before[prefix] if prefix else line)
+    out, drop = [], False
+    for line in lines:
+        if line.startswith("| comparison ") and line.rstrip().endswith("sequences (late)   |"):
+            drop = True
+        elif not line.startswith("|"):
+            drop = False
+        out.append(line[:line.rstrip()[:-1].rstrip().rfind("|") + 1] if drop else line)
+    return "\n".join(out)
+
+
 def test_the_old_cpu_demo_re_renders_the_same_review_from_its_cells(tmp_path):
     # The complete run directory (cells included) that the code before issue 9 wrote and rendered.
     source = old_cpu_demo()
     copy = _rendered_copy(source, tmp_path)
     rendered = (copy / "review.md").read_text(encoding="utf-8")
     assert LOG_LINE_START + "[fp8-1024](cells/fp8-1024.log)" in rendered
-    assert (_without_decision_table(_without_baseline_column(_without_added_lines(_with_old_pool_lines(
-        _with_old_degeneration_wording(_without_timing_section(rendered)))))) ==
-            (source / "review.md").read_text(encoding="utf-8"))
+    old = (source / "review.md").read_text(encoding="utf-8")
+    assert _with_old_gate_lines(_without_decision_table(_without_baseline_column(_without_added_lines(
+        _with_old_pool_lines(_with_old_degeneration_wording(_without_timing_section(rendered)))))), old) == old
     for table in sorted((source / "tables").glob("*.csv")):
         # speed.csv gains the noise columns, degeneration_summary.csv the paired test's baseline-only
         # count, degeneration_findings.csv the baseline's output (INTENDED_DIFFERENCES.md)
@@ -195,6 +217,19 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
         for row in document["verdict"]["checks"]:
             if row["name"] == "new_degenerate_share":
                 row.pop("detail")
+    # Issue 40 (the three-zone gate): p99 and top-1 harm limits retired, harm limits at 1.5x the budget,
+    # the task harm bar at the non-inferiority margin, the profile's calibration text rewritten.
+    for retired in ("kl_p99_max", "kl_p99_fail", "top1_agreement_fail"):
+        before["verdict"]["thresholds"].pop(retired)
+        before["verdict"]["profile"]["budget"].pop(retired)
+    for key in ("kl_mean_fail", "kl_late_fail"):
+        assert now["verdict"]["profile"]["budget"][key] == pytest.approx(1.5 * before["verdict"]["profile"]["budget"][key] / 3)
+        before["verdict"]["profile"]["budget"][key] = now["verdict"]["profile"]["budget"][key]
+    assert (before["verdict"]["thresholds"]["task_recovery_min"], now["verdict"]["thresholds"]["task_recovery_min"]) \
+        == (0.95, 0.9)
+    before["verdict"]["thresholds"]["task_recovery_min"] = 0.9
+    for key in ("why", "calibration"):
+        before["verdict"]["profile"][key] = now["verdict"]["profile"][key]
     for key, value in {**ADDED_THRESHOLDS, **ADDED_DEGENERATION_MARGIN}.items():
         assert now["verdict"]["thresholds"].pop(key) == value
     for row in now["evidence"]["speed"]:

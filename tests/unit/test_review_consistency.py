@@ -230,7 +230,7 @@ def _check_bounds(review: str) -> None:
             assert stated <= {found[2]}, (found[1], found[2], stated)
     for line in lines:
         if "is not 2 points above the margin" in line:
-            cell = re.match(r"- ([^:]+):", line)[1]
+            cell = re.match(r"- (?:\(\w+\) )?(\S+): ", line)[1]   # cell ids may hold ':' (fp8:keep=3-2048)
             assert not any(other.startswith(f"- {cell}:") and "paired samples per cell (now" in other
                            for other in lines), cell
 

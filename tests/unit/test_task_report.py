@@ -201,7 +201,7 @@ def test_report_cli_on_a_run_with_task_samples(tmp_path, kind, code, status):
     elif kind == "mixed":
         assert ("- fp8-1024: task accuracy neither shown non-inferior nor shown to drop: recovery 75.0 %, lower bound "
                 "54.5 % < margin 90.0 %, upper bound 108.8 % ≥ harm bar 90.0 % (16 paired samples)") in review
-        assert "would show whether the drop is significant" in review
+        assert "would show whether it is under the harm bar 90.0 %" in review
     else:
         assert "- fp8-1024: task accuracy neither shown non-inferior nor shown to drop: recovery 100.0 %" in review
         assert "**to decide:** about" in review and "paired samples per cell (now 16)" in review

@@ -320,7 +320,7 @@ def test_budget_spent_undecided_says_how_many_samples_would_decide(tmp_path, mon
     (reason,) = [r for r in review.verdict.reasons if r.cell == "fp8-1024" and r.level == INCONCLUSIVE]
     assert "unlikely" not in reason.decide and "--full" not in reason.decide
     assert "is not 2 points above the margin" in reason.decide and "that is the finding" in reason.decide
-    assert re.search(r"about \d+ paired samples per cell would show whether the drop is significant \(--budget \d+\)",
+    assert re.search(r"about \d+ paired samples per cell would show whether it is under the harm bar 90\.0 % \(--budget \d+\)",
                      reason.decide)
     assert "the final look" in next(c.detail for c in review.verdict.checks if c.name == "task_noninferiority")
     stored = json.loads(setup.run.results_path.read_text())
