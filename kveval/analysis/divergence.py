@@ -268,7 +268,15 @@ def _comparison(kind: str, cell: str, reference: str, ref_seqs: dict, cand_seqs:
         out["late"] = {"start": late_from, **divergence_summary(late)}
     if kind == "kv":
         out["clustered"] = clustered_figures(pooled, late_from)
+        looks = sequence_looks([cand_seqs[row["id"]].round or 0 for row in per_sequence])
+        if len(looks) > 1:
+            out["looks"] = looks
     return out
+
+
+def sequence_looks(rounds: list[int]) -> list[int]:
+    """Sequences compared at each look (cumulative), from the round each compared sequence was scored in."""
+    return [sum(1 for r in rounds if r <= number) for number in sorted(set(rounds))]
 
 
 def _nearest_baseline(facts: CellResult, bases: dict[str, CellResult]) -> str | None:
@@ -309,9 +317,11 @@ def cell_divergence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV, 
             unmatched.append({"cell": name, "reason": f"no started, scored {baseline_kv} cell to compare with"})
             continue
         same = cells[ref].max_model_len == facts.max_model_len
+        design = facts.phases.scoring.design
         comparisons.append(_comparison("kv", name, ref, _scored(cells[ref]), _scored(facts), same_length=same,
                                        late_from=late_start(facts.max_model_len, model_limit),
-                                       kv_spec=facts.kv_spec, max_model_len=facts.max_model_len))
+                                       kv_spec=facts.kv_spec, max_model_len=facts.max_model_len,
+                                       **({"design": design.model_dump()} if design else {})))
     for shorter, longer in itertools.combinations(bases, 2):
         if cells[shorter].max_model_len != cells[longer].max_model_len:
             comparisons.append(_comparison("noise_length", longer, shorter, _scored(cells[shorter]), _scored(cells[longer])))

@@ -20,6 +20,7 @@ class ScoringOptions(_Message):
     top_k: int                    # logprobs kept per position (the KL's support)
     noise: bool                   # the baseline re-scores its sequences in another batch: the noise floor
     continuation_kinds: tuple[str, ...] = ("short", "context")   # generated outputs also scored, by kind
+    documents_file: Optional[str] = None   # a round's own documents (run/rounds); None: the run's scoring.json
 
 
 class SpeedOptions(_Message):

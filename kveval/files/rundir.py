@@ -305,6 +305,10 @@ class RunDir:
 
     ROUNDS_DIR = "rounds"
 
+    def round_documents_path(self, round_number: int, max_model_len: int) -> Path:
+        """Round k's new scoring documents at one length (run/rounds.py), dicts like scoring.json's."""
+        return self.path / self.ROUNDS_DIR / f"documents-r{round_number}-L{max_model_len}.json"
+
     def round_probes_path(self, round_number: int) -> Path:
         """The prompts of round k's degeneration probes (run/rounds.py), PromptSpec dicts like workloads.json."""
         return self.path / self.ROUNDS_DIR / f"probes-r{round_number}.json"

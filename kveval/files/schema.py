@@ -288,6 +288,9 @@ class TaskRound(ManifestModel):
     probe_cells: Optional[list[str]] = None
     probes: Optional[RoundProbes] = None
     probe_target: Optional[int] = None        # judged outputs per cell this round aims to reach
+    scoring_cells: Optional[list[str]] = None # cells that scored the round's new documents (the baseline first)
+    documents: Optional[str] = None           # those documents, relative to the run (rounds/documents-r<k>.json)
+    document_target: Optional[int] = None     # scored documents per cell this round aims to reach
     n_max: Optional[int] = None               # the design's N_max when planned (its look's); absent: TaskRounds'
 
 
@@ -303,6 +306,8 @@ class TaskRounds(ManifestModel):
     notes: list[str]
     final_degeneration: list[str] = []   # cells whose degeneration comparison is still open at the end
     first_n_max: Optional[int] = None    # N_max at the first look (a larger --budget keeps it); absent: n_max
+    documents_n_max: Optional[int] = None   # the divergence design's N_max: scored documents per cell at most
+    final_divergence: list[str] = []     # cells whose divergence comparison is still open at the end
 
 
 class ReferenceCell(ManifestModel):
@@ -571,6 +576,14 @@ class ScoredPosition(CellModel):
         return handler(data)
 
 
+class ScoringDesign(CellModel):
+    """files/task_rounds: the sequential design of the cell's divergence comparison, in scored documents
+    (not stored)."""
+
+    n_max: int
+    final: bool
+
+
 class ScoredSequence(CellModel):
     """worker/phases/scoring: one sequence scored teacher-forced; positions from `scored_from` on."""
 
@@ -582,6 +595,7 @@ class ScoredSequence(CellModel):
     rejection: Optional[str] = None
     error: Optional[str] = None
     positions: Optional[list[ScoredPosition]] = None
+    round: Optional[int] = None   # files/task_rounds: the round that scored it (0: the first look; not stored)
 
 
 class ScoringNoise(CellModel):
@@ -732,6 +746,7 @@ class ScoringPhase(Phase):
     reference_cell: Optional[str] = None
     sequences: Optional[list[ScoredSequence]] = None   # per sequence: positions with top-k logprobs
     noise: Optional[ScoringNoise] = None               # auto cells: the re-scoring in one batch
+    design: Optional[ScoringDesign] = None             # files/task_rounds: the divergence design (not stored)
     _needs: ClassVar[tuple[str, ...]] = ("top_k", "sequences")
 
 
@@ -983,6 +998,8 @@ class Comparison(FileModel):
     kv_spec: Optional[str] = None         # kv comparisons only: the cell's
     max_model_len: Optional[int] = None   # kv comparisons only: the cell's
     clustered: Optional[dict[str, ClusterFigure]] = None   # kv comparisons only; absent before 2026-12-05
+    looks: Optional[list[int]] = None     # kv comparisons with rounds: sequences compared at each look
+    design: Optional[ScoringDesign] = None   # kv comparisons under a design: its N_max and final look
 
 
 class Unmatched(FileModel):

@@ -1,10 +1,11 @@
 """A cell's evidence pooled over rounds: the first tasks and generation phases plus every later round's
 (run/rounds.py).
 
-A round runs the tasks phase on new samples and/or the generation phase on new degeneration probes, in
-its own cell process; its result is stored beside the cell as cells/<cell>.tasks-r<k>.json (a cell record
+A round runs the tasks phase on new samples, the generation phase on new degeneration probes and/or
+the scoring phase on new documents, in its own cell process; its result is stored beside the cell as cells/<cell>.tasks-r<k>.json (a cell record
 of its own). Readers see one cell: its tasks phase holds the samples of every round and its generation
-phase the outputs of every round, each tagged with its round (0: the first), so the paired comparisons
+phase the outputs of every round and its scoring phase the sequences of every round, each tagged with
+its round (0: the first), so the paired comparisons
 pool them (pairing is by sample or prompt id, and round ids never collide) and the gate can tell the
 looks apart.
 """
@@ -13,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kveval.files import schema
-from kveval.files.schema import (CellResult, GenerationDesign, GenerationPhase, ProbeRound, TaskRoundOutcome,
-                                 TasksDesign, TasksPhase)
+from kveval.files.schema import (CellResult, GenerationDesign, GenerationPhase, ProbeRound, ScoringDesign,
+                                 ScoringPhase, TaskRoundOutcome, TasksDesign, TasksPhase)
 
 
 def round_cell_id(cell: str, round_number: int) -> str:
@@ -34,16 +35,18 @@ def rounds_of(manifest: schema.Manifest | None, cell: str) -> list[int]:
 
 @dataclass(frozen=True)
 class RoundStreams:
-    """Of a cell's rounds, those that sampled tasks and those that generated degeneration probes."""
+    """Of a cell's rounds, those that sampled tasks, those that generated degeneration probes and those
+    that scored new documents."""
 
     tasks: list[int]
     probes: list[int]
+    scoring: tuple[int, ...] = ()
 
 
 def streams_of(manifest: schema.Manifest | None, cell: str) -> RoundStreams:
-    """Which of `cell`'s rounds ran tasks and which probes; a round from before probe rounds (no
+    """Which of `cell`'s rounds ran tasks, probes and documents; a round from before probe rounds (no
     task_cells list) ran tasks for all its cells."""
-    tasks, probes = [], []
+    tasks, probes, scoring = [], [], []
     for entry in _rounds(manifest):
         if cell not in entry.cells:
             continue
@@ -51,7 +54,9 @@ def streams_of(manifest: schema.Manifest | None, cell: str) -> RoundStreams:
             tasks.append(entry.round)
         if cell in (entry.probe_cells or []):
             probes.append(entry.round)
-    return RoundStreams(tasks, probes)
+        if cell in (entry.scoring_cells or []):
+            scoring.append(entry.round)
+    return RoundStreams(tasks, probes, tuple(scoring))
 
 
 def design_of(manifest: schema.Manifest | None, cell: str) -> dict | None:
@@ -64,6 +69,9 @@ def design_of(manifest: schema.Manifest | None, cell: str) -> dict | None:
         return None
     design = {"n_max": rounds.n_max, "final": cell in rounds.final,
               "final_degeneration": cell in rounds.final_degeneration, "stopped": rounds.stopped}
+    if rounds.documents_n_max:
+        design["documents_n_max"] = rounds.documents_n_max
+        design["final_divergence"] = cell in rounds.final_divergence
     caps = n_max_rounds(rounds)
     if any(cap != rounds.n_max for cap in caps):   # a larger --budget extended the design (sequential.look_alpha)
         design["n_max_rounds"] = caps
@@ -120,7 +128,9 @@ def _merged_tasks(phase: TasksPhase | None, rounds: list[tuple[int, CellResult |
         return phase
     update: dict = {}
     if design:
-        update["design"] = TasksDesign.model_validate({k: v for k, v in design.items() if k != "final_degeneration"})
+        update["design"] = TasksDesign.model_validate({k: v for k, v in design.items()
+                                                       if k not in ("final_degeneration", "documents_n_max",
+                                                                    "final_divergence")})
     if rounds:
         samples = [sample.model_copy(update={"round": 0}) for sample in phase.samples or []]
         seconds, outcomes = phase.seconds, []
@@ -138,6 +148,24 @@ def _merged_tasks(phase: TasksPhase | None, rounds: list[tuple[int, CellResult |
         update.update(samples=samples, rounds=outcomes)
         if seconds != phase.seconds:
             update["seconds"] = seconds
+    return phase.model_copy(update=update) if update else phase
+
+
+def _merged_scoring(phase: ScoringPhase | None, rounds: list[tuple[int, CellResult | None]],
+                    design: dict | None) -> ScoringPhase | None:
+    """The cell's scoring phase with every round's newly scored documents appended (tagged with the round)
+    and the divergence design; a round that failed adds nothing (its cell file says why)."""
+    if phase is None or phase.error:
+        return phase
+    update: dict = {}
+    if design and design.get("documents_n_max"):
+        update["design"] = ScoringDesign(n_max=design["documents_n_max"], final=bool(design.get("final_divergence")))
+    if rounds:
+        sequences = [s.model_copy(update={"round": 0}) for s in phase.sequences or []]
+        for number, record in rounds:
+            extra = record.phases.scoring if record and record.started else None
+            sequences += [s.model_copy(update={"round": number}) for s in (extra.sequences or [] if extra else [])]
+        update["sequences"] = sequences
     return phase.model_copy(update=update) if update else phase
 
 
@@ -162,7 +190,9 @@ def merge_rounds(facts: CellResult | dict, rounds: list[tuple[int, CellResult | 
     phases = facts.phases
     merged = {"generation": _merged_generation(phases.generation, [(n, r) for n, r in records if n in streams.probes],
                                                design),
-              "tasks": _merged_tasks(phases.tasks, [(n, r) for n, r in records if n in streams.tasks], design)}
+              "tasks": _merged_tasks(phases.tasks, [(n, r) for n, r in records if n in streams.tasks], design),
+              "scoring": _merged_scoring(phases.scoring, [(n, r) for n, r in records if n in streams.scoring],
+                                         design)}
     # Only the phases the cell has: a phase it never ran stays absent.
     update = {name: phase for name, phase in merged.items() if phase is not getattr(phases, name)}
     return facts.model_copy(update={"phases": phases.model_copy(update=update)}) if update else facts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.cluster_interval import ClusterMean, cluster_mean
+from kveval.analysis.sequential import look_alpha
 from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Budget, Thresholds
@@ -14,21 +15,36 @@ def _widen(limit: float, multiplier: float, floor: float | None) -> float:
     return limit if floor is None else max(limit, multiplier * floor)
 
 
-def _bounds(figure: schema.ClusterFigure | None, floor: float, t: Thresholds) -> tuple[float | None, float | None]:
+def look_levels(comp: schema.Comparison, t: Thresholds) -> tuple[float, float]:
+    """(PASS level, FAIL level) of the comparison's last look. Scoring rounds (run/rounds.py) make the
+    divergence test group-sequential in scored documents: each look tests at the nominal level of the
+    exact Lan–DeMets boundary for its information fraction (analysis/sequential.py), so repeated looks
+    keep each error at its alpha. Without a design (no rounds: --budget 0, evidence from before): the
+    fixed-sample levels."""
+    design = comp.design
+    if design is None:
+        return t.divergence_pass_alpha, t.fail_alpha
+    figure = (comp.clustered or {}).get("kl_mean")
+    looks = comp.looks or ([figure.clusters] if figure else [])
+    return (look_alpha(looks, design.n_max, t.divergence_pass_alpha, design.final).alpha,
+            look_alpha(looks, design.n_max, t.fail_alpha, design.final).alpha)
+
+
+def _bounds(figure: schema.ClusterFigure | None, floor: float, levels: tuple[float, float]) -> tuple[float | None, float | None]:
     """(upper bound at the PASS level, lower bound at one FAIL path's level) of a figure's excess over the
     noise floor, or (None, None) without an interval (fewer than 2 sequences). A KL is never negative, so
     neither bound is reported below 0."""
     if figure is None or figure.se is None:
         return None, None
     estimate = ClusterMean(float(figure.estimate) - floor, float(figure.se), figure.clusters, figure.positions)
-    return max(0.0, estimate.upper(t.divergence_pass_alpha)), max(0.0, estimate.lower(t.fail_alpha))
+    return max(0.0, estimate.upper(levels[0])), max(0.0, estimate.lower(levels[1]))
 
 
-def _agreement_bound(figure: schema.ClusterFigure | None, t: Thresholds) -> float | None:
+def _agreement_bound(figure: schema.ClusterFigure | None, level: float) -> float | None:
     if figure is None or figure.se is None:
         return None
     estimate = ClusterMean(float(figure.estimate), float(figure.se), figure.clusters, figure.positions)
-    return min(1.0, max(0.0, estimate.lower(t.divergence_pass_alpha)))
+    return min(1.0, max(0.0, estimate.lower(level)))
 
 
 def _from_per_sequence(comp: schema.Comparison) -> dict[str, schema.ClusterFigure]:
@@ -70,6 +86,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
                                f"against {reference} on the sequences both scored", code="baseline_other_length")
     mult = t.noise_multiplier
     clustered = comp.clustered if comp.clustered is not None else _from_per_sequence(comp)
+    levels = look_levels(comp, t)
     harmed, undecided = [], []
     for name, label, value, ok, bad, n in (
             ("kl_mean", "KL mean", s.kl_mean, _widen(budget.kl_mean_max, mult, floor_kl or None),
@@ -81,7 +98,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         if value is None or not n:
             out.check(name, cell, None, ok, None, "no positions")
             continue
-        upper, lower = _bounds(figure, floor_kl, t)
+        upper, lower = _bounds(figure, floor_kl, levels)
         documents = figure.clusters if figure else None
         excess = max(0.0, float(value) - floor_kl)
         if upper is None:
@@ -93,8 +110,8 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
                                   "2026-12-05), so no interval")
             continue
         detail = (f"excess over the noise floor {_g(excess)} on {documents} sequences ({n} positions), "
-                  f"{_confidence(t.divergence_pass_alpha)} upper bound {_g(upper)} vs healthy budget {_g(ok)}, "
-                  f"{_confidence(t.fail_alpha)} lower bound {_g(lower)} vs harm limit {_g(bad)}")
+                  f"{_confidence(levels[0])} upper bound {_g(upper)} vs healthy budget {_g(ok)}, "
+                  f"{_confidence(levels[1])} lower bound {_g(lower)} vs harm limit {_g(bad)}")
         if lower > bad and n >= min(t.min_scored_tokens, t.min_late_tokens):
             out.check(name, cell, excess, bad, False, detail)
             harmed.append(f"{label} {_g(excess)}, lower bound {_g(lower)} > harm limit {_g(bad)} "
@@ -112,12 +129,12 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
     if agreement is None or not s.top1_n:
         out.check("top1_agreement", cell, None, top1_ok, None, "no positions")
     else:
-        bound = _agreement_bound(clustered.get("top1_agreement"), t)
+        bound = _agreement_bound(clustered.get("top1_agreement"), levels[0])
         figure = clustered.get("top1_agreement")
         documents = figure.clusters if figure else 0
         healthy = bound is not None and bound >= top1_ok
         out.check("top1_agreement", cell, agreement, top1_ok, True if healthy else None,
-                  f"{_confidence(t.divergence_pass_alpha)} one-sided bound {_pct(bound) if bound is not None else 'none'} vs minimum "
+                  f"{_confidence(levels[0])} one-sided bound {_pct(bound) if bound is not None else 'none'} vs minimum "
                   f"{_pct(top1_ok)}, n {s.top1_n}, {documents} sequences")
         if not healthy:
             undecided.append(f"top-1 agreement {_pct(agreement)} is not shown at or above {_pct(top1_ok)} (one-sided bound "

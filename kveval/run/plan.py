@@ -71,11 +71,17 @@ def check_keep_layers(specs: Sequence[KVSpec], layers: int | None, model_name: s
             raise KvevalError(f"--kv {spec.text}: {model_name} has layers 0-{layers - 1}; no layer {', '.join(beyond)}")
 
 
+ROUND_SEED_STEP = 7919   # a scoring round's documents: the run's seed moved by this per round (other text)
+
+
 def scoring_documents(tokenizer, lengths: Sequence[int], count: int, fractions: tuple[float, float],
-                      model_limit: int | None, seed: int) -> list[dict]:
+                      model_limit: int | None, seed: int, round_number: int = 0) -> list[dict]:
     """Plain documents for teacher-forced scoring: `count` per max_model_len (capped at the model's limit),
-    sized evenly between the two shares of it; each size starts at its own place in the corpus."""
+    sized evenly between the two shares of it; each size starts at its own place in the corpus. A
+    scoring round (run/rounds.py) draws other text (another seed) under ids of its own (doc:r<k>:<size>)."""
     documents, seen = [], set()
+    prefix = f"doc:r{round_number}:" if round_number else "doc:"
+    seed = seed + ROUND_SEED_STEP * round_number
     low, high = fractions
     for length in sorted(set(int(x) for x in lengths)):
         usable = min(length, model_limit or length)
@@ -85,7 +91,7 @@ def scoring_documents(tokenizer, lengths: Sequence[int], count: int, fractions: 
             if size < 16 or size in seen:
                 continue
             seen.add(size)
-            documents.append({"id": f"doc:{size}", "kind": "document",
+            documents.append({"id": f"{prefix}{size}", "kind": "document",
                               "token_ids": document_tokens(tokenizer, size, seed=seed)})
     return documents
 

@@ -1,11 +1,12 @@
 """Which cells get another round of evidence, and how much (pure: verdict + evidence in, a plan out).
 
-Two streams of paired evidence can be sampled again: task samples (new task data) and degeneration
-probes (new short questions, generated in the cell and its baseline). A tested cell gets more of a stream
+Three streams of paired evidence can be sampled again: task samples (new task data), degeneration
+probes (new short questions, generated in the cell and its baseline) and scoring documents (new plain
+documents, scored teacher-forced in the cell and its baseline: the divergence test's clusters). A tested cell gets more of a stream
 while that stream's comparison is open and more of it can decide the cell: PASS is within reach when
 every open reason of the cell is a stream being sampled; otherwise only a FAIL is, so a stream is sampled
 only where it leans towards harm (task recovery under `task_recovery_min`; more outputs degenerating only
-in the cell than only in the baseline). Round sizes follow a schedule fixed in advance, never the data
+in the cell than only in the baseline; a KL excess over its healthy budget). Round sizes follow a schedule fixed in advance, never the data
 (analysis/sequential.next_look_size): looks at n_1, 2·n_1, 4·n_1, … (a probe round adds at least
 MIN_PROBE_ROUND), capped by the budget's samples per cell and cut to the round time left. The cells of one length
 share a round: the same new samples and probes for them and their baseline.
@@ -23,6 +24,9 @@ from kveval.inputs.budget import Budget
 
 MAX_ROUNDS = 8   # doubling from 12 paired samples reaches the default 600 in six
 MIN_PROBE_ROUND = 50   # new probes per round at least
+MAX_DOCUMENTS = 48     # scored documents per cell at most: the divergence design's N_max (12 -> 24 -> 48)
+# The verdict reasons more scored documents can settle (gate/divergence_checks.py).
+DIVERGENCE_CODES = ("divergence_undecided", "divergence_too_few_positions", "divergence_too_few_late_positions")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Costs:
     startup_seconds: float
     seconds_per_doc: float
     seconds_per_probe: float | None = None
+    seconds_per_document: float | None = None
 
 
 @dataclass
@@ -60,6 +65,9 @@ class LengthRound:
     probe_cells: list[str] = field(default_factory=list)
     probes: int = 0              # new probes per cell of probe_cells
     probe_target: int = 0        # judged outputs per cell aimed for after the round
+    scoring_cells: list[str] = field(default_factory=list)
+    documents: int = 0           # new scoring documents per cell of scoring_cells
+    document_target: int = 0     # scored documents per cell aimed for after the round
 
     def __post_init__(self) -> None:
         if self.task_cells is None:
@@ -144,6 +152,41 @@ class _Want:
     docs: int = 0
     probe_target: int = 0
     probes: int = 0
+    document_target: int = 0
+    documents: int = 0
+
+
+def _kv_comparison(evidence: schema.Evidence, cell: str) -> schema.Comparison | None:
+    """The cell's divergence comparison with its own-length baseline (None: none, or another length's)."""
+    for comp in evidence.divergence.comparisons if evidence.divergence else []:
+        if comp.kind == "kv" and comp.cell == cell and comp.same_length is not False:
+            return comp
+    return None
+
+
+def scored_documents(comp: schema.Comparison) -> int:
+    """Sequences the cell's divergence test rests on (its clusters)."""
+    figure = (comp.clustered or {}).get("kl_mean")
+    return figure.clusters if figure else len(comp.per_sequence)
+
+
+def _scoring_want(cell: str, comp: schema.Comparison, notes: list[str]) -> tuple[int, int] | None:
+    """(target, documents) of a scoring round for the cell: double the scored documents, within the
+    design's MAX_DOCUMENTS; None with a note when no useful round is left."""
+    scored = scored_documents(comp)
+    if not scored:
+        return None
+    target = min(next_look_size(comp.looks or [scored], MAX_DOCUMENTS), MAX_DOCUMENTS)
+    if target - scored < max(1, scored // 4):
+        notes.append(f"{cell}: no scoring round: the design's {MAX_DOCUMENTS} scored documents per cell are spent")
+        return None
+    return target, target - scored
+
+
+def _divergence_leans_to_harm(verdict: Verdict, cell: str) -> bool:
+    """A KL figure of the cell over its healthy budget (only a FAIL could come of more documents)."""
+    return any(c.cell == cell and c.name in ("kl_mean", "kl_late_mean") and c.value is not None
+               and c.limit is not None and c.value > c.limit for c in verdict.checks)
 
 
 def _task_want(cell: str, entry: schema.TaskCell, evidence: schema.Evidence, budget: Budget, thresholds: Thresholds,
@@ -186,9 +229,10 @@ def _probe_want(cell: str, entry: schema.DegenerationCell, budget: Budget, probe
 
 def plan_round(verdict: Verdict, evidence: schema.Evidence, budget: Budget, thresholds: Thresholds,
                shapes: dict[int, LengthShape], costs: Costs | None, seconds_used: float,
-               probes_left: int | None = None) -> RoundPlan:
+               probes_left: int | None = None, scoring: bool = False) -> RoundPlan:
     """The next round per length (shortest first), or none, with a note for every cell left out.
-    `probes_left`: new degeneration probes still to draw (None: no probe rounds in this run)."""
+    `probes_left`: new degeneration probes still to draw (None: no probe rounds in this run);
+    `scoring`: whether new documents may be scored (the scoring phase is in the run)."""
     plan = RoundPlan()
     tasks = _task_evidence(evidence)
     comparisons = tasks.cells if tasks else {}
@@ -199,14 +243,19 @@ def plan_round(verdict: Verdict, evidence: schema.Evidence, budget: Budget, thre
             continue
         task_open = cell in comparisons and _open(verdict, cell, "task_noninferiority")
         probe_open = cell in degeneration and _open(verdict, cell, "degeneration_noninferiority")
-        if not (task_open or probe_open):
+        comp = _kv_comparison(evidence, cell) if scoring else None
+        divergence_open = [r for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE
+                           and r.code in DIVERGENCE_CODES]
+        scoring_open = comp is not None and bool(divergence_open)
+        if not (task_open or probe_open or scoring_open):
             continue
         open_reasons = sum(1 for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE)
         task = _task_want(cell, comparisons[cell], evidence, budget, thresholds, shapes, plan.notes) if task_open else None
         probe = (_probe_want(cell, degeneration[cell], budget, probes_left, plan.notes)
                  if probe_open and probes_left is not None else None)
+        documents = _scoring_want(cell, comp, plan.notes) if scoring_open else None
         # PASS is within reach only if every open reason is a stream sampled now; else only a FAIL is.
-        can_pass = open_reasons == (task is not None) + (probe is not None)
+        can_pass = open_reasons == (task is not None) + (probe is not None) + (len(divergence_open) if documents else 0)
         if task is not None and not can_pass:
             recovery = comparisons[cell].recovery
             if recovery is None or recovery >= thresholds.task_recovery_min:
@@ -219,11 +268,16 @@ def plan_round(verdict: Verdict, evidence: schema.Evidence, budget: Budget, thre
                 plan.notes.append(f"{cell}: no probe round: another count keeps it undecided, which probes cannot "
                                   "settle, and its outputs do not degenerate more often than the baseline's")
                 probe = None
-        if task is None and probe is None:
+        if documents is not None and not can_pass and not _divergence_leans_to_harm(verdict, cell):
+            plan.notes.append(f"{cell}: no scoring round: another count keeps it undecided, which documents cannot "
+                              "settle, and no KL figure of it is over its healthy budget")
+            documents = None
+        if task is None and probe is None and documents is None:
             continue
         comparison = comparisons.get(cell)
-        length = (comparison or degeneration[cell]).max_model_len
-        reference = (comparison.reference if comparison else None) or _reference_at(evidence, length)
+        length = (comparison or degeneration.get(cell) or comp).max_model_len
+        reference = ((comparison.reference if comparison else None) or (comp.reference if comp else None)
+                     or _reference_at(evidence, length))
         if reference is None:
             plan.notes.append(f"{cell}: no round: no started {BASELINE_KV} cell at {length} to pair with")
             continue
@@ -232,6 +286,8 @@ def plan_round(verdict: Verdict, evidence: schema.Evidence, budget: Budget, thre
             want.task_target, want.docs = task
         if probe is not None:
             want.probe_target, want.probes = probe
+        if documents is not None:
+            want.document_target, want.documents = documents
         wants[cell] = want
     left = None if budget.seconds is None else budget.seconds - seconds_used
     for length in sorted({w.length for w in wants.values()}):
@@ -239,29 +295,39 @@ def plan_round(verdict: Verdict, evidence: schema.Evidence, budget: Budget, thre
         reference = next(iter(group.values())).reference
         docs = max(w.docs for w in group.values())
         probes = max(w.probes for w in group.values())
+        documents = max(w.documents for w in group.values())
         if left is not None and costs is not None:
             per_probe = costs.seconds_per_probe if costs.seconds_per_probe is not None else costs.seconds_per_doc
+            per_document = costs.seconds_per_document if costs.seconds_per_document is not None else costs.seconds_per_doc
             per_cell = left / (len(group) + 1) - costs.startup_seconds
-            work = docs * costs.seconds_per_doc + probes * per_probe
+            work = docs * costs.seconds_per_doc + probes * per_probe + documents * per_document
             if work > 0 and per_cell < work:
-                share = max(0.0, per_cell) / work   # cut both streams alike to the time left
-                docs, probes = int(docs * share), int(probes * share)
+                share = max(0.0, per_cell) / work   # cut every stream alike to the time left
+                docs, probes, documents = int(docs * share), int(probes * share), int(documents * share)
                 if docs < min(max(w.docs for w in group.values()), shapes.get(length, LengthShape(1, 1)).tasks):
                     docs = 0
                 if probes < 10:   # a handful of probes would hardly move the bound
                     probes = 0
-                if not docs and not probes:
+                if documents < 4:   # nor would a handful of documents
+                    documents = 0
+                if not docs and not probes and not documents:
                     plan.notes.append(f"{', '.join(group)}: the budget's round time is spent "
                                       f"({seconds_used / 60:.0f} of {budget.seconds / 60:.0f} min)")
                     continue
-            left -= (len(group) + 1) * (costs.startup_seconds + docs * costs.seconds_per_doc + probes * per_probe)
+            left -= (len(group) + 1) * (costs.startup_seconds + docs * costs.seconds_per_doc + probes * per_probe
+                                        + documents * per_document)
         task_cells = [c for c, w in group.items() if w.docs and docs]
         probe_cells = [c for c, w in group.items() if w.probes and probes]
+        scoring_cells = [c for c, w in group.items() if w.documents and documents]
         steps, limit = _docs_to_steps(docs, shapes[length]) if docs else (1, None)
-        plan.rounds.append(LengthRound(length, reference, [c for c in group if c in task_cells or c in probe_cells],
+        plan.rounds.append(LengthRound(length, reference,
+                                       [c for c in group if c in task_cells or c in probe_cells or c in scoring_cells],
                                        max((w.task_target for c, w in group.items() if c in task_cells), default=0),
                                        docs, steps, limit, task_cells=task_cells, probe_cells=probe_cells,
                                        probes=probes,
                                        probe_target=max((w.probe_target for c, w in group.items() if c in probe_cells),
-                                                        default=0)))
+                                                        default=0),
+                                       scoring_cells=scoring_cells, documents=documents,
+                                       document_target=max((w.document_target for c, w in group.items()
+                                                            if c in scoring_cells), default=0)))
     return plan

@@ -1,12 +1,14 @@
-"""Evidence until decided: after the planned (and remedy) cells, rounds of new task samples and of new
-degeneration probes for the cells still undecided by them, until each is decided or the budget is spent.
+"""Evidence until decided: after the planned (and remedy) cells, rounds of new task samples, of new
+degeneration probes and of new scoring documents for the cells still undecided by them, until each is
+decided or the budget is spent.
 
-Per round and length: new task data (another seed, ids ending in -r<k>) in taskdata/L<len>/r<k>/ and/or
-new probes (questions from data/probes_rounds.jsonl no earlier round used) in rounds/probes-r<k>.json;
-the `auto` baseline and each undecided cell run the tasks phase and/or the generation phase on those
-probes, each in its own cell process, stored as cells/<cell>.tasks-r<k>.json; RunDir.cell_results pools
-the rounds' samples and outputs into the cell (files/task_rounds.py) and the gate judges every look at
-the alpha it may spend (analysis/sequential.py). The manifest's `task_rounds` records the budget, the
+Per round and length: new task data (another seed, ids ending in -r<k>) in taskdata/L<len>/r<k>/, new
+probes (questions from data/probes_rounds.jsonl no earlier round used) in rounds/probes-r<k>.json and/or
+new documents (other corpus text, ids doc:r<k>:<size>) in rounds/documents-r<k>-L<len>.json; the `auto`
+baseline and each undecided cell run the tasks, generation and/or scoring phase on those, each in its
+own cell process, stored as cells/<cell>.tasks-r<k>.json; RunDir.cell_results pools the rounds'
+samples, outputs and scored documents into the cell (files/task_rounds.py) and the gate judges every
+look at the alpha it may spend (analysis/sequential.py). The manifest's `task_rounds` records the budget, the
 rounds and the cells whose last look is final.
 
 Resuming: the plan is a function of the stored files (round time is the stored processes' seconds, not
@@ -25,15 +27,16 @@ from kveval.files.task_rounds import round_cell_id
 from kveval.gate import Thresholds
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpec
-from kveval.inputs.model_config import ModelSource, load_tokenizer
+from kveval.inputs.model_config import ModelSource, load_tokenizer, model_facts
 from kveval.inputs.task_data import TASKS, write_task_data
 from kveval.inputs.workloads import round_probe_pool_size, round_probe_prompts
 from kveval.pipeline import stored_run_verdict
 from kveval.run.cell_process import CellPlan
 from kveval.run.parent_clock import LOOK, ROUND_DATA
-from kveval.run.plan import cell_plan
-from kveval.run.round_plan import (MAX_ROUNDS, Costs, LengthRound, LengthShape, RoundPlan, plan_round,
-                                   task_decided)
+from kveval.run.plan import cell_plan, scoring_documents
+from kveval.run.round_plan import (DIVERGENCE_CODES, MAX_DOCUMENTS, MAX_ROUNDS, Costs, LengthRound, LengthShape,
+                                   RoundPlan, plan_round, scored_documents, task_decided)
+from kveval.inputs.suites import SUITES
 
 RunCells = Callable[[list[CellPlan]], None]
 
@@ -62,17 +65,30 @@ def _seconds_per_output(cells: dict[str, schema.CellResult]) -> float | None:
     return seconds / outputs if outputs else None
 
 
+def _seconds_per_document(cells: dict[str, schema.CellResult]) -> float | None:
+    """Scoring seconds per sequence over the cells run (an upper figure: the noise re-score counts too)."""
+    seconds = sequences = 0.0
+    for facts in cells.values():
+        phase = facts.phases.scoring
+        if phase is not None and phase.seconds and phase.sequences:
+            seconds += float(phase.seconds)
+            sequences += len(phase.sequences)
+    return seconds / sequences if sequences else None
+
+
 def round_costs(cells: dict[str, schema.CellResult], evidence: schema.Evidence) -> Costs | None:
-    """Start-up, task seconds per doc and generation seconds per output from the cells already run
-    (None before any of them ran)."""
+    """Start-up, task seconds per doc, generation seconds per output and scoring seconds per document
+    from the cells already run (None before any of them ran)."""
     tasks = evidence.tasks
     pace = tasks.pace if isinstance(tasks, schema.TaskEvidence) else None
     per_doc = pace.seconds_per_sample if pace else None
     per_probe = _seconds_per_output(cells)
+    per_document = _seconds_per_document(cells)
     starts = [f.startup_seconds for f in cells.values() if f.started and f.startup_seconds]
-    if not per_doc and not per_probe:
+    if not per_doc and not per_probe and not per_document:
         return None
-    return Costs(sum(starts) / len(starts) if starts else 0.0, float(per_doc or per_probe), per_probe)
+    return Costs(sum(starts) / len(starts) if starts else 0.0, float(per_doc or per_probe or per_document),
+                 per_probe, per_document)
 
 
 def seconds_used(run: RunDir, rounds: list[schema.TaskRound]) -> float:
@@ -90,9 +106,11 @@ def seconds_used(run: RunDir, rounds: list[schema.TaskRound]) -> float:
 
 
 def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | None, probes_file: str | None,
-                 kv_of: dict[str, KVSpec], references: dict[str, schema.ReferenceCell]) -> list[CellPlan]:
+                 kv_of: dict[str, KVSpec], references: dict[str, schema.ReferenceCell],
+                 documents_file: str | None = None) -> list[CellPlan]:
     """One cell plan per cell of the round, engine settings as the cell's own: the tasks phase for its
-    task cells, the generation phase on the round's probes for its probe cells (the baseline both)."""
+    task cells, the generation phase on the round's probes for its probe cells, the scoring phase on the
+    round's documents for its scoring cells (the baseline all it is paired in)."""
     plans = []
     for cell in length_round.all_cells:
         base = cell_plan(setup.options, setup.model.path, setup.phase_options, kv_of[cell], length_round.max_model_len,
@@ -112,6 +130,13 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | 
             tasks = TasksOptions(tasks=[t for t in setup.phase_options.tasks.tasks if t in TASKS],
                                  limit=length_round.limit, data_dir=data_dir)
             phase_options = phase_options.model_copy(update={"tasks": tasks})
+        if documents_file and (cell in length_round.scoring_cells or (is_reference and length_round.scoring_cells)):
+            phases.append("scoring")
+            # Only the new documents: no continuations (their outputs were scored at the first look) and
+            # no noise re-score (the floor is the first look's).
+            scoring = phase_options.scoring.model_copy(update={"documents_file": documents_file,
+                                                               "continuation_kinds": (), "noise": False})
+            phase_options = phase_options.model_copy(update={"scoring": scoring})
         plans.append(dataclasses.replace(base, id=round_cell_id(cell, number), phases=phases,
                                          phase_options=phase_options,
                                          workloads=probes_file if "generation" in phases else None))
@@ -132,10 +157,10 @@ def _forget_if_changed(run: RunDir, plan: CellPlan) -> None:
     except ValueError:   # not a spec this kveval writes: not this plan's either
         spec = None
 
-    def tasks_of(options) -> dict | None:
-        return options.tasks.model_dump(mode="json") if options is not None else None
+    def asked(options) -> tuple | None:
+        return (options.tasks.model_dump(mode="json"), options.scoring.documents_file) if options is not None else None
 
-    if spec is None or tasks_of(spec.phase_options) != tasks_of(plan.phase_options) or spec.phases != list(plan.phases):
+    if spec is None or asked(spec.phase_options) != asked(plan.phase_options) or spec.phases != list(plan.phases):
         run.cell_path(plan.id).unlink(missing_ok=True)
 
 
@@ -158,6 +183,20 @@ class _Data:
         write_json_atomic(path, [p.to_dict() for p in prompts], compact=True)
         return {"file": str(path.relative_to(self.setup.run.path)), "start": start, "count": len(prompts)}
 
+    def write_documents(self, number: int, length_round: LengthRound) -> str:
+        """Round `number`'s new documents at the round's length, sized as the suite's (other corpus text:
+        another seed), in rounds/documents-r<k>-L<len>.json; the path relative to the run."""
+        options = self.options
+        suite = SUITES.get(options.suite) if options.suite else None
+        fractions = suite.scoring_doc_fractions if suite else (0.55, 0.9)
+        limit = model_facts(ModelSource.of(self.setup.model.path, self.setup.options.engine_args)).max_position_embeddings
+        documents = scoring_documents(self._tokenizer(), [length_round.max_model_len], length_round.documents,
+                                      fractions, limit, options.seed, round_number=number)
+        path = self.setup.run.round_documents_path(number, length_round.max_model_len)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, documents, compact=True)
+        return str(path.relative_to(self.setup.run.path))
+
     def write(self, number: int, length_round: LengthRound) -> str:
         setup = self.setup
         self._tokenizer()
@@ -171,8 +210,12 @@ class _Data:
 
 
 def _paired(evidence: schema.Evidence) -> dict[str, int]:
-    """Per cell, paired task samples plus judged probe outputs: what a round must add to."""
+    """Per cell, paired task samples plus judged probe outputs plus scored documents: what a round must
+    add to."""
     out: dict[str, int] = {}
+    for comp in evidence.divergence.comparisons if evidence.divergence else []:
+        if comp.kind == "kv":
+            out[comp.cell] = out.get(comp.cell, 0) + scored_documents(comp)
     tasks = evidence.tasks
     for cell, entry in (tasks.cells if isinstance(tasks, schema.TaskEvidence) else {}).items():
         out[cell] = entry.n
@@ -200,7 +243,8 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     shapes = round_shapes(stored)
     task_rounds = "tasks" in setup.options.phases and bool(shapes)
     probe_pool = round_probe_pool_size() if "generation" in setup.options.phases else 0
-    if not budget.samples or not (task_rounds or probe_pool):
+    scoring = "scoring" in setup.options.phases
+    if not budget.samples or not (task_rounds or probe_pool or scoring):
         return
     run, manifest = setup.run, setup.manifest
     # Planned afresh on a resume too: the plan is a function of the stored files, so finished round cells
@@ -209,7 +253,8 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     # N_max they had, so their looks keep the alpha they spent (analysis/sequential.py).
     caps = _earlier_caps(stored.task_rounds, budget.samples)
     record = {"budget": budget.to_dict(), "n_max": budget.samples, "rounds": [], "final": [], "stopped": None,
-              "notes": [], "final_degeneration": [], "first_n_max": caps.get(0, budget.samples)}
+              "notes": [], "final_degeneration": [], "first_n_max": caps.get(0, budget.samples),
+              "documents_n_max": MAX_DOCUMENTS if scoring else None, "final_divergence": []}
     manifest["task_rounds"] = record
     run.write_manifest(manifest)
     data = _Data(setup, stored.options)
@@ -233,7 +278,8 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
         plan = plan_round(verdict, evidence, dataclasses.replace(budget, samples=cap), thresholds,
                           shapes if task_rounds else {},
                           round_costs(cells, evidence), seconds_used(run, rounds_run),
-                          probes_left=max(0, probe_pool - _probes_used(rounds_run)) if probe_pool else None)
+                          probes_left=max(0, probe_pool - _probes_used(rounds_run)) if probe_pool else None,
+                          scoring=scoring)
         record["notes"] = plan.notes
         if not plan.rounds:
             stopped = _why_stopped(plan)
@@ -247,6 +293,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
         for length_round in plan.rounds:
             with setup.clock.step(ROUND_DATA):
                 relative = data.write(number, length_round) if length_round.task_cells else None
+                documents = data.write_documents(number, length_round) if length_round.scoring_cells else None
             record["rounds"].append({"round": number, "max_model_len": length_round.max_model_len,
                                      "cells": length_round.all_cells, "data_dir": relative,
                                      "samples_per_point": length_round.samples_per_point,
@@ -255,9 +302,12 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
                                      "task_cells": _with_reference(length_round, length_round.task_cells),
                                      "probe_cells": _with_reference(length_round, length_round.probe_cells),
                                      "probes": probes if length_round.probe_cells else None,
-                                     "probe_target": length_round.probe_target or None, "n_max": cap})
+                                     "probe_target": length_round.probe_target or None, "n_max": cap,
+                                     "scoring_cells": _with_reference(length_round, length_round.scoring_cells),
+                                     "documents": documents, "document_target": length_round.document_target or None})
             plans += _round_plans(setup, number, length_round, relative,
-                                  probes["file"] if probes and length_round.probe_cells else None, kv_of, references)
+                                  probes["file"] if probes and length_round.probe_cells else None, kv_of, references,
+                                  documents)
             show.note(_round_note(number, length_round))
         run.write_manifest(manifest)
         for cell_round in plans:
@@ -288,6 +338,9 @@ def _round_note(number: int, length_round: LengthRound) -> str:
     if length_round.probe_cells:
         parts.append(f"{', '.join(length_round.probe_cells)} undecided by degeneration: {length_round.probes} new probes "
                      f"each (aiming at {length_round.probe_target} judged outputs)")
+    if length_round.scoring_cells:
+        parts.append(f"{', '.join(length_round.scoring_cells)} undecided by divergence: {length_round.documents} new "
+                     f"documents each (aiming at {length_round.document_target} scored)")
     return f"Round {number} at {length_round.max_model_len}: {'; '.join(parts)}; with {length_round.reference}"
 
 
@@ -305,6 +358,9 @@ def _finish(run: RunDir, manifest: dict, record: dict, evidence, verdict, stoppe
     record["final"] = [name for name in tested if not task_decided(verdict, name)]
     record["final_degeneration"] = [c.cell for c in verdict.checks
                                     if c.name == "degeneration_noninferiority" and c.passed is None]
+    if record.get("documents_n_max"):
+        record["final_divergence"] = sorted({r.cell for r in verdict.reasons
+                                             if r.code in DIVERGENCE_CODES and r.cell is not None})
     record["stopped"] = stopped
     run.write_manifest(manifest)
     if record["rounds"]:

@@ -97,8 +97,13 @@ def _sequences(cell) -> tuple[list[dict], str | None]:
         ids = list(prompt.token_ids) + list(reference[prompt.id])
         sequences.append({"id": f"cont:{prompt.id}", "kind": "continuation", "token_ids": ids,
                           "scored_from": len(prompt.token_ids)})
-    if cell.run_dir is not None and cell.run_dir.scoring_path.is_file():
-        for document in read_json(cell.run_dir.scoring_path):
+    documents = None
+    if cell.run_dir is not None:
+        # A scoring round (run/rounds.py) scores its own new documents; the first look the run's.
+        documents = (cell.run_dir.path / options.documents_file if options.documents_file
+                     else cell.run_dir.scoring_path)
+    if documents is not None and documents.is_file():
+        for document in read_json(documents):
             sequences.append({"id": document["id"], "kind": "document", "token_ids": document["token_ids"],
                               "scored_from": 1})
     # Only what fits: vLLM refuses a prompt of max_model_len tokens or more (still recorded below).
