@@ -30,6 +30,16 @@ def look_levels(comp: schema.Comparison, t: Thresholds) -> tuple[float, float]:
             look_alpha(looks, design.n_max, t.fail_alpha, design.final).alpha)
 
 
+def _look_note(comp: schema.Comparison) -> str:
+    """Where the comparison stands in its design: the looks taken (sequences compared at each)."""
+    if comp.design is None:
+        return ""
+    looks = comp.looks or []
+    taken = f"looks at {', '.join(str(n) for n in looks)} sequences" if len(looks) > 1 else "first look"
+    return (f" ({taken} of a sequential design over at most {comp.design.n_max} documents"
+            f"{', the final look' if comp.design.final else ''})")
+
+
 def _bounds(figure: schema.ClusterFigure | None, floor: float, levels: tuple[float, float]) -> tuple[float | None, float | None]:
     """(upper bound at the PASS level, lower bound at one FAIL path's level) of a figure's excess over the
     noise floor, or (None, None) without an interval (fewer than 2 sequences). A KL is never negative, so
@@ -111,7 +121,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
             continue
         detail = (f"excess over the noise floor {_g(excess)} on {documents} sequences ({n} positions), "
                   f"{_confidence(levels[0])} upper bound {_g(upper)} vs healthy budget {_g(ok)}, "
-                  f"{_confidence(levels[1])} lower bound {_g(lower)} vs harm limit {_g(bad)}")
+                  f"{_confidence(levels[1])} lower bound {_g(lower)} vs harm limit {_g(bad)}{_look_note(comp)}")
         if lower > bad and n >= min(t.min_scored_tokens, t.min_late_tokens):
             out.check(name, cell, excess, bad, False, detail)
             harmed.append(f"{label} {_g(excess)}, lower bound {_g(lower)} > harm limit {_g(bad)} "
@@ -122,7 +132,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
             out.check(name, cell, excess, ok, None, detail)
             undecided.append(f"{label} {_g(excess)} is not shown inside the healthy budget {_g(ok)} (upper bound "
                              f"{_g(upper)}) nor beyond the harm limit {_g(bad)} (lower bound {_g(lower)}; "
-                             f"{documents} sequences)")
+                             f"{documents} sequences){_look_note(comp)}")
     disagreement = floor.top1_disagreement if floor else None
     top1_ok = budget.top1_agreement_min if disagreement is None else min(budget.top1_agreement_min, 1 - mult * disagreement)
     agreement = s.top1_agreement

@@ -189,7 +189,8 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
             "gpu_memory_utilization": options.gpu_memory_utilization,
             "enforce_eager": options.enforce_eager, "engine_args": options.engine_args, "suite": suite.name,
             "counts": options.counts, "phases": list(options.phases),
-            "phase_options": phase_options.model_dump(mode="json"),
+            # documents_file is a scoring round's only (None here): left out, so runs from before it resume.
+            "phase_options": phase_options.model_dump(mode="json", exclude={"scoring": {"documents_file"}}),
             "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
             "stall_timeout_s": options.stall_timeout,
             "tasks": task_names, "lengths": list(shape.fractions), "depths": list(shape.depths),
