@@ -204,11 +204,11 @@ def compare_arguments(given: dict) -> dict:
                    "dtype (fewest first) and combinations, each judged by the same gate, until one PASSes at each "
                    "--max-model-len (also --kv search).")
 @click.option("--budget", default=None, metavar="N|TIME|N,TIME",
-              help="Task evidence until decided: while a tested cell is INCONCLUSIVE only because its task accuracy is "
-                   "not yet shown non-inferior (or a drop not yet significant), run more task rounds on new samples "
-                   "for it and its auto baseline, up to N paired samples per cell (also the sequential design's "
-                   "N_max) and/or TIME of round time (90s, 10m, 1h), whichever comes first; 0 or off: no rounds. "
-                   "Default: 600,20m.")
+              help="Evidence until decided: while a tested cell is INCONCLUSIVE because its task accuracy, its "
+                   "degeneration or its divergence is not yet decided, run rounds of new task samples, new probes "
+                   "and/or new scored documents (up to 48 per cell) for it and its auto baseline, up to N paired "
+                   "samples per cell (also the sequential design's N_max) and/or TIME of round time (90s, 10m, "
+                   "1h), whichever comes first; 0 or off: no rounds. Default: 600,20m.")
 @click.option("--diagnose/--no-diagnose", default=defaults.DIAGNOSE, show_default=True,
               help="Measure each layer's K/V range with transformers (once per run) against the FP8 range.")
 @click.option("--retry-failed", is_flag=True,
