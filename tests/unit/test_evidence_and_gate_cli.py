@@ -204,10 +204,13 @@ def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
     order = [review.index(h) for h in ("## Verdict", "## Run", "## Start-up", "## Output diff vs `auto`",
                                        "## Degeneration", "## Teacher-forced divergence")]
     assert order == sorted(order)
+    # Divergence's PASS bounds are at alpha / 5 = 0.01 (99 %), as is each FAIL path's (fail_alpha = 0.01);
+    # degeneration's PASS bound stays at alpha (95 %).
+    assert Thresholds().divergence_pass_alpha == pytest.approx(0.01) == Thresholds().fail_alpha
     assert (f"- fp8-1024: KL mean excess over the noise floor 0.00033 on {DOCUMENTS} sequences ({POSITIONS} positions), "
-            f"95 % upper bound 0.00033 vs healthy budget {KL_MAX}, 99 % lower bound 0.00033 vs harm limit {KL_FAIL}; "
+            f"99 % upper bound 0.00033 vs healthy budget {KL_MAX}, 99 % lower bound 0.00033 vs harm limit {KL_FAIL}; "
             f"KL mean (late) excess over the noise floor 0.00033 on {DOCUMENTS} sequences") in review
-    assert (f"top-1 agreement 100.0 %, 95 % lower bound 100.0 % vs minimum {TOP1_MIN}, n {POSITIONS}, {DOCUMENTS} "
+    assert (f"top-1 agreement 100.0 %, 99 % one-sided bound 100.0 % vs minimum {TOP1_MIN}, n {POSITIONS}, {DOCUMENTS} "
             f"sequences; degeneration excess upper bound 4.1 % < 5.0 % (0 of {OUTPUTS} outputs degenerate only here, "
             "0 only in auto") in review
     assert "**FP8 passes at 1024 and holds 2× the `auto` pool.**" in review

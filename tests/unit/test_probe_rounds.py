@@ -142,17 +142,33 @@ def _judge(entry):
     return evaluate(evidence(degeneration={"fp8-8192": entry}))
 
 
-def test_an_early_look_is_stricter_and_the_final_look_spends_what_is_left():
-    base = {"outputs": 109, "new_degenerate": 7, "judged_outputs": 109, "baseline_only_degenerate": 5}
-    fixed = _judge(base)
-    early = _judge({**base, "looks": [109], "n_max": 600, "final": False})
-    final = _judge({**base, "looks": [109], "n_max": 600, "final": True})
+def _looks(entry, judged):
+    """The fixed-sample test, an early look and a final look at `judged` outputs of a 600-output design."""
+    fixed = _judge(entry)
+    early = _judge({**entry, "looks": [judged], "n_max": 600, "final": False})
+    final = _judge({**entry, "looks": [judged], "n_max": 600, "final": True})
     bound = {name: next(c for c in v.checks if c.name == "degeneration_noninferiority").value
              for name, v in (("fixed", fixed), ("early", early), ("final", final))}
+    return fixed, early, final, bound
+
+
+def test_an_early_look_is_stricter_and_the_final_look_spends_what_is_left():
+    # 7 vs 5 of 218 outputs (the first round's doubling of 109): the excess's upper bound is 3.8 % at the
+    # fixed level and 4.5 % at look 1's stricter level, both under the 5-point margin. (7 vs 5 of 109, this
+    # test's case while the margin was 10 points, is undecided under today's 5: 7.6 % at the fixed level.)
+    base = {"outputs": 218, "new_degenerate": 7, "judged_outputs": 218, "baseline_only_degenerate": 5}
+    fixed, early, final, bound = _looks(base, 218)
     assert bound["early"] > bound["fixed"] == pytest.approx(bound["final"])   # one final look: the fixed test
-    assert fixed.status == early.status == PASS                                # 7 vs 5 of 109 passes either way
+    assert bound["early"] < T.degeneration_noninferiority_margin
+    assert fixed.status == early.status == final.status == PASS              # 7 vs 5 of 218 passes either way
     detail = next(c.detail for c in early.checks if c.name == "degeneration_noninferiority")
     assert "look 1 of a sequential design over at most 600 outputs" in detail
+    # Where the fixed test passes only narrowly, the early look's stricter bound leaves it undecided:
+    # 2 vs 2 of 109 is 3.8 % at the fixed level, 5.8 % at look 1.
+    close = {"outputs": 109, "new_degenerate": 2, "judged_outputs": 109, "baseline_only_degenerate": 2}
+    fixed, early, final, bound = _looks(close, 109)
+    assert bound["fixed"] < T.degeneration_noninferiority_margin < bound["early"]
+    assert fixed.status == final.status == PASS and early.status == INCONCLUSIVE
 
 
 def test_an_open_look_says_rounds_continue_and_a_final_one_what_else_would_decide():

@@ -15,11 +15,14 @@ from kveval.api import EXIT_USAGE, EXIT_WORSE, KvevalError, diff_markdown, diff_
 from kveval.cli.commands import cli
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-SMOLLM2 = REPORTS / "h200-smollm2-defaults"              # fp8-2048 PASS, fp8-8192 MISSING
-SMOLLM2_8192 = REPORTS / "h200-smollm2-8192-defaults"    # fp8-8192 PASS
+# Published verdicts as re-judged by the three-zone gate (025f203: every former PASS is INCONCLUSIVE).
+SMOLLM2 = REPORTS / "h200-smollm2-defaults"              # fp8-2048 INCONCLUSIVE, fp8-8192 MISSING
+SMOLLM2_8192 = REPORTS / "h200-smollm2-8192-defaults"    # fp8-8192 INCONCLUSIVE
 QWEN_DEFAULTS = REPORTS / "h200-qwen2.5-coder-1.5b-defaults"
 QWEN = REPORTS / "h200-qwen2.5-coder-1.5b"
 BISECT = REPORTS / "h200-qwen2.5-coder-1.5b-keep-layers-bisect"
+PLANTED_SEARCH = REPORTS / "h200-planted-search"         # fp8-2048 INCONCLUSIVE (60 task samples)
+PLANTED_LAYERS = REPORTS / "h200-planted-layers"         # fp8-2048 FAIL (divergence harm, task drop on 270)
 
 
 def run_cli(*args) -> "click.testing.Result":
@@ -50,10 +53,12 @@ def kv_comparison(results: dict, cell: str) -> dict:
 def test_published_pair_with_one_cell_in_common():
     result = run_cli(SMOLLM2, SMOLLM2_8192)
     assert result.exit_code == 0, result.output
-    assert "Only in A: fp8-2048 (PASS)." in result.output
-    assert "| fp8-8192 | MISSING → PASS" in result.output
+    assert "Only in A: fp8-2048 (INCONCLUSIVE)." in result.output
+    assert "| fp8-8192 | MISSING → INCONCLUSIVE" in result.output
     diff = diff_runs(SMOLLM2, SMOLLM2_8192)
-    assert [c.cell for c in diff.cells] == ["fp8-8192"] and diff.cells[0].verdict_change == "better"
+    # MISSING and INCONCLUSIVE both reached no verdict: they rank alike, so the change is neither way.
+    assert [c.cell for c in diff.cells] == ["fp8-8192"] and diff.cells[0].verdict_change == "same"
+    assert (diff.cells[0].verdict_a, diff.cells[0].verdict_b) == ("MISSING", "INCONCLUSIVE")
     assert [c.cell for c in diff.only_in_a] == ["fp8-2048"] and not diff.only_in_b
     assert not diff.worse
 
@@ -86,10 +91,26 @@ def test_partly_shared_sequences_are_compared_on_the_common_ones():
 
 
 def test_a_published_regression_exits_with_the_worse_code():
+    # Eager mode at half the memory broke the kept-layers cells (an engine defect): both verdicts stay
+    # INCONCLUSIVE under the three-zone gate, but KL rises far beyond the noise floor, which is worse.
     result = run_cli(BISECT / "fa3-defaults", BISECT / "fa3-eager-half-memory")
     assert result.exit_code == EXIT_WORSE == 5, result.output
-    assert "**B got worse than A**" in result.output
-    assert "PASS → INCONCLUSIVE **worse**" in result.output
+    assert "**B got worse than A** in 2 of 2 matched cells" in result.output
+    assert "- fp8:keep=0-8192: KL mean 0.00629 -> 0.104 (up 0.0981" in result.output
+    diff = diff_runs(BISECT / "fa3-defaults", BISECT / "fa3-eager-half-memory")
+    for cell in diff.cells:
+        assert cell.verdict_change == "same" and cell.divergence.kl_mean.harmful
+        assert any(w.startswith("KL mean") for w in cell.why_worse)
+
+
+def test_a_published_verdict_regression_exits_with_the_worse_code():
+    # The planted model: its --search run stopped undecided on 60 task samples; the run with 270 FAILs it.
+    result = run_cli(PLANTED_SEARCH, PLANTED_LAYERS)
+    assert result.exit_code == EXIT_WORSE, result.output
+    assert "**B got worse than A**" in result.output and "- fp8-2048: verdict INCONCLUSIVE -> FAIL" in result.output
+    assert "| fp8-2048 " in result.output and "| INCONCLUSIVE → FAIL **worse** |" in result.output
+    (cell,) = [c for c in diff_runs(PLANTED_LAYERS, PLANTED_SEARCH).cells if c.cell == "fp8-2048"]
+    assert cell.verdict_change == "better" and not cell.why_worse   # FAIL → INCONCLUSIVE, the other way
 
 
 def test_the_same_run_twice_changes_nothing():
@@ -116,13 +137,29 @@ def pair(tmp_path):
     return copy_run(SMOLLM2_8192, tmp_path / "a"), copy_run(SMOLLM2_8192, tmp_path / "b")
 
 
+def passed(results: dict) -> None:
+    """The published run's fp8-8192 verdict (INCONCLUSIVE since the three-zone gate) set to PASS."""
+    results["verdict"]["cells"]["fp8-8192"] = "PASS"
+    results["verdict"]["status"] = "PASS"
+
+
 def test_a_worse_verdict_exits_5(pair):
     a, b = pair
+    edit(a, "results.json", passed)
     edit(b, "results.json", lambda r: r["verdict"]["cells"].update({"fp8-8192": "FAIL"}))
     result = run_cli(a, b)
     assert result.exit_code == EXIT_WORSE, result.output
     assert "fp8-8192: verdict PASS -> FAIL" in result.output
     # The other way round it got better: exit 0.
+    assert run_cli(b, a).exit_code == 0
+
+
+def test_pass_to_inconclusive_is_worse(pair):
+    a, b = pair
+    edit(a, "results.json", passed)                 # b keeps the published INCONCLUSIVE
+    result = run_cli(a, b)
+    assert result.exit_code == EXIT_WORSE, result.output
+    assert "PASS → INCONCLUSIVE **worse**" in result.output
     assert run_cli(b, a).exit_code == 0
 
 
@@ -183,13 +220,14 @@ def test_cells_of_one_run_only_are_listed(pair):
     def rename(results):
         results["verdict"]["cells"]["fp8-4096"] = results["verdict"]["cells"].pop("fp8-8192")
 
+    edit(a, "results.json", passed)                 # each listed cell carries its own run's verdict
     edit(b, "results.json", rename)
     diff = diff_runs(a, b)
     assert not diff.cells and not diff.worse
     assert [(c.cell, c.verdict) for c in diff.only_in_a] == [("fp8-8192", "PASS")]
-    assert [(c.cell, c.verdict) for c in diff.only_in_b] == [("fp8-4096", "PASS")]
+    assert [(c.cell, c.verdict) for c in diff.only_in_b] == [("fp8-4096", "INCONCLUSIVE")]
     text = diff_markdown(diff)
-    assert "Only in A: fp8-8192 (PASS)." in text and "Only in B: fp8-4096 (PASS)." in text
+    assert "Only in A: fp8-8192 (PASS)." in text and "Only in B: fp8-4096 (INCONCLUSIVE)." in text
 
 
 def test_runs_of_different_models_are_refused_in_one_line(pair):

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from kveval.analysis.noninferiority import paired_recovery_upper_bound
+from kveval.analysis.sequential import final_look_alpha
 from kveval.analysis.task_accuracy import task_evidence
 from kveval.errors import KvevalError
 from kveval.files import schema
@@ -140,7 +142,12 @@ def test_a_cell_undecided_on_another_count_gets_rounds_only_where_a_drop_could_b
                         parse_budget("600"), T, shapes, None, 0)
     assert not steady.rounds
     assert steady.notes == ["fp8-2048: no task round: another count keeps it undecided, which task samples cannot "
-                            "settle, and its recovery is not under 95.0 %"]
+                            "settle, and its recovery is not under 90.0 %"]
+    # The bar is task_recovery_min (0.90 since the three-zone gate): 2 vs 0 of 54 recovers 92 %, under the
+    # retired 95 % bar but not under 90 %, so no round is spent on it either.
+    slight = plan_round(verdict, _evidence({"fp8-2048": _entry(54, 2, 0, acc=0.463, length=2048)}),
+                        parse_budget("600"), T, shapes, None, 0)
+    assert not slight.rounds and "recovery is not under 90.0 %" in slight.notes[0]
 
 
 # --- round samples join the cell --------------------------------------------------------------------
@@ -310,7 +317,10 @@ def test_a_resumed_run_reuses_finished_rounds(healthy_loop, monkeypatch):
 
 
 def test_budget_spent_undecided_says_how_many_samples_would_decide(tmp_path, monkeypatch):
-    wrong = frozenset(range(0, 400, 16))                 # one answer in 16 lost: recovery about 0.9
+    # One answer in 8 lost (every round's indices 0, 8, 16, ...: 2 + 2 + 3 = 7 of 48, auto all right):
+    # recovery 85.4 %, under the harm bar 90 % but not shown under it on 48 samples. (One in 16 gave 4 of 48,
+    # recovery 91.7 %: above the bar, so no sample count would show harm, and rightly no drop hint.)
+    wrong = frozenset(range(0, 400, 8))
     setup, stand_in = _run_dir(tmp_path, "48", fp8_wrong=wrong), StandIn(fp8_wrong=wrong)
     manifest, review = _loop(setup, stand_in, monkeypatch)
     record = manifest["task_rounds"]
@@ -320,8 +330,16 @@ def test_budget_spent_undecided_says_how_many_samples_would_decide(tmp_path, mon
     (reason,) = [r for r in review.verdict.reasons if r.cell == "fp8-1024" and r.level == INCONCLUSIVE]
     assert "unlikely" not in reason.decide and "--full" not in reason.decide
     assert "is not 2 points above the margin" in reason.decide and "that is the finding" in reason.decide
-    assert re.search(r"about \d+ paired samples per cell would show whether it is under the harm bar 90\.0 % \(--budget \d+\)",
-                     reason.decide)
+    entry = review.evidence.tasks.cells["fp8-1024"]
+    assert (entry.n, entry.b, entry.c, entry.baseline_accuracy) == (48, 7, 0, 1.0)
+    found = re.search(r"about (\d+) paired samples per cell would show whether it is under the harm bar 90\.0 % "
+                      r"\(--budget (\d+)\)", reason.decide)
+    assert found and found.group(1) == found.group(2)
+    # The count is the fewest samples at which, the observed shares held (7 in 48 only auto right), the
+    # recovery's upper bound falls under the harm bar at the FAIL level of a design's last look.
+    need, level = int(found.group(1)), final_look_alpha(T.fail_alpha)
+    assert paired_recovery_upper_bound(need, need * 7 / 48, 0, 1.0, level) < T.task_recovery_min
+    assert paired_recovery_upper_bound(need - 1, (need - 1) * 7 / 48, 0, 1.0, level) >= T.task_recovery_min
     assert "the final look" in next(c.detail for c in review.verdict.checks if c.name == "task_noninferiority")
     stored = json.loads(setup.run.results_path.read_text())
     assert stored["evidence"]["tasks"]["cells"]["fp8-1024"]["n_max"] == 48
