@@ -10,7 +10,10 @@ from kveval.files.schema import CellResult
 def acceptance_matrix(workloads: list[dict], cells: dict[str, CellLike]) -> pd.DataFrame:
     """Rows: prompts; columns: cells; values: accepted / rejected / error / not run. The degeneration
     probes share one row ("probe (100 prompts)": "accepted", or "k/n accepted"), so a hundred short
-    questions do not bury the prompts whose acceptance is the finding."""
+    questions do not bury the prompts whose acceptance is the finding. Probe rounds give new probes only
+    to the cells still undecided (and their baseline), so a cell decided earlier ran fewer of the row's
+    probes: its value counts the probes it ran and says how many ("accepted (20 of 142 run)"), never
+    "20/142 accepted", which would read as 122 refusals."""
     cells = typed_cells(cells)
     rows = []
     probes = [prompt for prompt in workloads if prompt.get("kind") == "probe"]
@@ -26,8 +29,10 @@ def acceptance_matrix(workloads: list[dict], cells: dict[str, CellLike]) -> pd.D
                "prompt_tokens": max(len(prompt["token_ids"]) for prompt in probes)}
         for name, facts in cells.items():
             statuses = [_status(facts, prompt["id"]) for prompt in probes]
-            accepted = statuses.count("accepted")
-            row[name] = statuses[0] if len(set(statuses)) == 1 else f"{accepted}/{len(statuses)} accepted"
+            ran = [status for status in statuses if status != "not run"] or statuses
+            accepted = ran.count("accepted")
+            value = ran[0] if len(set(ran)) == 1 else f"{accepted}/{len(ran)} accepted"
+            row[name] = value if len(ran) == len(statuses) else f"{value} ({len(ran)} of {len(statuses)} run)"
         rows.append(row)
     return pd.DataFrame(rows)
 

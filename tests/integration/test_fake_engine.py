@@ -71,9 +71,20 @@ def test_pools_follow_the_bytes_per_token_and_the_probes_are_one_row(run):
     assert pools["auto-1024"] == (60 << 20) // 23040 // 16 * 16
     assert pools["fp8-1024"] == (60 << 20) // 11520 // 16 * 16
     assert pools["fp8:keep=3,17-1024"] == (60 << 20) // (384 * 28 + 768 * 2) // 16 * 16
+    # The suite's 20 probes and the probe rounds' share one row. 0 vs 0 degenerate of 22 outputs bounds the
+    # excess at 11 %, not under the 5-point margin (no allowance since c3d267f), so the remedy cell, the one
+    # cell left undecided, gets probe rounds on the fixed doubling schedule (looks 22, 72, 144: 50 then 72
+    # new probes, with auto) until the bound is under 5 %; plain FP8, decided FAIL by divergence, gets none.
+    remedied = run.evidence.degeneration.cells["fp8:keep=3,17-1024"]
+    assert remedied.looks == [22, 72, 144] and remedied.judged_outputs == 144
+    assert [c.passed for c in run.verdict.checks
+            if (c.name, c.cell) == ("degeneration_noninferiority", "fp8:keep=3,17-1024")] == [True]
+    probes = 20 + (144 - 22)
     matrix = run.evidence.acceptance.matrix
-    assert [row["prompt"] for row in matrix] == ["short_64-0", "short_64-1", "over_1024-0", "probe (20 prompts)"]
+    assert [row["prompt"] for row in matrix] == ["short_64-0", "short_64-1", "over_1024-0", f"probe ({probes} prompts)"]
     assert {row["auto-1024"] for row in matrix} == {"accepted", "rejected"}
+    assert matrix[-1]["fp8:keep=3,17-1024"] == "accepted"
+    assert matrix[-1]["fp8-1024"] == f"accepted (20 of {probes} run)"   # not "20/142 accepted": none was refused
     degeneration = run.evidence.degeneration.cells["fp8-1024"]
     assert degeneration.outputs == 22 and degeneration.judged_outputs == 22
 
@@ -91,8 +102,11 @@ def test_plain_fp8_passes_on_the_healthy_model_and_gate_exits_0(tmp_path, defaul
     assert run.verdict.cells == {"fp8-1024": "PASS"}, [r.message for r in run.verdict.reasons]
     assert run.verdict.status == "PASS"
     checks = [c for c in run.verdict.checks if c.cell == "fp8-1024"]
-    assert {c.name for c in checks} >= {"kl_mean", "top1_agreement", "new_degenerate_share"}
-    assert all(c.passed for c in checks)
+    # Every stream measured here is a check that passed: both KL bounds under the budget, top-1 agreement
+    # above its minimum, and the degeneration excess shown under its margin (`new_degenerate_share` is only
+    # written when degeneration FAILs; tasks are off, so no task check).
+    assert {c.name for c in checks} == {"kl_mean", "kl_late_mean", "top1_agreement", "degeneration_noninferiority"}
+    assert all(c.passed is True for c in checks), [(c.name, c.passed, c.detail) for c in checks]
     assert [c["id"] for c in run.manifest["cells"]] == ["auto-1024", "fp8-1024"]   # no remedy cell
     review = (run.run_dir / "review.md").read_text()
     assert "## Verdict: **PASS**" in review and "`vllm serve MODEL --kv-cache-dtype fp8`" in review
