@@ -43,6 +43,7 @@ __all__ = [
     "REASON_CODES", "Check", "Reason", "Verdict", "exit_code",
     "DEFAULT_PROFILE", "PROFILES", "Budget", "GateConfigError", "Thresholds", "load_thresholds",
     "evaluate", "KEPT_LAYERS_DEFECTIVE_BACKEND", "KNOWN_ENGINE_DEFECTS",
-    # private, for scripts/simulate_degeneration.py, which runs the degeneration check alone
+    # private, to run the degeneration check alone; scripts/simulate_gate.py, which runs every stream's check
+    # alone, imports them (and _divergence, _tasks) from collector and the *_checks modules instead
     "_Collector", "_degeneration",
 ]
