@@ -4,19 +4,35 @@ on a `_Collector` as `evaluate` runs them) over simulated paired data.
 
 Data model (every parameter is printed with the tables and can be changed from the command line):
 
-- Divergence (no rounds: one look). Per cell, the scored sequences of the suite: `--documents` teacher-forced
+- Divergence (scoring rounds). The first look scores the suite's sequences: `--documents` teacher-forced
   documents (CPU profile: the standard suite's 12 at max_model_len 2048; GPU profile: the full suite's 24 at
   8192), sizes spread evenly over 55-90 % of max_model_len (kveval/inputs/suites.py), each scored from
   position 1, its late positions those at or after max_model_len / 2; plus the 9 prompt continuations of the
   standard prompt set, with the positions they scored in reports/cpu-probe-rounds-smollm2-2048 (CPU) and
-  reports/h200-smollm2-8192-defaults (GPU); only ctx_90pct reaches the late half. Each sequence g carries a
+  reports/h200-smollm2-8192-defaults (GPU); only ctx_90pct reaches the late half. A cell the look leaves
+  undecided scores new documents in rounds (run/rounds.py), the same size distribution (a round of k
+  documents: k sizes spread evenly over 55-90 %, as run/plan.scoring_documents draws them), no new
+  continuations. The rounds' sizes are the real planner's (run/round_plan._scoring_want, driven here): the
+  scored sequences (the test's clusters, continuations included) double from the first look
+  (next_look_size) up to `--documents-max` (round_plan.MAX_DOCUMENTS, 48), a round taken only while it adds
+  at least a quarter of the sequences so far: CPU 21 -> 42 sequences (12 -> 33 documents), GPU 33 -> 48
+  (24 -> 39). Each look is judged by the real `_divergence` on a Comparison carrying `looks` (sequences
+  at each look, from the second look on, as analysis/divergence.py sets it) and `design` (n_max, final
+  True at the schedule's last look, as run/rounds._finish marks a cell still open when no round is left),
+  so it tests at the nominal level of the exact Lan-DeMets boundary (gate/divergence_checks.look_levels);
+  the stream stops at its first decided look. `--documents-max 0`: no design, one look at the
+  fixed-sample levels (a run without rounds). Each sequence g carries a
   log-normal multiplier M_g (mean 1, coefficient of variation `--cv`, default 0.5: the CV of the sequence KL
   means of ten healthy published runs is 0.34-1.10, median 0.45, see the report in docs/statistics.md). Its
   KL sum is M_g (mu_early n_early,g + mu_late n_late,g); mu_late = the profile's late budget / mean budget
-  times the true KL mean, mu_early set so that the position-weighted mean over the design is the true KL
-  mean. Top-1 disagreement per sequence 0.55 sqrt(KL_g) (the fit to the same runs; 0.905 at KL 0.03), the
-  agreeing positions binomial. No noise floor (the KL is the excess over it). The comparison's clustered
-  figures come from kveval.analysis.cluster_interval.cluster_mean, as analysis/divergence.py computes them.
+  times the true KL mean, mu_early set so that the position-weighted mean over the first look is the true
+  KL mean (the late KL is the true late KL at every look; the overall KL's expectation over the CPU's 42
+  sequences is 1 % above it, the documents' share of late positions being larger than the continuations',
+  over the GPU's 48 0.1 %). Top-1 disagreement per sequence 0.55 sqrt(KL_g) (the fit to the same runs;
+  0.905 at KL 0.03), the agreeing positions binomial. No noise floor (the KL is the excess over it). The
+  comparison's clustered figures come from kveval.analysis.cluster_interval.cluster_mean, as
+  analysis/divergence.py computes them. "mean used" is the documents scored per cell (continuations not
+  counted).
 - Tasks (rounds). Paired samples, independent across samples: baseline right with probability `acc`; the
   discordant shares c = delta (only the cell right) and b = delta + (1 - R) acc (only the baseline right),
   delta = 0.03 (healthy H200 runs: 5-11 of 270 each way), so the cell's accuracy is R acc. Looks at
@@ -35,7 +51,7 @@ Data model (every parameter is printed with the tables and can be changed from t
 
 The figures in docs/statistics.md ("Operating characteristics") come from
 
-    python scripts/simulate_gate.py            # --runs 4000, seed 0: about 80 s on one core
+    python scripts/simulate_gate.py            # --runs 4000, seed 0: about 70 s on one core
 """
 from __future__ import annotations
 
@@ -57,6 +73,7 @@ from kveval.gate.divergence_checks import _divergence
 from kveval.gate.task_checks import _tasks
 from kveval.gate.thresholds import PROFILES, Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, PASS
+from kveval.run.round_plan import MAX_DOCUMENTS, _scoring_want
 
 CELL = "fp8-sim"
 OUTCOMES = (PASS, FAIL, INCONCLUSIVE)
@@ -85,24 +102,69 @@ class Design:
     probe_first: int = 105
     n_max: int = 600
     cv: float = 0.5
+    documents_max: int = MAX_DOCUMENTS   # the divergence design's N_max in scored sequences (0: no rounds)
+
+    def _documents(self, count: int) -> tuple[list[int], list[int]]:
+        """(positions, late positions) of `count` documents sized evenly over 55-90 % of max_model_len."""
+        length, half = self.max_model_len, self.max_model_len // 2
+        sizes = np.linspace(0.55, 0.9, count) * length if count > 1 else np.array([0.725 * length])
+        sizes = np.round(sizes).astype(int)
+        return list(sizes - 1), list(np.maximum(0, sizes - half))
 
     def sequences(self) -> tuple[np.ndarray, np.ndarray]:
-        """(positions, late positions) per scored sequence: the documents, then the continuations."""
-        length, half = self.max_model_len, self.max_model_len // 2
-        sizes = np.linspace(0.55, 0.9, self.documents) * length if self.documents > 1 else np.array([0.725 * length])
-        sizes = np.round(sizes).astype(int)
-        n = list(sizes - 1)
-        late = list(np.maximum(0, sizes - half))
+        """(positions, late positions) per scored sequence of the first look: the documents, then the
+        continuations."""
+        n, late = self._documents(self.documents)
         for positions, reaches in CONTINUATIONS[self.profile]:
             n.append(positions)
             late.append(positions if reaches else 0)
         return np.array(n, dtype=float), np.array(late, dtype=float)
 
+    def divergence_looks(self) -> list[int]:
+        """Scored sequences per cell at each look, as the real round planner sizes the scoring rounds
+        (run/round_plan._scoring_want, with the design's N_max in place of MAX_DOCUMENTS)."""
+        looks = [len(self.sequences()[0])]
+        if not self.documents_max:
+            return looks
+        while True:
+            figure = schema.ClusterFigure(estimate=0.0, se=None, clusters=looks[-1], positions=0)
+            comp = schema.Comparison.model_construct(clustered={"kl_mean": figure}, per_sequence=[],
+                                                     looks=looks if len(looks) > 1 else None)
+            want = _planned(comp, self.documents_max)
+            if want is None:
+                return looks
+            looks.append(want[0])
 
-def default_designs(documents: dict[str, int] | None = None, n_max: int = 600, cv: float = 0.5) -> dict[str, Design]:
+    def all_sequences(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, late positions) of every sequence the design may score: the first look's, then
+        each round's new documents (k documents sized evenly, as a round draws them)."""
+        n, late = self.sequences()
+        looks = self.divergence_looks()
+        parts_n, parts_late = [n], [late]
+        for before, after in zip(looks, looks[1:]):
+            extra_n, extra_late = self._documents(after - before)
+            parts_n.append(np.array(extra_n, dtype=float))
+            parts_late.append(np.array(extra_late, dtype=float))
+        return np.concatenate(parts_n), np.concatenate(parts_late)
+
+
+def _planned(comp: schema.Comparison, n_max: int) -> tuple[int, int] | None:
+    """round_plan._scoring_want under another N_max than MAX_DOCUMENTS (its module constant, swapped for
+    the call)."""
+    from kveval.run import round_plan
+    kept = round_plan.MAX_DOCUMENTS
+    round_plan.MAX_DOCUMENTS = n_max
+    try:
+        return _scoring_want(CELL, comp, [])
+    finally:
+        round_plan.MAX_DOCUMENTS = kept
+
+
+def default_designs(documents: dict[str, int] | None = None, n_max: int = 600, cv: float = 0.5,
+                    documents_max: int = MAX_DOCUMENTS) -> dict[str, Design]:
     documents = documents or {}
-    return {"cpu": Design("cpu", documents.get("cpu", 12), 2048, 54, n_max=n_max, cv=cv),
-            "gpu": Design("gpu", documents.get("gpu", 24), 8192, 270, n_max=n_max, cv=cv)}
+    return {"cpu": Design("cpu", documents.get("cpu", 12), 2048, 54, n_max=n_max, cv=cv, documents_max=documents_max),
+            "gpu": Design("gpu", documents.get("gpu", 24), 8192, 270, n_max=n_max, cv=cv, documents_max=documents_max)}
 
 
 def schedule(first: int, n_max: int, min_step: int = 1) -> list[int]:
@@ -125,8 +187,10 @@ def _status(out: _Collector) -> str:
 # --- divergence ------------------------------------------------------------------------------------
 
 def divergence_comparison(design: Design, sums: np.ndarray, n: np.ndarray, late_sums: np.ndarray,
-                          n_late: np.ndarray, agree: np.ndarray) -> schema.Comparison:
-    """The typed comparison the gate reads, with its clustered figures computed by analysis' cluster_mean."""
+                          n_late: np.ndarray, agree: np.ndarray, looks: list[int] | None = None,
+                          scoring_design: schema.ScoringDesign | None = None) -> schema.Comparison:
+    """The typed comparison the gate reads, with its clustered figures computed by analysis' cluster_mean;
+    `looks` and `scoring_design` as analysis/divergence.py and files/task_rounds.py attach them."""
     def figure(s, c):
         m = cluster_mean(s, c)
         return schema.ClusterFigure(estimate=m.estimate, se=m.se, clusters=m.clusters, positions=m.positions)
@@ -144,35 +208,57 @@ def divergence_comparison(design: Design, sums: np.ndarray, n: np.ndarray, late_
         late=schema.LateSummary(start=design.max_model_len // 2, n=total_late, kl_mean=late_kl, kl_p99=None, top1_n=0,
                                 top1_agreement=None),
         buckets=[], max_position=int(n.max()), by_sequence_kind={}, per_sequence=[], skipped=[], same_length=True,
-        kv_spec="fp8", max_model_len=design.max_model_len, clustered=clustered)
+        kv_spec="fp8", max_model_len=design.max_model_len, clustered=clustered, looks=looks,
+        design=scoring_design)
 
 
 def simulate_divergence(rng: np.random.Generator, design: Design, kl: float, runs: int,
                         t: Thresholds) -> dict:
-    """Per run: the stream's status and the kl_mean / kl_late_mean checks' outcomes."""
+    """Per run: the stream's status and the kl_mean / kl_late_mean checks' outcomes at the look it stopped
+    at (its first decided look, else the last), the documents it scored and the look it stopped at."""
     budget = t.budget(design.profile)
-    n, n_late = design.sequences()
-    n_early = n - n_late
+    first_n, first_late = design.sequences()
+    first_early = first_n - first_late
     ratio = budget.kl_late_max / budget.kl_mean_max
     mu_late = ratio * kl
-    mu_early = max(0.0, (kl * n.sum() - mu_late * n_late.sum()) / n_early.sum())
+    mu_early = max(0.0, (kl * first_n.sum() - mu_late * first_late.sum()) / first_early.sum())
+    looks = design.divergence_looks()
+    n, n_late = design.all_sequences()
+    n_early = n - n_late
     sigma = math.sqrt(math.log(1 + design.cv ** 2))
-    mult = np.exp(sigma * rng.standard_normal((runs, len(n))) - sigma ** 2 / 2)
+    # The first look's sequences come from `rng` as they did before rounds (so the other streams, drawn
+    # from it after, see the same numbers); the rounds' new documents from a child stream of it.
+    rounds = np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])
+    first = len(first_n)
+    z = np.concatenate([rng.standard_normal((runs, first)), rounds.standard_normal((runs, len(n) - first))], axis=1)
+    mult = np.exp(sigma * z - sigma ** 2 / 2)
     late_sums = mult * mu_late * n_late
     sums = mult * mu_early * n_early + late_sums
     disagreement = np.minimum(1.0, TOP1_SLOPE * np.sqrt(sums / n))
-    agree = rng.binomial(n.astype(int), 1 - disagreement).astype(float)
-    status, paths = [], {"kl_mean": [], "kl_late_mean": [], "top1_agreement": []}
+    agree = np.concatenate([rng.binomial(first_n.astype(int), 1 - disagreement[:, :first]),
+                            rounds.binomial(n[first:].astype(int), 1 - disagreement[:, first:])], axis=1).astype(float)
+    continuations = len(CONTINUATIONS[design.profile])
+    status, used, stopped = [], np.empty(runs), np.empty(runs, dtype=int)
+    paths = {"kl_mean": [], "kl_late_mean": [], "top1_agreement": []}
     for i in range(runs):
-        out = _Collector()
-        comp = divergence_comparison(design, sums[i], n, late_sums[i], n_late, agree[i])
-        _divergence(out, CELL, comp, "", None, budget, t)
-        status.append(_status(out))
+        for k, m in enumerate(looks):
+            last = k == len(looks) - 1
+            scoring_design = (schema.ScoringDesign(n_max=design.documents_max, final=last)
+                              if design.documents_max else None)
+            out = _Collector()
+            comp = divergence_comparison(design, sums[i, :m], n[:m], late_sums[i, :m], n_late[:m], agree[i, :m],
+                                         looks=looks[:k + 1] if k else None, scoring_design=scoring_design)
+            _divergence(out, CELL, comp, "", None, budget, t)
+            verdict = _status(out)
+            if verdict != INCONCLUSIVE or last:
+                break
+        status.append(verdict)
+        used[i], stopped[i] = m - continuations, k
         checks = {c.name: c.passed for c in out.checks}
         for name in paths:
             paths[name].append(checks.get(name))
     return {"status": np.array(status), "paths": {k: np.array(v, dtype=object) for k, v in paths.items()},
-            "used": np.full(runs, len(n), dtype=float)}
+            "used": used, "looks": looks, "stopped": stopped}
 
 
 # --- tasks -----------------------------------------------------------------------------------------
@@ -340,7 +426,9 @@ def run_profile(profile: str, design: Design, runs: int, seed: int, t: Threshold
                          "setting": f"KL {kl:g} (late {kl * budget.kl_late_max / budget.kl_mean_max:.3g})",
                          "rates": rates(result["status"]), "used": float(result["used"].mean()),
                          "paths": {name: {"PASS": float(np.mean(v == True)), "FAIL": float(np.mean(v == False))}  # noqa: E712
-                                   for name, v in result["paths"].items()}, "runs": runs})
+                                   for name, v in result["paths"].items()}, "runs": runs,
+                         "looks": result["looks"],
+                         "stopped": [float(np.mean(result["stopped"] == k)) for k in range(len(result["looks"]))]})
         for acc, result in tasks.items():
             rows.append({"profile": profile, "scenario": scenario, "stream": "tasks",
                          "setting": f"acc {acc:g}, R {scenario.recovery:g}", "rates": rates(result["status"]),
@@ -395,7 +483,7 @@ def print_rows(rows: list[dict], out=sys.stdout) -> None:
     print(header, file=out)
     print("|" + "|".join("-" * (len(part)) for part in header.split("|")[1:-1]) + "|", file=out)
     for row in rows:
-        used = {"divergence": "seqs", "tasks": "samples", "degeneration": "outputs", "cell": "smp+outs"}[row["stream"]]
+        used = {"divergence": "docs", "tasks": "samples", "degeneration": "outputs", "cell": "smp+outs"}[row["stream"]]
         r = row["rates"]
         print(f"| {row['scenario'].name:15} | {row['stream']:12} | {row['setting']:34} | {_fmt(r[PASS]):>11} | "
               f"{_fmt(r[FAIL]):>11} | {_fmt(r[INCONCLUSIVE]):>11} | {row['used']:5.0f} {used:<3} |".replace(" <3", ""),
@@ -404,12 +492,15 @@ def print_rows(rows: list[dict], out=sys.stdout) -> None:
 
 def print_paths(rows: list[dict], out=sys.stdout) -> None:
     """The divergence stream's two FAIL paths and its PASS parts, each on its own."""
-    print("\nDivergence per check (share of runs where the check PASSed / FAILed on its own):", file=out)
+    print("\nDivergence per check (share of runs where the check PASSed / FAILed on its own, at the look the "
+          "stream stopped at), and the share of runs stopping at each look (sequences scored):", file=out)
     for row in rows:
         if row["stream"] != "divergence":
             continue
         parts = ", ".join(f"{name} {100 * v['PASS']:.1f} / {100 * v['FAIL']:.1f}" for name, v in row["paths"].items())
-        print(f"  {row['profile']} {row['scenario'].name:15} {row['setting']:28} {parts}", file=out)
+        stops = " / ".join(f"{100 * share:.1f}" for share in row["stopped"])
+        print(f"  {row['profile']} {row['scenario'].name:15} {row['setting']:28} {parts}; stopped at "
+              f"{' / '.join(str(n) for n in row['looks'])}: {stops} %", file=out)
 
 
 def check_targets(rows: list[dict], t: Thresholds) -> list[str]:
@@ -439,6 +530,15 @@ def _target(where: str, what: str, value: float, se: float, op: str, limit: floa
     return f"{mark:12} {what} {100 * value:.1f} % (SE {100 * se:.1f}) {op} {100 * limit:g} %  {where}"
 
 
+def _design_words(design: Design) -> str:
+    looks = design.divergence_looks()
+    extra = looks[-1] - looks[0]
+    if not design.documents_max:
+        return "no scoring rounds"
+    return (f"{design.documents} -> {design.documents + extra} documents, N_max {design.documents_max}, "
+            f"the last look final")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=4000, help="simulated cells per scenario and setting (4000)")
@@ -448,13 +548,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="teacher-forced documents per cell (default: CPU 12, GPU 24)")
     parser.add_argument("--budget", type=int, default=600, help="paired samples / judged outputs per cell (600)")
     parser.add_argument("--cv", type=float, default=0.5, help="between-sequence CV of the KL means (0.5)")
+    parser.add_argument("--documents-max", type=int, default=MAX_DOCUMENTS,
+                        help=f"the divergence design's N_max in scored sequences per cell ({MAX_DOCUMENTS}; "
+                             "0: no scoring rounds, one fixed-sample look)")
     parser.add_argument("--alpha", type=float, default=None, help="the gate's alpha (default 0.05)")
     parser.add_argument("--streams", default=",".join(STREAMS),
                         help="comma-separated streams to simulate (cells only with all three)")
     args = parser.parse_args(argv)
     t = Thresholds() if args.alpha is None else Thresholds(alpha=args.alpha)
     documents = None if args.documents is None else {"cpu": args.documents, "gpu": args.documents}
-    designs = default_designs(documents, args.budget, args.cv)
+    designs = default_designs(documents, args.budget, args.cv, args.documents_max)
     profiles = ("cpu", "gpu") if args.profile == "both" else (args.profile,)
     streams = tuple(x.strip() for x in args.streams.split(",") if x.strip())
     if not set(streams) <= set(STREAMS):
@@ -469,7 +572,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n## {profile.upper()} profile: KL budget {budget.kl_mean_max:g} / harm {budget.kl_mean_fail:g}, late "
               f"{budget.kl_late_max:g} / {budget.kl_late_fail:g}, top-1 >= {budget.top1_agreement_min:g}; "
               f"{design.documents} documents + {len(CONTINUATIONS[profile])} continuations at {design.max_model_len} "
-              f"({int(n.sum())} positions, {int(late.sum())} late), CV {design.cv:g}; task looks "
+              f"({int(n.sum())} positions, {int(late.sum())} late), CV {design.cv:g}; divergence looks "
+              f"{design.divergence_looks()} sequences ({_design_words(design)}); task looks "
               f"{schedule(design.task_first, design.n_max)}, probe looks "
               f"{schedule(design.probe_first, design.n_max, MIN_PROBE_ROUND)}; alpha {t.alpha:g}, FAIL paths at "
               f"{t.fail_alpha:g}; {args.runs} runs per row, seed {args.seed}\n")

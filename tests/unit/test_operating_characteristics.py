@@ -1,7 +1,9 @@
 """Operating characteristics of the gate at its margins, by simulation through the real stream rules
 (scripts/simulate_gate.py): a cell whose truth sits exactly at a PASS margin must PASS at most alpha of the
 time, one exactly at a harm bar must FAIL at most fail_alpha of the time on each FAIL path. Each rate may
-exceed its level by at most 3 Monte Carlo standard errors (of a rate at that level). Seeded; small sizes."""
+exceed its level by at most 3 Monte Carlo standard errors (of a rate at that level). Every stream runs its
+rounds: divergence scores new documents in scoring rounds, each look judged at its Lan-DeMets level, the
+last look final, as tasks and degeneration do. Seeded; small sizes."""
 from __future__ import annotations
 
 import importlib.util
@@ -22,7 +24,7 @@ _spec.loader.exec_module(sim)
 
 T = Thresholds()
 DESIGNS = sim.default_designs()
-RUNS = {"divergence": 1000, "tasks": 2000, "degeneration": 2000}
+RUNS = {"divergence": 2000, "tasks": 2000, "degeneration": 2000}
 PROFILES = ("cpu", "gpu")
 
 
@@ -73,3 +75,23 @@ def test_schedules_follow_the_designs():
     assert sim.schedule(54, 600) == [54, 108, 216, 432, 600]
     assert sim.schedule(270, 600) == [270, 540]           # 60 more would not be worth a round
     assert sim.schedule(105, 600, sim.MIN_PROBE_ROUND) == [105, 210, 420, 600]
+
+
+def test_divergence_looks_follow_the_scoring_rounds():
+    """The real planner's scoring rounds (run/round_plan._scoring_want): scored sequences (documents and the
+    first look's 9 continuations) double up to MAX_DOCUMENTS, a round only while it adds a quarter."""
+    assert DESIGNS["cpu"].divergence_looks() == [21, 42]      # 12 -> 33 documents; 48 would add only 6
+    assert DESIGNS["gpu"].divergence_looks() == [33, 48]      # 24 -> 39 documents
+    assert sim.default_designs({"cpu": 8})["cpu"].divergence_looks() == [17, 34, 48]   # the quick suite
+    assert sim.default_designs(documents_max=0)["cpu"].divergence_looks() == [21]      # no rounds: one look
+    n, late = DESIGNS["cpu"].all_sequences()
+    assert len(n) == 42 and (late[21:] > 0).all()   # the round's new documents all reach the late half
+
+
+def test_divergence_stops_at_its_first_decided_look():
+    rng = np.random.default_rng(3)
+    healthy = sim.simulate_divergence(rng, DESIGNS["cpu"], 0.018, 200, T)
+    assert (healthy["status"] == PASS).all() and (healthy["used"] == 12).all()   # decided at the first look
+    margin = sim.simulate_divergence(rng, DESIGNS["cpu"], T.budget("cpu").kl_mean_max, 200, T)
+    undecided = margin["status"] != PASS
+    assert (margin["stopped"][undecided] == 1).all() and (margin["used"][undecided] == 33).all()
