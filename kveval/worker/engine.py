@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 # A cell is already its own process, so run vLLM's engine core in-process: the real start-up
 # exception reaches us (instead of "Engine core initialization failed") and no third process is
@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover
     from vllm.inputs.data import TokensPrompt  # type: ignore  # noqa: E402
 
 from kveval.worker.batching import submit_in_batches  # noqa: E402
+from kveval.worker.request_progress import reporting_bar  # noqa: E402
 from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings  # noqa: E402
 
 # The prompt-too-long texts of vLLM 0.26 and 0.32 ("This model's maximum context length is ...").
@@ -152,16 +153,18 @@ class Engine:
         return _generated(outputs[0], token_ids, wall, wall)
 
 
-    def generate_batch(self, requests: list[tuple[list[int], int, list[str] | None]]) -> list[dict[str, Any]]:
+    def generate_batch(self, requests: list[tuple[list[int], int, list[str] | None]], *,
+                       on_finished: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
         """Greedy-generate for many prompts in as few vLLM calls as their refusals allow
         (worker/batching.py): accepted prompts run batched, each refused one ends alone with vLLM's words.
-        `wall_seconds` is the prompt's share of its batch's wall time."""
+        `wall_seconds` is the prompt's share of its batch's wall time. `on_finished(n)`: called as
+        requests of a batch finish (n of them), so a slow batch still reports progress."""
         def run_batch(batch):
             params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=self.settings.seed,
                                      stop=list(stop) if stop else None) for _, max_tokens, stop in batch]
             began = time.perf_counter()
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _ in batch],
-                                        params, use_tqdm=False)
+                                        params, use_tqdm=reporting_bar(on_finished) if on_finished else False)
             wall = time.perf_counter() - began
             return [_generated(output, ids, wall / len(batch), wall) for (ids, _, _), output in zip(batch, outputs)]
 
@@ -301,3 +304,4 @@ def vllm_vocabulary() -> dict[str, Any]:
         dtypes = []
     return {"vllm_version": vllm_version(), "engine_args": sorted(f.name for f in dataclasses.fields(EngineArgs)),
             "kv_cache_dtypes": dtypes}
+

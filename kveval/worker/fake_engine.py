@@ -33,7 +33,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -237,12 +237,17 @@ class Engine:
                 "timing": {"ttft_s": 1e-4 * len(token_ids), "decode_tok_s": 1e4, "itl_s": 1e-4, "queue_s": 0.0,
                            "generation_tokens": len(answer), "preemptions": 0, "source": "fake engine"}}
 
-    def generate_batch(self, requests: list[tuple[list[int], int, list[str] | None]]) -> list[dict[str, Any]]:
-        """As vLLM: a batch with one refused prompt is refused whole (worker/batching.py finds it)."""
+    def generate_batch(self, requests: list[tuple[list[int], int, list[str] | None]], *,
+                       on_finished: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+        """As vLLM: a batch with one refused prompt is refused whole (worker/batching.py finds it);
+        `on_finished(1)` as each request of an accepted batch finishes."""
         def run_batch(batch):
             results = [self.generate(ids, max_tokens, stop=stop) for ids, max_tokens, stop in batch]
             if not all(result["accepted"] for result in results):
                 raise ValueError("a prompt of the batch was refused")
+            for _ in results:
+                if on_finished:
+                    on_finished(1)
             return results
 
         return submit_in_batches(requests, run_batch, lambda r: self.generate(r[0], r[1], stop=r[2]),

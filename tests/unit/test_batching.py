@@ -142,3 +142,27 @@ def test_the_scoring_warm_up_runs_outside_the_phase_clock_and_only_behind_it(fak
     clock.score(sequences, 5)
     assert clock.lap()[1] == 39 + 28
     assert scoring._warm_up(fake_engine, sequences, 5) is None and scoring._warm_up(clock, [], 5) is None
+
+
+def test_a_batch_reports_each_finished_request(fake_engine):
+    finished = []
+    requests = [([1, 2, 3], 8, None), (list(range(70)), 8, None), ([4, 5], 8, None)]
+    fake_engine.generate_batch(requests, on_finished=finished.append)
+    assert sum(finished) == 2                               # the refused one did no work
+
+
+def test_the_reporting_bar_passes_on_what_vllms_loop_updates():
+    # As vLLM 0.32's LLM._run_engine drives its bar: total, desc, postfix, then per finished request
+    # format_dict["elapsed"], postfix, update(n), n, refresh(), and close() at the end.
+    from kveval.worker.request_progress import reporting_bar
+
+    finished = []
+    bar = reporting_bar(finished.append)(total=3, desc="Processed prompts", dynamic_ncols=True, postfix="x")
+    for _ in range(3):
+        assert bar.format_dict["elapsed"] >= 0
+        bar.postfix = "est. speed"
+        bar.update(1)
+        if bar.n == 3:
+            bar.refresh()
+    bar.close()
+    assert finished == [1, 1, 1] and bar.n == 3

@@ -16,7 +16,15 @@ def run(engine, cell) -> dict:
     total = len(prompts)
     cell.emit(event="step", phase="generation", done=0, total=total, item=f"{total} prompts in one batch")
     requests = [(list(p.token_ids), p.max_tokens, None) for p in prompts]
-    results = engine.generate_batch(requests)
+    finished = 0
+
+    def report(n: int) -> None:
+        # Each finished request is a step: a slow but moving batch is not taken for a stalled engine.
+        nonlocal finished
+        finished += n
+        cell.emit(event="step", phase="generation", done=finished, total=total, item="requests finished")
+
+    results = engine.generate_batch(requests, on_finished=report)
     records = [{"prompt_id": p.id, "workload": p.workload, **result} for p, result in zip(prompts, results)]
     cell.emit(event="step", phase="generation", done=total, total=total)
     accepted = [request for request, result in zip(requests, results) if Generated.model_validate(result).accepted]
