@@ -14,7 +14,7 @@ Data model (every parameter is printed with the tables and can be changed from t
   documents: k sizes spread evenly over 55-90 %, as run/plan.scoring_documents draws them), no new
   continuations. The rounds' sizes are the real planner's (run/round_plan._scoring_want, driven here): the
   scored sequences (the test's clusters, continuations included) double from the first look
-  (next_look_size) up to `--documents-max` (round_plan.MAX_DOCUMENTS, 48), a round taken only while it adds
+  (next_look_size) up to `--documents-max` (round_plan.MAX_SCORED_SEQUENCES, 48), a round taken only while it adds
   at least a quarter of the sequences so far: CPU 21 -> 42 sequences (12 -> 33 documents), GPU 33 -> 48
   (24 -> 39). Each look is judged by the real `_divergence` on a Comparison carrying `looks` (sequences
   at each look, from the second look on, as analysis/divergence.py sets it) and `design` (n_max, final
@@ -73,7 +73,7 @@ from kveval.gate.divergence_checks import _divergence
 from kveval.gate.task_checks import _tasks
 from kveval.gate.thresholds import PROFILES, Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, PASS
-from kveval.run.round_plan import MAX_DOCUMENTS, _scoring_want
+from kveval.run.round_plan import MAX_SCORED_SEQUENCES, _scoring_want
 
 CELL = "fp8-sim"
 OUTCOMES = (PASS, FAIL, INCONCLUSIVE)
@@ -102,7 +102,7 @@ class Design:
     probe_first: int = 105
     n_max: int = 600
     cv: float = 0.5
-    documents_max: int = MAX_DOCUMENTS   # the divergence design's N_max in scored sequences (0: no rounds)
+    documents_max: int = MAX_SCORED_SEQUENCES   # the divergence design's N_max in scored sequences (0: no rounds)
 
     def _documents(self, count: int) -> tuple[list[int], list[int]]:
         """(positions, late positions) of `count` documents sized evenly over 55-90 % of max_model_len."""
@@ -122,7 +122,7 @@ class Design:
 
     def divergence_looks(self) -> list[int]:
         """Scored sequences per cell at each look, as the real round planner sizes the scoring rounds
-        (run/round_plan._scoring_want, with the design's N_max in place of MAX_DOCUMENTS)."""
+        (run/round_plan._scoring_want, with the design's N_max in place of MAX_SCORED_SEQUENCES)."""
         looks = [len(self.sequences()[0])]
         if not self.documents_max:
             return looks
@@ -149,19 +149,19 @@ class Design:
 
 
 def _planned(comp: schema.Comparison, n_max: int) -> tuple[int, int] | None:
-    """round_plan._scoring_want under another N_max than MAX_DOCUMENTS (its module constant, swapped for
+    """round_plan._scoring_want under another N_max than MAX_SCORED_SEQUENCES (its module constant, swapped for
     the call)."""
     from kveval.run import round_plan
-    kept = round_plan.MAX_DOCUMENTS
-    round_plan.MAX_DOCUMENTS = n_max
+    kept = round_plan.MAX_SCORED_SEQUENCES
+    round_plan.MAX_SCORED_SEQUENCES = n_max
     try:
         return _scoring_want(CELL, comp, [])
     finally:
-        round_plan.MAX_DOCUMENTS = kept
+        round_plan.MAX_SCORED_SEQUENCES = kept
 
 
 def default_designs(documents: dict[str, int] | None = None, n_max: int = 600, cv: float = 0.5,
-                    documents_max: int = MAX_DOCUMENTS) -> dict[str, Design]:
+                    documents_max: int = MAX_SCORED_SEQUENCES) -> dict[str, Design]:
     documents = documents or {}
     return {"cpu": Design("cpu", documents.get("cpu", 12), 2048, 54, n_max=n_max, cv=cv, documents_max=documents_max),
             "gpu": Design("gpu", documents.get("gpu", 24), 8192, 270, n_max=n_max, cv=cv, documents_max=documents_max)}
@@ -548,8 +548,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="teacher-forced documents per cell (default: CPU 12, GPU 24)")
     parser.add_argument("--budget", type=int, default=600, help="paired samples / judged outputs per cell (600)")
     parser.add_argument("--cv", type=float, default=0.5, help="between-sequence CV of the KL means (0.5)")
-    parser.add_argument("--documents-max", type=int, default=MAX_DOCUMENTS,
-                        help=f"the divergence design's N_max in scored sequences per cell ({MAX_DOCUMENTS}; "
+    parser.add_argument("--documents-max", type=int, default=MAX_SCORED_SEQUENCES,
+                        help=f"the divergence design's N_max in scored sequences per cell ({MAX_SCORED_SEQUENCES}; "
                              "0: no scoring rounds, one fixed-sample look)")
     parser.add_argument("--alpha", type=float, default=None, help="the gate's alpha (default 0.05)")
     parser.add_argument("--streams", default=",".join(STREAMS),

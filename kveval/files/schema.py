@@ -290,7 +290,7 @@ class TaskRound(ManifestModel):
     probe_target: Optional[int] = None        # judged outputs per cell this round aims to reach
     scoring_cells: Optional[list[str]] = None # cells that scored the round's new documents (the baseline first)
     documents: Optional[str] = None           # those documents, relative to the run (rounds/documents-r<k>.json)
-    document_target: Optional[int] = None     # scored documents per cell this round aims to reach
+    document_target: Optional[int] = None     # scored sequences per cell this round aims to reach
     n_max: Optional[int] = None               # the design's N_max when planned (its look's); absent: TaskRounds'
 
 
@@ -306,7 +306,7 @@ class TaskRounds(ManifestModel):
     notes: list[str]
     final_degeneration: list[str] = []   # cells whose degeneration comparison is still open at the end
     first_n_max: Optional[int] = None    # N_max at the first look (a larger --budget keeps it); absent: n_max
-    documents_n_max: Optional[int] = None   # the divergence design's N_max: scored documents per cell at most
+    documents_n_max: Optional[int] = None   # the divergence design's N_max: scored sequences per cell at most
     final_divergence: list[str] = []     # cells whose divergence comparison is still open at the end
 
 

@@ -36,7 +36,7 @@ def _look_note(comp: schema.Comparison) -> str:
         return ""
     looks = comp.looks or []
     taken = f"looks at {', '.join(str(n) for n in looks)} sequences" if len(looks) > 1 else "first look"
-    return (f" ({taken} of a sequential design over at most {comp.design.n_max} documents"
+    return (f" ({taken} of a sequential design over at most {comp.design.n_max} scored sequences"
             f"{', the final look' if comp.design.final else ''})")
 
 

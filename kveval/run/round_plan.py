@@ -24,7 +24,9 @@ from kveval.inputs.budget import Budget
 
 MAX_ROUNDS = 8   # doubling from 12 paired samples reaches the default 600 in six
 MIN_PROBE_ROUND = 50   # new probes per round at least
-MAX_DOCUMENTS = 48     # scored documents per cell at most: the divergence design's N_max (12 -> 24 -> 48)
+# The divergence design's N_max: scored sequences per cell at most (documents and, in the first look, the
+# continuations; a scoring round adds documents only, one sequence each).
+MAX_SCORED_SEQUENCES = 48
 # The verdict reasons more scored documents can settle (gate/divergence_checks.py).
 DIVERGENCE_CODES = ("divergence_undecided", "divergence_too_few_positions", "divergence_too_few_late_positions")
 
@@ -67,7 +69,7 @@ class LengthRound:
     probe_target: int = 0        # judged outputs per cell aimed for after the round
     scoring_cells: list[str] = field(default_factory=list)
     documents: int = 0           # new scoring documents per cell of scoring_cells
-    document_target: int = 0     # scored documents per cell aimed for after the round
+    document_target: int = 0     # scored sequences per cell aimed for after the round
 
     def __post_init__(self) -> None:
         if self.task_cells is None:
@@ -164,21 +166,21 @@ def _kv_comparison(evidence: schema.Evidence, cell: str) -> schema.Comparison | 
     return None
 
 
-def scored_documents(comp: schema.Comparison) -> int:
+def scored_sequence_count(comp: schema.Comparison) -> int:
     """Sequences the cell's divergence test rests on (its clusters)."""
     figure = (comp.clustered or {}).get("kl_mean")
     return figure.clusters if figure else len(comp.per_sequence)
 
 
 def _scoring_want(cell: str, comp: schema.Comparison, notes: list[str]) -> tuple[int, int] | None:
-    """(target, documents) of a scoring round for the cell: double the scored documents, within the
-    design's MAX_DOCUMENTS; None with a note when no useful round is left."""
-    scored = scored_documents(comp)
+    """(target sequences, new documents) of a scoring round for the cell: double the scored sequences,
+    within the design's MAX_SCORED_SEQUENCES; None with a note when no useful round is left."""
+    scored = scored_sequence_count(comp)
     if not scored:
         return None
-    target = min(next_look_size(comp.looks or [scored], MAX_DOCUMENTS), MAX_DOCUMENTS)
+    target = min(next_look_size(comp.looks or [scored], MAX_SCORED_SEQUENCES), MAX_SCORED_SEQUENCES)
     if target - scored < max(1, scored // 4):
-        notes.append(f"{cell}: no scoring round: the design's {MAX_DOCUMENTS} scored documents per cell are spent")
+        notes.append(f"{cell}: no scoring round: the design's {MAX_SCORED_SEQUENCES} scored sequences per cell are spent")
         return None
     return target, target - scored
 

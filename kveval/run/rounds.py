@@ -34,8 +34,8 @@ from kveval.pipeline import stored_run_verdict
 from kveval.run.cell_process import CellPlan
 from kveval.run.parent_clock import LOOK, ROUND_DATA
 from kveval.run.plan import cell_plan, scoring_documents
-from kveval.run.round_plan import (DIVERGENCE_CODES, MAX_DOCUMENTS, MAX_ROUNDS, Costs, LengthRound, LengthShape,
-                                   RoundPlan, plan_round, scored_documents, task_decided)
+from kveval.run.round_plan import (DIVERGENCE_CODES, MAX_SCORED_SEQUENCES, MAX_ROUNDS, Costs, LengthRound, LengthShape,
+                                   RoundPlan, plan_round, scored_sequence_count, task_decided)
 from kveval.inputs.suites import SUITES
 
 RunCells = Callable[[list[CellPlan]], None]
@@ -215,7 +215,7 @@ def _paired(evidence: schema.Evidence) -> dict[str, int]:
     out: dict[str, int] = {}
     for comp in evidence.divergence.comparisons if evidence.divergence else []:
         if comp.kind == "kv":
-            out[comp.cell] = out.get(comp.cell, 0) + scored_documents(comp)
+            out[comp.cell] = out.get(comp.cell, 0) + scored_sequence_count(comp)
     tasks = evidence.tasks
     for cell, entry in (tasks.cells if isinstance(tasks, schema.TaskEvidence) else {}).items():
         out[cell] = entry.n
@@ -254,7 +254,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     caps = _earlier_caps(stored.task_rounds, budget.samples)
     record = {"budget": budget.to_dict(), "n_max": budget.samples, "rounds": [], "final": [], "stopped": None,
               "notes": [], "final_degeneration": [], "first_n_max": caps.get(0, budget.samples),
-              "documents_n_max": MAX_DOCUMENTS if scoring else None, "final_divergence": []}
+              "documents_n_max": MAX_SCORED_SEQUENCES if scoring else None, "final_divergence": []}
     manifest["task_rounds"] = record
     run.write_manifest(manifest)
     data = _Data(setup, stored.options)

@@ -50,7 +50,7 @@ def scored_document(n: int, shape: str = "same", doc_id: str = "doc:300") -> dic
             "rejection": None, "error": None, "positions": positions}
 
 
-def scored_documents(n: int, shape: str = "same", documents: int = DOCUMENTS) -> list[dict]:
+def scored_sequences(n: int, shape: str = "same", documents: int = DOCUMENTS) -> list[dict]:
     """`documents` scored documents doc:300, doc:301, ..., each as `scored_document(n, shape)`: documents × n
     positions in all. Every document has the same figures, so a clustered figure's standard error is 0."""
     return [scored_document(n, shape, f"doc:{300 + i}") for i in range(documents)]
@@ -58,10 +58,10 @@ def scored_documents(n: int, shape: str = "same", documents: int = DOCUMENTS) ->
 
 def scoring_phase(n: int, shape: str, noise_shape: str | None = None, documents: int = DOCUMENTS) -> dict:
     """A scoring phase of `documents` documents of n scored positions each (documents × n in all)."""
-    phase = {"top_k": TOP_K, "reference_cell": "auto-1024", "sequences": scored_documents(n, shape, documents)}
+    phase = {"top_k": TOP_K, "reference_cell": "auto-1024", "sequences": scored_sequences(n, shape, documents)}
     if noise_shape is not None:
         phase["noise"] = {"method": "same sequences re-scored in one batch",
-                          "sequences": scored_documents(n, noise_shape, documents)}
+                          "sequences": scored_sequences(n, noise_shape, documents)}
     return phase
 
 

@@ -79,7 +79,7 @@ def test_schedules_follow_the_designs():
 
 def test_divergence_looks_follow_the_scoring_rounds():
     """The real planner's scoring rounds (run/round_plan._scoring_want): scored sequences (documents and the
-    first look's 9 continuations) double up to MAX_DOCUMENTS, a round only while it adds a quarter."""
+    first look's 9 continuations) double up to MAX_SCORED_SEQUENCES, a round only while it adds a quarter."""
     assert DESIGNS["cpu"].divergence_looks() == [21, 42]      # 12 -> 33 documents; 48 would add only 6
     assert DESIGNS["gpu"].divergence_looks() == [33, 48]      # 24 -> 39 documents
     assert sim.default_designs({"cpu": 8})["cpu"].divergence_looks() == [17, 34, 48]   # the quick suite
