@@ -40,6 +40,20 @@ def _look_note(comp: schema.Comparison) -> str:
             f"{', the final look' if comp.design.final else ''})")
 
 
+def _divergence_decide(comp: schema.Comparison, over_budget: list[str]) -> str:
+    """What would settle an undecided divergence: more documents while the design has room and the
+    figures could still fall either way; otherwise what else can (tasks, the per-layer diagnosis)."""
+    answers = "task accuracy shows whether the drift costs answers (--tasks)"
+    if over_budget:
+        return (f"the drift is shown over the healthy budget and is not harm by the divergence limits: {answers}; "
+                "the per-layer K/V range diagnosis and its remedy show whether a few layers cause it")
+    if comp.design is not None and comp.design.final:
+        return (f"the divergence design's {comp.design.n_max} scored sequences are spent: {answers}; "
+                "--suite full scores more documents in the first look")
+    return ("more scored documents narrow the interval (--suite standard scores more; rounds add them within "
+            f"--budget); {answers}")
+
+
 def _bounds(figure: schema.ClusterFigure | None, floor: float, levels: tuple[float, float]) -> tuple[float | None, float | None]:
     """(upper bound at the PASS level, lower bound at one FAIL path's level) of a figure's excess over the
     noise floor, or (None, None) without an interval (fewer than 2 sequences). A KL is never negative, so
@@ -97,7 +111,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
     mult = t.noise_multiplier
     clustered = comp.clustered if comp.clustered is not None else _from_per_sequence(comp)
     levels = look_levels(comp, t)
-    harmed, undecided = [], []
+    harmed, undecided, over_budget = [], [], []
     for name, label, value, ok, bad, n in (
             ("kl_mean", "KL mean", s.kl_mean, _widen(budget.kl_mean_max, mult, floor_kl or None),
              _widen(budget.kl_mean_fail, mult, floor_kl or None), s.n),
@@ -130,9 +144,15 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
             out.check(name, cell, excess, ok, True, detail)
         else:
             out.check(name, cell, excess, ok, None, detail)
-            undecided.append(f"{label} {_g(excess)} is not shown inside the healthy budget {_g(ok)} (upper bound "
-                             f"{_g(upper)}) nor beyond the harm limit {_g(bad)} (lower bound {_g(lower)}; "
-                             f"{documents} sequences){_look_note(comp)}")
+            if lower > ok:   # a drift shown, between the budgets: more documents only confirm it
+                over_budget.append(name)
+                undecided.append(f"{label} {_g(excess)} is shown over the healthy budget {_g(ok)} (lower bound "
+                                 f"{_g(lower)}) but not beyond the harm limit {_g(bad)} (upper bound {_g(upper)}; "
+                                 f"{documents} sequences){_look_note(comp)}")
+            else:
+                undecided.append(f"{label} {_g(excess)} is not shown inside the healthy budget {_g(ok)} (upper bound "
+                                 f"{_g(upper)}) nor beyond the harm limit {_g(bad)} (lower bound {_g(lower)}; "
+                                 f"{documents} sequences){_look_note(comp)}")
     disagreement = floor.top1_disagreement if floor else None
     top1_ok = budget.top1_agreement_min if disagreement is None else min(budget.top1_agreement_min, 1 - mult * disagreement)
     agreement = s.top1_agreement
@@ -153,9 +173,8 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         out.reason(FAIL, cell, f"{cell}: divergence vs {reference} shown beyond the harm limit: {'; '.join(harmed)}",
                    code="divergence_harm")
     elif undecided:
-        out.reason(INCONCLUSIVE, cell, f"{cell}: {'; '.join(undecided)}",
-                   "more scored documents narrow the interval (--suite standard scores more; rounds add them within "
-                   "--budget); task accuracy shows whether the drift costs answers", code="divergence_undecided")
+        out.reason(INCONCLUSIVE, cell, f"{cell}: {'; '.join(undecided)}", _divergence_decide(comp, over_budget),
+                   code="divergence_undecided")
     n, n_late = s.n, late.n if late else 0
     if n < t.min_scored_tokens:
         out.reason(INCONCLUSIVE, cell, f"{cell}: only {n} scored positions vs {reference} (PASS needs "

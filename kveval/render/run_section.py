@@ -90,6 +90,10 @@ def _rounds_line(record: schema.TaskRounds | None) -> str | None:
         probe_cells = (entry.probe_cells or [])[1:]
         if probe_cells:
             parts.append(f"{entry.probes.count if entry.probes else None} new probes for {', '.join(probe_cells)}")
+        scoring_cells = (entry.scoring_cells or [])[1:]
+        if scoring_cells:
+            parts.append(f"new documents scored for {', '.join(scoring_cells)} (aiming at {entry.document_target} "
+                         "scored sequences)")
         done.append(f"round {entry.round} at {entry.max_model_len}: {'; '.join(parts)}")
     budget = record.budget.get("text")   # inputs/budget.Budget.to_dict()
     head = f"- **Rounds of more evidence** (`--budget {budget}`): " if budget else "- **Rounds of more evidence:** "
