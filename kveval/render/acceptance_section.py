@@ -22,8 +22,9 @@ def acceptance_section(evidence: schema.Evidence) -> str:
     for name in started:
         view[name] = view[name].map(lambda status: symbols.get(status, status))
     out = ["## Prompt acceptance", "",
-           "Every prompt was submitted to every started cell; ✗ means the engine refused it "
-           "(nothing is predicted or truncated).", "",
+           "Every prompt of the first look was submitted to every started cell, and each round's new probes "
+           "to the cells of that round (a cell decided earlier reads 'accepted (20 of 142 run)'); ✗ means the "
+           "engine refused it (nothing is predicted or truncated).", "",
            long_table(view, f"{len(view)} prompts × {len(started)} cells", names=("prompt",))]
     refused = rows_frame(acceptance.rejections, columns=["cell", "prompt", "kind", "message"])
     if not refused.empty:

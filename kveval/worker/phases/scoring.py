@@ -9,6 +9,10 @@ due to the cell (its KV dtype), not to greedy outputs that drifted apart. Sequen
   are scored.
 - `doc:<n>` — plain corpus documents sized to each max_model_len of the run (scoring.json in the
   run directory); a cell scores those that fit it.
+- `doc:r<k>:<size>` — a scoring round's new documents (run/rounds.py writes them to
+  rounds/documents-r<k>-L<len>.json and names the file in `documents_file`): the cell and its baseline
+  score only those, without continuations or a noise re-scoring; they join the cell's first look as
+  round k (files/task_rounds.py).
 
 Every cell scores its sequences batched (worker/batching.py: a refused sequence ends alone with vLLM's
 words). `auto` cells score everything a second time one request at a time (another batch
