@@ -11,6 +11,7 @@ from __future__ import annotations
 from kveval.analysis.acceptance import acceptance_matrix, rejections
 from kveval.analysis.attribution import identical_specs, remedy_attribution
 from kveval.analysis.capacity import pool_by_length, startup_table
+from kveval.analysis.sequential import look_caps
 from kveval.analysis.capacity_model import capacity_rows
 from kveval.analysis.cell_records import BASELINE_KV, CellLike, generation_records, stored_spec, typed_cells
 from kveval.analysis.degeneration import DETECTORS, INFORMATIONAL_DETECTORS, degeneration_summary, scan_cells
@@ -87,14 +88,17 @@ def _diff_evidence(workloads: list[dict], cells: dict[str, CellResult]) -> dict:
             "examples": records(first_diverging_examples(pairs))}
 
 
-def _degeneration_design(facts: CellResult | None, looks: list[int] | None) -> dict:
+def _degeneration_design(facts: CellResult | None, looks: list[int] | None, rounds: list[int] | None) -> dict:
     """looks / n_max / final of a cell's degeneration comparison when a design applies to it (rounds
-    were planned); {} otherwise, so evidence of a run without rounds keeps its shape."""
+    were planned), and the N_max at each look where a larger --budget extended it (`rounds`: each
+    look's round); {} otherwise, so evidence of a run without rounds keeps its shape."""
     phase = facts.phases.generation if facts else None
     design = phase.design if phase else None
     if design is None or not design.n_max or not looks:
         return {}
-    return {"looks": [int(n) for n in looks], "n_max": int(design.n_max), "final": bool(design.final)}
+    caps = look_caps(rounds or [], design.n_max, design.n_max_rounds)
+    return {"looks": [int(n) for n in looks], "n_max": int(design.n_max), "final": bool(design.final),
+            **({"n_max_looks": caps} if caps else {})}
 
 
 def _degeneration_evidence(workloads: list[dict], cells: dict[str, CellResult]) -> dict:
@@ -117,7 +121,7 @@ def _degeneration_evidence(workloads: list[dict], cells: dict[str, CellResult]) 
             else int(row["baseline_only_degenerate"]),
             "outputs_with_findings": row["outputs_with_findings"],
             # The sequential design where rounds added probes (files/task_rounds.py): looks, n_max, final.
-            **_degeneration_design(cells.get(row["cell"]), row.get("looks")),
+            **_degeneration_design(cells.get(row["cell"]), row.get("looks"), row.get("look_rounds")),
             "detectors": {d: row[d] for d in DETECTORS},
             "token_limit_rate": row["token_limit_rate"],
         }

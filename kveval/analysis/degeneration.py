@@ -557,13 +557,14 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellLike], wor
                "baseline_only_degenerate": baseline_only,
                # Judged outputs after each round that added some (rounds of new probes, run/rounds.py):
                # the looks of the sequential design. One look when there were no rounds.
-               "looks": None if is_base else _cumulative(judged_rounds)}
+               "looks": None if is_base else _cumulative(judged_rounds),
+               "look_rounds": None if is_base else sorted(set(judged_rounds))}
         for detector in DETECTORS:
             row[detector] = int((mine["detector"] == detector).sum())
         row["token_limit_rate"] = limited / len(outputs) if outputs else None
         rows.append(row)
     columns = ["cell", "kv_spec", "max_model_len", "outputs", "outputs_with_findings",
                "outputs_with_new_findings", "judged_outputs", "degenerate_only_here", "baseline_only_degenerate",
-               "looks", *DETECTORS,
+               "looks", "look_rounds", *DETECTORS,
                "token_limit_rate"]
     return pd.DataFrame(rows, columns=columns)

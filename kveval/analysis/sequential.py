@@ -177,6 +177,14 @@ def look_alpha(looks: Sequence[int], n_max: int | Sequence[int | None] | None, a
     return Look(len(kept), min(1.0, kept[-1] / caps[-1]), level, final, len(kept) > 1 or not final)
 
 
+def look_caps(look_rounds: Sequence[int], n_max: int, n_max_rounds: Sequence[int] | None) -> list[int] | None:
+    """The N_max in force at each look (one per round that made a look; `n_max_rounds[k]`: the N_max at
+    the look after round k, files/task_rounds.n_max_rounds), or None where one N_max held throughout."""
+    if not n_max_rounds:
+        return None
+    return [int(n_max_rounds[k]) if k < len(n_max_rounds) else int(n_max) for k in look_rounds]
+
+
 def final_look_alpha(alpha: float) -> float:
     """The nominal level of the last look of a two-look design whose first look came at half its samples:
     the level a rerun with a larger budget would test at, for saying how many samples would decide."""

@@ -23,6 +23,7 @@ import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cell, typed_cells
 from kveval.analysis.json_values import json_safe, records
+from kveval.analysis.sequential import look_caps
 from kveval.files import schema
 from kveval.files.schema import TasksPhase
 
@@ -227,6 +228,11 @@ def baseline_cells(samples: pd.DataFrame, baseline_kv: str = BASELINE_KV) -> dic
     return out
 
 
+def look_rounds(samples: pd.DataFrame, cell: str) -> list[int]:
+    """The rounds `cell` took part in (0: the first look), one per look of paired_looks."""
+    return sorted(int(k) for k in set(_keyed(samples[samples["cell"] == cell])["round"]))
+
+
 def paired_looks(samples: pd.DataFrame, cell: str, reference: str) -> list[int]:
     """Paired samples (both cells scored) after each round `cell` took part in, cumulative: the looks
     of the sequential design (analysis/sequential.py). One look when there were no rounds."""
@@ -309,7 +315,8 @@ def task_evidence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) ->
                               # looks only where rounds were run: a single look is n itself, as before rounds.
                               **({"looks": paired_looks(samples, row["cell"], row["reference"])}
                                  if "round" in samples else {}),
-                              **_design(phases.get(row["cell"]))}
+                              **_design(phases.get(row["cell"]),
+                                        look_rounds(samples, row["cell"]) if "round" in samples else [0])}
                 for row in pooled.to_dict("records")}
     matched = set(baseline_cells(samples, baseline_kv)) if not samples.empty else set()
     unmatched = [{"cell": cell, "reason": f"no {baseline_kv} cell with task results at max_model_len "
@@ -331,7 +338,11 @@ def task_evidence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) ->
     })
 
 
-def _design(phase: TasksPhase | None) -> dict:
-    """The sequential design a cell's tasks phase carries (files/task_rounds.py): n_max and final."""
+def _design(phase: TasksPhase | None, rounds: list[int]) -> dict:
+    """The sequential design a cell's tasks phase carries (files/task_rounds.py): n_max and final, and
+    where a larger --budget extended it, the N_max in force at each look (`rounds`: each look's round)."""
     design = phase.design if phase else None
-    return {"n_max": design.n_max, "final": design.final} if design and design.n_max else {}
+    if not (design and design.n_max):
+        return {}
+    caps = look_caps(rounds, design.n_max, design.n_max_rounds)
+    return {"n_max": design.n_max, "final": design.final, **({"n_max_looks": caps} if caps else {})}

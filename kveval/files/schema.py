@@ -1027,6 +1027,7 @@ class DegenerationCell(FileModel):
     baseline_only_degenerate: Optional[int] = None   # the other discordant count (None: baseline cells)
     looks: Optional[list[int]] = None     # judged outputs after each round (only where rounds were planned)
     n_max: Optional[int] = None           # the design's most outputs per cell
+    n_max_looks: Optional[list[int]] = None   # the N_max at each look, where a larger --budget extended it
     final: Optional[bool] = None          # the last look spends the alpha left
 
 
@@ -1134,6 +1135,7 @@ class TaskCell(FileModel):
     rejected: int
     looks: Optional[list[int]] = None      # paired samples after each round (analysis/sequential.py)
     n_max: Optional[int] = None            # the budget's paired samples per cell; absent: no design
+    n_max_looks: Optional[list[int]] = None   # the N_max at each look, where a larger --budget extended it
     final: Optional[bool] = None           # its last look spends the alpha left
 
 

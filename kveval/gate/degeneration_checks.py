@@ -40,8 +40,9 @@ def _degeneration(out: _Collector, cell: str, entry: schema.DegenerationCell | N
     # level of its exact boundary (analysis/sequential.py), the PASS side at alpha, the FAIL side at its
     # share; without rounds, the fixed-sample test.
     final = entry.final is not False
-    look = look_alpha(entry.looks or [judged], entry.n_max, t.alpha, final)
-    fail_look = look_alpha(entry.looks or [judged], entry.n_max, t.fail_alpha, final)
+    caps = entry.n_max_looks or entry.n_max   # per look where a larger --budget extended the design
+    look = look_alpha(entry.looks or [judged], caps, t.alpha, final)
+    fail_look = look_alpha(entry.looks or [judged], caps, t.fail_alpha, final)
     level, fail_level = look.alpha, fail_look.alpha
     lower = excess_lower_bound(judged, new, base_only, fail_level) if fail_level > 0 else -1.0
     upper = excess_upper_bound(judged, new, base_only, level) if level > 0 else 1.0

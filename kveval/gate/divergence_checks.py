@@ -40,18 +40,19 @@ def _look_note(comp: schema.Comparison) -> str:
             f"{', the final look' if comp.design.final else ''})")
 
 
-def _divergence_decide(comp: schema.Comparison, over_budget: list[str]) -> str:
-    """What would settle an undecided divergence: more documents while the design has room and the
-    figures could still fall either way; otherwise what else can (tasks, the per-layer diagnosis)."""
+def _divergence_decide(comp: schema.Comparison, between: list[str]) -> str:
+    """What would settle an undecided divergence: more documents while the design has room and a figure
+    could still fall either way; otherwise what else can (tasks, the per-layer diagnosis)."""
     answers = "task accuracy shows whether the drift costs answers (--tasks)"
-    if over_budget:
-        return (f"the drift is shown over the healthy budget and is not harm by the divergence limits: {answers}; "
-                "the per-layer K/V range diagnosis and its remedy show whether a few layers cause it")
+    if between:
+        return (f"the drift is shown between the healthy budget and the harm limit, so more documents would only "
+                f"confirm it: {answers}; the per-layer K/V range diagnosis and its remedy show whether a few "
+                "layers cause it")
     if comp.design is not None and comp.design.final:
         return (f"the divergence design's {comp.design.n_max} scored sequences are spent: {answers}; "
                 "--suite full scores more documents in the first look")
     return ("more scored documents narrow the interval (--suite standard scores more; rounds add them within "
-            f"--budget); {answers}")
+            "--budget); task accuracy shows whether the drift costs answers")
 
 
 def _bounds(figure: schema.ClusterFigure | None, floor: float, levels: tuple[float, float]) -> tuple[float | None, float | None]:
@@ -111,7 +112,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
     mult = t.noise_multiplier
     clustered = comp.clustered if comp.clustered is not None else _from_per_sequence(comp)
     levels = look_levels(comp, t)
-    harmed, undecided, over_budget = [], [], []
+    harmed, undecided, between = [], [], []
     for name, label, value, ok, bad, n in (
             ("kl_mean", "KL mean", s.kl_mean, _widen(budget.kl_mean_max, mult, floor_kl or None),
              _widen(budget.kl_mean_fail, mult, floor_kl or None), s.n),
@@ -144,11 +145,15 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
             out.check(name, cell, excess, ok, True, detail)
         else:
             out.check(name, cell, excess, ok, None, detail)
-            if lower > ok:   # a drift shown, between the budgets: more documents only confirm it
-                over_budget.append(name)
-                undecided.append(f"{label} {_g(excess)} is shown over the healthy budget {_g(ok)} (lower bound "
-                                 f"{_g(lower)}) but not beyond the harm limit {_g(bad)} (upper bound {_g(upper)}; "
+            if lower > ok and upper <= bad:   # shown between the limits: more documents only confirm it
+                between.append(name)
+                undecided.append(f"{label} {_g(excess)} is shown between the healthy budget {_g(ok)} and the harm "
+                                 f"limit {_g(bad)} (lower bound {_g(lower)}, upper bound {_g(upper)}; "
                                  f"{documents} sequences){_look_note(comp)}")
+            elif lower > ok:
+                undecided.append(f"{label} {_g(excess)} is shown over the healthy budget {_g(ok)} (lower bound "
+                                 f"{_g(lower)}) but is not shown beyond the harm limit {_g(bad)} (upper bound "
+                                 f"{_g(upper)}; {documents} sequences){_look_note(comp)}")
             else:
                 undecided.append(f"{label} {_g(excess)} is not shown inside the healthy budget {_g(ok)} (upper bound "
                                  f"{_g(upper)}) nor beyond the harm limit {_g(bad)} (lower bound {_g(lower)}; "
@@ -173,7 +178,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         out.reason(FAIL, cell, f"{cell}: divergence vs {reference} shown beyond the harm limit: {'; '.join(harmed)}",
                    code="divergence_harm")
     elif undecided:
-        out.reason(INCONCLUSIVE, cell, f"{cell}: {'; '.join(undecided)}", _divergence_decide(comp, over_budget),
+        out.reason(INCONCLUSIVE, cell, f"{cell}: {'; '.join(undecided)}", _divergence_decide(comp, between),
                    code="divergence_undecided")
     n, n_late = s.n, late.n if late else 0
     if n < t.min_scored_tokens:

@@ -49,8 +49,9 @@ def _tasks(out: _Collector, cell: str, result: schema.TaskCell | None, tasks_pla
     # group-sequential boundary gives (analysis/sequential.py), the PASS side at alpha and the FAIL side at
     # its share of alpha; no design, or one final look: the fixed-sample test.
     final = result.final is not False
-    look = look_alpha(result.looks or [n], result.n_max, t.alpha, final)
-    fail_look = look_alpha(result.looks or [n], result.n_max, t.fail_alpha, final)
+    caps = result.n_max_looks or result.n_max   # per look where a larger --budget extended the design
+    look = look_alpha(result.looks or [n], caps, t.alpha, final)
+    fail_look = look_alpha(result.looks or [n], caps, t.fail_alpha, final)
     level, fail_level = look.alpha, fail_look.alpha
     # The bound of a recovery is never below 0; at a tiny alpha (an early look) the exact bound of b / n
     # nears 1 and the formula would go negative, which says nothing more than 0 does.

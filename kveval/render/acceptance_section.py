@@ -19,12 +19,15 @@ def acceptance_section(evidence: schema.Evidence) -> str:
     symbols = {"accepted": "✓", "rejected": "✗ rejected", "error": "⚠ error", "not run": "—", "not started": ""}
     view = matrix[["prompt", "prompt_tokens", *started]].copy()
     view["prompt_tokens"] = view.prompt_tokens.map(fmt_int)
+    # Probe rounds (more than one look) send their probes only to the cells of their round.
+    partial = any(len(entry.looks or []) > 1 for entry in evidence.degeneration.cells.values())
     for name in started:
         view[name] = view[name].map(lambda status: symbols.get(status, status))
+    submitted = ("Every prompt of the first look was submitted to every started cell, and each round's new probes "
+                 "only to the cells of that round (— where a cell was decided before it)" if partial
+                 else "Every prompt was submitted to every started cell")
     out = ["## Prompt acceptance", "",
-           "Every prompt of the first look was submitted to every started cell, and each round's new probes "
-           "to the cells of that round (a cell decided earlier reads 'accepted (20 of 142 run)'); ✗ means the "
-           "engine refused it (nothing is predicted or truncated).", "",
+           f"{submitted}; ✗ means the engine refused it (nothing is predicted or truncated).", "",
            long_table(view, f"{len(view)} prompts × {len(started)} cells", names=("prompt",))]
     refused = rows_frame(acceptance.rejections, columns=["cell", "prompt", "kind", "message"])
     if not refused.empty:

@@ -36,7 +36,8 @@ def redo_reason(previous: schema.CellResult, *, retry_failed: bool, budget_given
 
 
 # Options that change how a run is carried out, not what it measures: a resume may change them.
-_NOT_FINGERPRINTED = ("cell_timeout_s", "stall_timeout_s", "gpus", "executor")
+# `budget` is checked apart (_check_budget): a larger --budget on the same run extends its design.
+_NOT_FINGERPRINTED = ("cell_timeout_s", "stall_timeout_s", "gpus", "executor", "budget")
 
 
 _IDENTITY_KEYS = ("revision", "weights")   # inputs/model_identity.py; absent in runs of older kveval builds
@@ -79,6 +80,17 @@ def earlier_chosen_budget(run_dir: RunDir) -> dict | None:
     return {"bytes": options.kv_cache_memory_bytes, "why": options.kv_budget_note}
 
 
+def _shrunk_budget(earlier: dict, manifest: dict) -> int | None:
+    """The earlier sample cap when this run's --budget would shrink it after rounds were planned under
+    it, else None. A resume may keep or raise the cap (the design's N_max: a larger one extends the
+    design, analysis/sequential.look_alpha) and change the budget's time freely."""
+    before = ((earlier.get("options") or {}).get("budget") or {}).get("samples")
+    now = ((manifest.get("options") or {}).get("budget") or {}).get("samples")
+    if not before or earlier.get("task_rounds") is None or (now or 0) >= before:
+        return None
+    return before
+
+
 def prepare_run_dir(run_dir: RunDir, manifest: dict, fresh: bool = False) -> bool:
     """True when finished cells of an earlier, identical run in this directory can be reused.
     With `fresh`, another run found there is moved aside (never deleted) and this one starts anew."""
@@ -96,7 +108,19 @@ def prepare_run_dir(run_dir: RunDir, manifest: dict, fresh: bool = False) -> boo
             raise KvevalError(f"--out {run_dir.path}: {error} (--fresh moves it aside and starts anew)") from None
         earlier = None
     if earlier is not None and _settings_fingerprint(earlier) == _settings_fingerprint(manifest, earlier):
-        return True
+        before = _shrunk_budget(earlier, manifest)
+        if before is None:
+            # The rounds' record (each round's N_max) goes on: a resume plans the rounds again from it, so
+            # looks taken keep the alpha they spent (run/rounds.py _earlier_caps).
+            if earlier.get("task_rounds") is not None:
+                manifest["task_rounds"] = earlier["task_rounds"]
+            return True
+        if not fresh:
+            raise KvevalError(
+                f"--out {run_dir.path}: its rounds were planned under --budget {before} paired samples per cell; "
+                f"--budget {manifest['options']['budget'].get('text')} would shrink that design after its looks "
+                f"were taken. Give --budget {before} or more (a larger budget extends the design), another --out, "
+                "or --fresh to move that run aside and start anew")
     if fresh:
         aside = run_dir.path.with_name(f"{run_dir.path.name}.replaced-{_dt.datetime.now():%Y%m%d-%H%M%S}")
         run_dir.path.rename(aside)

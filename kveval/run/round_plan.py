@@ -229,12 +229,19 @@ def _probe_want(cell: str, entry: schema.DegenerationCell, budget: Budget, probe
     return target, target - judged
 
 
+_STREAM_WORD = {"tasks": "task", "probes": "probe", "scoring": "scoring"}
+
+
 def plan_round(verdict: Verdict, evidence: schema.Evidence, budget: Budget, thresholds: Thresholds,
                shapes: dict[int, LengthShape], costs: Costs | None, seconds_used: float,
-               probes_left: int | None = None, scoring: bool = False) -> RoundPlan:
+               probes_left: int | None = None, scoring: bool = False,
+               closed: dict[str, set[str]] | None = None) -> RoundPlan:
     """The next round per length (shortest first), or none, with a note for every cell left out.
     `probes_left`: new degeneration probes still to draw (None: no probe rounds in this run);
-    `scoring`: whether new documents may be scored (the scoring phase is in the run)."""
+    `scoring`: whether new documents may be scored (the scoring phase is in the run);
+    `closed`: per stream ("tasks", "probes", "scoring"), cells whose last look an earlier run of this
+    directory made final: that look spent all the alpha left, so the stream takes no more evidence."""
+    closed = closed or {}
     plan = RoundPlan()
     tasks = _task_evidence(evidence)
     comparisons = tasks.cells if tasks else {}
@@ -249,6 +256,13 @@ def plan_round(verdict: Verdict, evidence: schema.Evidence, budget: Budget, thre
         divergence_open = [r for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE
                            and r.code in DIVERGENCE_CODES]
         scoring_open = comp is not None and bool(divergence_open)
+        for stream, is_open in (("tasks", task_open), ("probes", probe_open), ("scoring", scoring_open)):
+            if is_open and cell in closed.get(stream, ()):
+                plan.notes.append(f"{cell}: no {_STREAM_WORD[stream]} round: its last look was final in this run's earlier "
+                                  "rounds (it spent the alpha left); new evidence needs a new run (--seed)")
+        task_open = task_open and cell not in closed.get("tasks", ())
+        probe_open = probe_open and cell not in closed.get("probes", ())
+        scoring_open = scoring_open and cell not in closed.get("scoring", ())
         if not (task_open or probe_open or scoring_open):
             continue
         open_reasons = sum(1 for r in verdict.reasons if r.cell == cell and r.level == INCONCLUSIVE)

@@ -252,6 +252,9 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     # A larger --budget extends the design: rounds an earlier record planned are planned again under the
     # N_max they had, so their looks keep the alpha they spent (analysis/sequential.py).
     caps = _earlier_caps(stored.task_rounds, budget.samples)
+    # A stream whose last look was final in that record spent all its alpha: past the record's rounds
+    # (replayed as they were), it gets no more.
+    closed, replayed = _finalized(stored.task_rounds)
     record = {"budget": budget.to_dict(), "n_max": budget.samples, "rounds": [], "final": [], "stopped": None,
               "notes": [], "final_degeneration": [], "first_n_max": caps.get(0, budget.samples),
               "documents_n_max": MAX_SCORED_SEQUENCES if scoring else None, "final_divergence": []}
@@ -279,7 +282,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
                           shapes if task_rounds else {},
                           round_costs(cells, evidence), seconds_used(run, rounds_run),
                           probes_left=max(0, probe_pool - _probes_used(rounds_run)) if probe_pool else None,
-                          scoring=scoring)
+                          scoring=scoring, closed=closed if number > replayed else None)
         record["notes"] = plan.notes
         if not plan.rounds:
             stopped = _why_stopped(plan)
@@ -314,6 +317,16 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
             _forget_if_changed(run, cell_round)
         run_cells(plans)
     _finish(run, manifest, record, evidence, verdict, stopped, show)
+
+
+def _finalized(earlier: schema.TaskRounds | None) -> tuple[dict[str, set[str]], int]:
+    """The streams (tasks, probes, scoring) whose last look the earlier record made final, per stream the
+    cells, and the number of that record's last round."""
+    if earlier is None or not earlier.n_max:
+        return {}, 0
+    closed = {"tasks": set(earlier.final), "probes": set(earlier.final_degeneration),
+              "scoring": set(earlier.final_divergence or [])}
+    return closed, max((r.round for r in earlier.rounds), default=0)
 
 
 def _earlier_caps(earlier: schema.TaskRounds | None, n_max: int) -> dict[int, int]:

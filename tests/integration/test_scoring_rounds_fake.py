@@ -60,7 +60,8 @@ def test_round_documents_are_new_text_scored_alike_in_the_cell_and_its_baseline(
 def test_a_drift_shown_between_the_budgets_stays_open_and_says_what_else_decides(in_the_gap):
     assert in_the_gap.verdict.cells["fp8-1024"] == "INCONCLUSIVE"
     (reason,) = [r for r in in_the_gap.verdict.reasons if r.cell == "fp8-1024" and r.code == "divergence_undecided"]
-    assert "is shown over the healthy budget 0.08" in reason.message and "the final look" in reason.message
+    assert "is shown between the healthy budget 0.08 and the harm limit 0.12" in reason.message
+    assert "the final look" in reason.message
     assert "task accuracy" in reason.decide and "more scored documents" not in reason.decide
     review = (in_the_gap.run_dir / "review.md").read_text()
     assert ("round 1 at 1024: new documents scored for fp8-1024 (aiming at 20 scored sequences); round 2 at 1024: "

@@ -229,3 +229,33 @@ def test_an_engine_argument_vllm_rejects_is_a_usage_error_not_a_finding():
     log = ("...\npydantic_core._pydantic_core.ValidationError: 2 validation errors for SchedulerConfig\n"
            "max_num_seqs\n  Input should be greater than or equal to 1 [type=greater_than_equal]")
     assert rejected_engine_arg(header, {"max_num_seqs": -1}, log) == "max_num_seqs=-1"
+
+
+def test_a_resume_may_raise_the_budget_and_keeps_the_rounds_record_but_may_not_shrink_it(tmp_path):
+    from kveval.errors import KvevalError
+    from kveval.inputs.budget import parse_budget
+    from kveval.run.resume import prepare_run_dir
+    from tests.support.constructed import planned_manifest
+
+    out = RunDir(tmp_path / "run")
+    earlier = planned_manifest([])
+    earlier["options"]["budget"] = parse_budget("200").to_dict()
+    earlier["task_rounds"] = {"budget": earlier["options"]["budget"], "n_max": 200, "rounds": [], "final": ["fp8-1024"],
+                              "stopped": "the budget of 200 paired samples per cell is spent", "notes": []}
+    write_json_atomic(out.manifest_path, earlier)
+
+    def now(budget):
+        manifest = json.loads(json.dumps(earlier))
+        manifest.pop("task_rounds")                      # set_up_run builds the manifest anew
+        manifest["options"]["budget"] = parse_budget(budget).to_dict()
+        return manifest
+
+    larger = now("600,1h")
+    assert prepare_run_dir(out, larger) is True
+    assert larger["task_rounds"]["n_max"] == 200        # the design's record goes on (each look's N_max)
+    for smaller in ("100", "off"):
+        with pytest.raises(KvevalError, match=r"planned under --budget 200 paired samples per cell; --budget "
+                                              rf"{smaller} would shrink that design"):
+            prepare_run_dir(out, now(smaller))
+    assert prepare_run_dir(out, now("100"), fresh=True) is False
+    assert len(list(tmp_path.glob("run.replaced-*"))) == 1

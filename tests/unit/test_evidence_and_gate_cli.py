@@ -321,7 +321,7 @@ def test_yaml_config_and_threshold_overrides(run_dir, tmp_path):
     # --threshold wins over the file.
     result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_max=0.01"])
     assert result.exit_code == EXIT_INCONCLUSIVE
-    assert ("KL mean 1.52 is not shown inside the healthy budget 0.01 (upper bound 1.52) nor beyond the harm limit 9"
+    assert ("KL mean 1.52 is shown between the healthy budget 0.01 and the harm limit 9 (lower bound 1.52"
             in result.stdout)
     result = runner.invoke(cli, ["gate", str(harmed), "--gate-config", str(config), "--threshold", "kl_mean_fail=0.5",
                                  "--threshold", "kl_mean_max=0.1"])

@@ -3,6 +3,7 @@ another round, its size under the budget, how round samples join the cell's evid
 loop with a stand-in for the cell process (no engine)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from types import SimpleNamespace
@@ -369,3 +370,45 @@ def test_a_quality_reference_keeps_its_own_kv_budget_in_rounds(tmp_path):
     budgets = {plan.id: plan.engine["kv_cache_memory_bytes"] for plan in plans}
     assert budgets == {"auto-2048.reference.tasks-r1": 80 * 2 ** 20, "fp8-2048.tasks-r1": 40 * 2 ** 20}
 
+
+
+def test_a_larger_budget_on_a_finished_run_replays_its_rounds_and_reopens_no_final_look(tmp_path, monkeypatch):
+    # The undecided run of the test above, resumed with --budget 600: its rounds are replayed from the stored
+    # cells (none runs again), and the task comparison whose last look was final (all its alpha spent) gets
+    # no new samples: the verdict is the one the first run gave.
+    wrong = frozenset(range(0, 400, 8))
+    setup, stand_in = _run_dir(tmp_path, "48", fp8_wrong=wrong), StandIn(fp8_wrong=wrong)
+    first, _ = _loop(setup, stand_in, monkeypatch)
+    assert first["task_rounds"]["final"] == ["fp8-1024"]
+    setup.options = dataclasses.replace(setup.options, budget="600")
+    setup.manifest["options"]["budget"] = parse_budget("600").to_dict()
+    setup.manifest["task_rounds"] = first["task_rounds"]   # as prepare_run_dir carries it on a resume
+    again = StandIn(fp8_wrong=wrong)
+    second, review = _loop(setup, again, monkeypatch)
+    assert again.ran == []
+    assert [r["round"] for r in second["task_rounds"]["rounds"]] == [r["round"] for r in first["task_rounds"]["rounds"]]
+    assert any("no task round: its last look was final" in note for note in second["task_rounds"]["notes"])
+    assert review.verdict.cells["fp8-1024"] == INCONCLUSIVE
+    assert review.evidence.tasks.cells["fp8-1024"].n == 48
+
+
+def test_the_gate_tests_each_look_under_the_n_max_it_was_taken_under():
+    from kveval.analysis.sequential import look_alpha, look_caps
+    from kveval.gate import evaluate
+
+    # Looks after rounds 0, 1 and 3 (the cell sat out round 2) of a design extended from 96 to 384 at round 3.
+    assert look_caps([0, 1, 3], 384, [96, 96, 96, 384]) == [96, 96, 384]
+    assert look_caps([0, 1, 4], 384, [96, 96]) == [96, 96, 384]
+    assert look_caps([0, 1], 96, None) is None
+    from tests.unit.test_gate import evidence
+
+    entry = {**_entry(200, 20, 18, length=8192, looks=[24, 48, 200]), "n_max": 384, "final": False}
+    one_design = evaluate(evidence(tasks=entry))
+    extended = evaluate(evidence(tasks={**entry, "n_max_looks": [96, 96, 384]}))
+
+    def detail(verdict):
+        return next(c.detail for c in verdict.checks if c.name == "task_noninferiority")
+
+    level = look_alpha([24, 48, 200], [96, 96, 384], T.alpha, False).alpha
+    assert level != look_alpha([24, 48, 200], 384, T.alpha, False).alpha
+    assert f"{level:.2g}" in detail(extended) and detail(extended) != detail(one_design)
