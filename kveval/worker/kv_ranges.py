@@ -33,6 +33,10 @@ SAMPLE_LIMIT = 1_000_000   # |x| values kept per layer and tensor for quantiles 
 SEED = 20240607            # fixed: the same documents always give the same sample
 LIMITS = {"fp8_e4m3": FP8_MAX["fp8_e4m3"], "fp8_e5m2": FP8_MAX["fp8_e5m2"]}
 QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p99_9", 0.999), ("p99_99", 0.9999))
+# Tokens measured at most, by device. A forward pass here takes about 10 s per 600-token document on the
+# 2-core CPU (fp32 GEMMs), so the CPU measures 2048 tokens (3-4 documents, under a minute); outlier
+# layers show on every document (the planted K×128 layers were named from one 665-token document).
+MAX_TOKENS = {"cpu": 2048, "cuda": 4096}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -270,19 +274,20 @@ def _layer_types(text) -> list:
 # ---------------------------------------------------------------------------------------------
 # Measurement.
 
-def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens: int = 4096,
+def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens: int | None = None,
                       device: str = "auto", scales: dict | None = None, revision: str | None = None,
                       trust_remote_code: bool = False) -> dict:
     """Per-layer statistics of |K| and |V| as handed to the KV cache, over `documents` (token ids,
-    one forward pass each, at most `max_tokens` tokens in all). `scales` (read_kv_scales' dict, or
+    one forward pass each, at most `max_tokens` tokens in all: None takes MAX_TOKENS of the device). `scales` (read_kv_scales' dict, or
     {"k_scale": {layer: s}, "v_scale": {...}}) sets the limits the exact over-limit counts use:
     FP8 max × scale, scale 1.0 for layers it does not name (vLLM's default)."""
     started = time.monotonic()
     _check_model_path(model_path)
     scale_table = _scale_table(scales)   # validates them
     normalised = normalise_scales(scales)
-    _cut_documents(documents, max_tokens, None)  # bad documents fail before the model loads
     resolved = _resolve_device(device)
+    max_tokens = MAX_TOKENS.get(resolved, MAX_TOKENS["cuda"]) if max_tokens is None else max_tokens
+    _cut_documents(documents, max_tokens, None)  # bad documents fail before the model loads
 
     import inspect
 
@@ -414,19 +419,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="transformers model directory")
     parser.add_argument("--documents", required=True, help="JSON list of objects with token_ids (scoring.json)")
     parser.add_argument("--out", required=True, help="where to write the ranges JSON")
-    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--max-tokens", type=int, default=None, help="tokens measured at most (default: MAX_TOKENS by device)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--scales", default=None, help="JSON with k_scale / v_scale per layer (default 1.0)")
     parser.add_argument("--revision", default=None, help="the model revision vLLM loads (a hub id's branch, tag or commit)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run the model's own code (as vLLM was told)")
     args = parser.parse_args(argv)
     try:
-        if args.max_tokens <= 0:
+        if args.max_tokens is not None and args.max_tokens <= 0:
             raise InputError(f"--max-tokens must be positive, got {args.max_tokens}")
         _check_model_path(args.model)
         documents = load_documents(args.documents)
         scales = load_scales(args.scales) if args.scales else None
-        _cut_documents(documents, args.max_tokens, None)  # validate before loading the model
+        _cut_documents(documents, args.max_tokens or 1, None)  # validate before loading the model
         result = measure_kv_ranges(args.model, documents, max_tokens=args.max_tokens, device=args.device,
                                    scales=scales, revision=args.revision, trust_remote_code=args.trust_remote_code)
     except InputError as error:
