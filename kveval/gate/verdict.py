@@ -78,7 +78,7 @@ REASON_CODES = {
     "task_drop": "FAIL: task recovery shown under the harm bar",
     "task_undecided": "task accuracy neither shown non-inferior nor shown to drop",
     "task_not_judged": "no paired task samples",
-    "task_recovery_undefined": "the baseline answered no task sample",
+    "task_recovery_undefined": "the baseline answered no task sample (a NOTE once its accuracy is shown under 10 %)",
     "task_phase_failed": "the tasks phase failed",
     "task_left_out": "NOTE: one task failed and is left out",
     "tasks_off": "NOTE: tasks were turned off",

@@ -12,6 +12,7 @@ from kveval.gate import (
     EXIT_PASS,
     FAIL,
     INCONCLUSIVE,
+    NOTE,
     PASS,
     PROFILES,
     GateConfigError,
@@ -455,3 +456,29 @@ def test_verdict_round_trips_to_json():
     data = evaluate(evidence()).to_dict()
     assert json.loads(json.dumps(data))["cells"] == {"fp8-8192": PASS}
     assert data["profile"]["name"] == "gpu" and data["exit_code"] == EXIT_PASS
+
+
+def test_tasks_the_baseline_cannot_answer_are_sampled_until_shown_uninformative_then_left_out():
+    # Gemma-3-270M base at 1024 (reports/cpu-gemma3-270m-1024): auto answered 0 of 4 task samples.
+    def none_answered(n):
+        return {"n": n, "b": 0, "c": 0, "baseline_accuracy": 0.0, "cell_accuracy": 0.0, "recovery": None,
+                "mcnemar_p": 1.0, "reference": "auto-8192", "max_model_len": 8192, "looks": [n], "n_max": 600,
+                "final": False}
+
+    few = evaluate(evidence(tasks=none_answered(4)))
+    assert few.cells["fp8-8192"] == INCONCLUSIVE
+    (reason,) = [r for r in few.reasons if r.code == "task_recovery_undefined"]
+    assert reason.level == INCONCLUSIVE and "not yet shown under 10.0 %" in reason.message
+    assert "rounds add them" in reason.decide
+    assert check(few, "task_noninferiority").passed is None      # open: the planner samples more tasks
+    enough = evaluate(evidence(tasks=none_answered(29)))        # 0 of 29: one-sided 95 % bound 9.8 %
+    (note,) = [r for r in enough.reasons if r.code == "task_recovery_undefined"]
+    assert note.level == NOTE and "carry no evidence here" in note.message and "9.8 %" in note.message
+    assert enough.cells["fp8-8192"] == PASS and enough.status == PASS
+    assert evaluate(evidence(tasks=none_answered(28))).cells["fp8-8192"] == INCONCLUSIVE   # bound 10.1 %
+    from kveval.inputs.budget import parse_budget
+    from kveval.run.round_plan import LengthShape, plan_round
+
+    ev = evidence(tasks=none_answered(4))
+    plan = plan_round(evaluate(ev), ev, parse_budget("600"), Thresholds(), {8192: LengthShape(2, 6)}, None, 0)
+    assert plan.rounds and plan.rounds[0].task_cells == ["fp8-8192"] and plan.rounds[0].target == 8
