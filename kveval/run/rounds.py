@@ -53,27 +53,27 @@ def round_shapes(manifest: schema.Manifest) -> dict[int, LengthShape]:
     return shapes
 
 
+def _seconds_per_item(cells: dict[str, schema.CellResult], phase_name: str, items: str) -> float | None:
+    """A phase's seconds per item (its `items` list) over the cells run."""
+    seconds = count = 0.0
+    for facts in cells.values():
+        phase = getattr(facts.phases, phase_name)
+        listed = getattr(phase, items, None) if phase is not None else None
+        if phase is not None and phase.seconds and listed:
+            seconds += float(phase.seconds)
+            count += len(listed)
+    return seconds / count if count else None
+
+
 def _seconds_per_output(cells: dict[str, schema.CellResult]) -> float | None:
     """Generation seconds per output over the cells run (long context prompts included: an upper figure
     for a short probe)."""
-    seconds = outputs = 0.0
-    for facts in cells.values():
-        phase = facts.phases.generation
-        if phase is not None and phase.seconds and phase.records:
-            seconds += float(phase.seconds)
-            outputs += len(phase.records)
-    return seconds / outputs if outputs else None
+    return _seconds_per_item(cells, "generation", "records")
 
 
 def _seconds_per_document(cells: dict[str, schema.CellResult]) -> float | None:
     """Scoring seconds per sequence over the cells run (an upper figure: the noise re-score counts too)."""
-    seconds = sequences = 0.0
-    for facts in cells.values():
-        phase = facts.phases.scoring
-        if phase is not None and phase.seconds and phase.sequences:
-            seconds += float(phase.seconds)
-            sequences += len(phase.sequences)
-    return seconds / sequences if sequences else None
+    return _seconds_per_item(cells, "scoring", "sequences")
 
 
 def round_costs(cells: dict[str, schema.CellResult], evidence: schema.Evidence) -> Costs | None:
