@@ -33,9 +33,10 @@ SAMPLE_LIMIT = 1_000_000   # |x| values kept per layer and tensor for quantiles 
 SEED = 20240607            # fixed: the same documents always give the same sample
 LIMITS = {"fp8_e4m3": FP8_MAX["fp8_e4m3"], "fp8_e5m2": FP8_MAX["fp8_e5m2"]}
 QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p99_9", 0.999), ("p99_99", 0.9999))
-# Tokens measured at most, by device. A forward pass here takes about 10 s per 600-token document on the
-# 2-core CPU (fp32 GEMMs), so the CPU measures 2048 tokens (3-4 documents, under a minute); outlier
-# layers show on every document (the planted K×128 layers were named from one 665-token document).
+# Tokens measured at most, by device. On the 2-core CPU 4096 tokens took 17.8 s alone (make demo at
+# 9ea140a) and 203 s with the cores shared (a test run beside a real engine), so the CPU measures 2048
+# tokens; outlier layers show on every document (the planted K×128 layers were named from one
+# 665-token document).
 MAX_TOKENS = {"cpu": 2048, "cuda": 4096}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
