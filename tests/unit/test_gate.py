@@ -459,7 +459,7 @@ def test_verdict_round_trips_to_json():
 
 
 def test_tasks_the_baseline_cannot_answer_are_sampled_until_shown_uninformative_then_left_out():
-    # Gemma-3-270M base at 1024 (reports/cpu-gemma3-270m-1024): auto answered 0 of 4 task samples.
+    # Gemma-3-270M base at 1024 (make demo's command at 9ea140a): auto answered 0 of 4 task samples.
     def none_answered(n):
         return {"n": n, "b": 0, "c": 0, "baseline_accuracy": 0.0, "cell_accuracy": 0.0, "recovery": None,
                 "mcnemar_p": 1.0, "reference": "auto-8192", "max_model_len": 8192, "looks": [n], "n_max": 600,
