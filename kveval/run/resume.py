@@ -36,7 +36,7 @@ def redo_reason(previous: schema.CellResult, *, retry_failed: bool, budget_given
 
 
 # Options that change how a run is carried out, not what it measures: a resume may change them.
-# `budget` is checked apart (_check_budget): a larger --budget on the same run extends its design.
+# `budget` is checked apart (_shrunk_budget): a larger --budget on the same run extends its design.
 _NOT_FINGERPRINTED = ("cell_timeout_s", "stall_timeout_s", "gpus", "executor", "budget")
 
 
