@@ -5,7 +5,7 @@
 # carries; /tmp/stage/qwen.ready once the last arrived) and, for the
 # calibrated candidates of --search, llm-compressor's wheels in /tmp/stage (kveval installs them into
 # $KVEVAL_HOME with pip --no-index --find-links). Starts a background queue from /tmp (the call's own
-# directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log. Default settings
+# directory is gone at the next call) and returns; progress is in /tmp/runs/queue.log (queue-NAME.log with QUEUE). Default settings
 # everywhere (CUDA graphs, no --enforce-eager) unless a job says otherwise.
 #   bash scripts/gpu_queue.sh JOB...
 #   bench          scripts/bench_vs_naive.py on SmolLM2, fp8 and auto at 8192, quick suite (issue 18)
@@ -19,17 +19,24 @@
 #   qwen-search    --search on the Qwen GGUF at 8192 (issue 20)
 #   smollm2-search --search on SmolLM2 at 8192 (issue 20)
 #   planted-search --search on the planted SmolLM2 at 2048 (issue 20)
+#   gemma-8192     Gemma-3-270M GGUF (/tmp/gemma-3-270m-q4_k_m.gguf, joined from its PyPI chunks), fp8 and auto at 8192
 # WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background).
 # STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time.
+# QUEUE=NAME: a queue of its own (/tmp/runs/queue-NAME.{sh,log}, its own copy of the source), so queues run side
+# by side on one GPU; each then needs a share of it, e.g. RUN_ARGS="--gpu-memory-utilization 0.3 --kv-cache-memory
+# 16GiB" (a fixed KV budget: vLLM's profiling would count the other queues' memory as its own).
+# RUN_ARGS: added to every kveval compare of the smollm2-8192, qwen and gemma-8192 jobs.
 # SUITE (e.g. quick) and BUDGET (e.g. 200,4m) are passed to the search jobs as --suite and --budget; left
 # out, kveval's defaults.
 set -uo pipefail
 stall=${STALL_TIMEOUT:+--stall-timeout $STALL_TIMEOUT}
 suite="${SUITE:+--suite $SUITE} ${BUDGET:+--budget $BUDGET}"
-src=/tmp/kveval-src
+run_args=${RUN_ARGS:-}
+queue=queue${QUEUE:+-$QUEUE}
+src=/tmp/kveval-src${QUEUE:+-$QUEUE}
 rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests tasks pyproject.toml "$src"/   # tasks/: the naive pipeline's lm-eval YAMLs
 what=${*:?name the jobs to run}
-cat > /tmp/runs/queue.sh <<EOF
+cat > /tmp/runs/$queue.sh <<EOF
 set -uo pipefail
 while [ -n "${WAIT_FOR:-}" ] && [ ! -f "${WAIT_FOR:-}" ]; do sleep 3; done
 cd $src
@@ -39,7 +46,7 @@ gguf=/tmp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 need_gguf() {
   while [ ! -f /tmp/stage/qwen.ready ] && [ ! -f "\$gguf" ]; do sleep 3; done
   [ -f "\$gguf" ] || cat /tmp/stage/qwen.gguf.part* > "\$gguf"
-  echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/queue.log 2>&1
+  echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/$queue.log 2>&1
 }
 need_planted() {
   [ -d /tmp/planted ] || python3 -m tests.support.planted "\$KVEVAL_HOME/models/SmolLM2-135M-Instruct" /tmp/planted \
@@ -47,7 +54,7 @@ need_planted() {
 }
 for job in $what; do
   start=\$(date +%s)
-  echo "\$(date -u +%T) \$job: start" >> /tmp/runs/queue.log
+  echo "\$(date -u +%T) \$job: start" >> /tmp/runs/$queue.log
   case \$job in
     bench)
       python3 scripts/bench_vs_naive.py --out /tmp/runs/bench-h200 -- --kv fp8 auto --max-model-len 8192 \
@@ -70,14 +77,18 @@ for job in $what; do
         > /tmp/runs/planted.log 2>&1 ;;
     qwen)
       need_gguf || exit 1
-      python3 -m kveval compare --model "\$gguf" --kv fp8 auto --max-model-len 8192 --out /tmp/runs/qwen-8192 $stall \
+      python3 -m kveval compare --model "\$gguf" --kv fp8 auto --max-model-len 8192 --out /tmp/runs/qwen-8192 $stall $run_args \
         > /tmp/runs/qwen-8192.log 2>&1 ;;
     smollm2)
       python3 -m kveval compare --kv fp8 auto --max-model-len 2048 8192 --out /tmp/runs/smollm2 $stall \
         > /tmp/runs/smollm2.log 2>&1 ;;
     smollm2-8192)
-      python3 -m kveval compare --kv fp8 auto --max-model-len 8192 --out /tmp/runs/smollm2-8192 $stall \
+      python3 -m kveval compare --kv fp8 auto --max-model-len 8192 --out /tmp/runs/smollm2-8192 $stall $run_args \
         > /tmp/runs/smollm2-8192.log 2>&1 ;;
+    gemma-8192)
+      while [ ! -f /tmp/gemma-3-270m-q4_k_m.gguf ]; do sleep 3; done
+      python3 -m kveval compare --model /tmp/gemma-3-270m-q4_k_m.gguf --kv fp8 auto --max-model-len 8192 \\
+        --out /tmp/runs/gemma-8192 $stall $run_args > /tmp/runs/gemma-8192.log 2>&1 ;;
     qwen-search)
       need_gguf || exit 1
       python3 -m kveval compare --model "\$gguf" --search --max-model-len 8192 $suite $stall \
@@ -91,9 +102,9 @@ for job in $what; do
         --out /tmp/runs/planted-search > /tmp/runs/planted-search.log 2>&1 ;;
   esac
   rc=\$?   # before any command substitution below resets it
-  echo "\$(date -u +%T) \$job: exit \$rc after \$(( \$(date +%s) - start )) s" >> /tmp/runs/queue.log
+  echo "\$(date -u +%T) \$job: exit \$rc after \$(( \$(date +%s) - start )) s" >> /tmp/runs/$queue.log
 done
-echo "\$(date -u +%T) queue done" >> /tmp/runs/queue.log
+echo "\$(date -u +%T) queue done" >> /tmp/runs/$queue.log
 EOF
-cd /tmp && setsid nohup bash /tmp/runs/queue.sh > /tmp/runs/queue.out 2>&1 < /dev/null &
+cd /tmp && setsid nohup bash /tmp/runs/$queue.sh > /tmp/runs/$queue.out 2>&1 < /dev/null &
 echo "queue started: $what"
