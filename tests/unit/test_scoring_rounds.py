@@ -18,14 +18,14 @@ from tests.support.constructed import scored_document, scoring_phase, started_ce
 from tests.unit.test_gate import evidence
 
 T = Thresholds()
-# CPU budget: healthy 0.08, harm 0.12. KL 0.09 with a standard error of 0.009 on 24 sequences is neither
+# The AMX CPU budget: healthy 0.08, harm 0.12. KL 0.09 with a standard error of 0.009 on 24 sequences is neither
 # shown under 0.08 nor over 0.12: only the divergence stream keeps the cell open.
 IN_THE_GAP = {"kl_mean": 0.09, "kl_p99": 0.6, "top1_agreement": 0.9}
 UNDER_BUDGET = {"kl_mean": 0.07, "kl_p99": 0.6, "top1_agreement": 0.9}
 
 
 def _open(figures=IN_THE_GAP, documents=24, **more):
-    ev = evidence(figures, profile="cpu", documents=documents, **more)
+    ev = evidence(figures, profile="cpu-amx", documents=documents, **more)
     verdict = evaluate(ev)
     assert verdict.cells["fp8-8192"] == INCONCLUSIVE, verdict.reasons
     return verdict, ev
@@ -90,7 +90,7 @@ def test_sequence_looks_are_cumulative_per_round():
 
 def _comparison(looks, final, n_max=48):
     design = None if n_max is None else schema.ScoringDesign(n_max=n_max, final=final)
-    return evidence(IN_THE_GAP, profile="cpu").divergence.comparisons[0].model_copy(
+    return evidence(IN_THE_GAP, profile="cpu-amx").divergence.comparisons[0].model_copy(
         update={"looks": looks, "design": design})
 
 
@@ -108,18 +108,18 @@ def test_an_early_look_is_stricter_and_the_final_look_spends_what_is_left():
 
 def test_the_review_names_the_looks_and_a_final_look_decides():
     comp = _comparison([21, 42], True)
-    ev = evidence(IN_THE_GAP, profile="cpu")
+    ev = evidence(IN_THE_GAP, profile="cpu-amx")
     ev.divergence.comparisons[0] = comp
     verdict = evaluate(ev)
     text = " ".join(r.message for r in verdict.reasons if r.cell == "fp8-8192")
     assert "looks at 21, 42 sequences of a sequential design over at most 48 scored sequences, the final look" \
         in text
     # A clearly healthy cell passes at a first, stricter look; a clearly harmed one fails there.
-    healthy = evidence({"kl_mean": 0.02, "kl_p99": 0.2, "top1_agreement": 0.92}, profile="cpu")
+    healthy = evidence({"kl_mean": 0.02, "kl_p99": 0.2, "top1_agreement": 0.92}, profile="cpu-amx")
     healthy.divergence.comparisons[0] = healthy.divergence.comparisons[0].model_copy(
         update={"looks": [21], "design": schema.ScoringDesign(n_max=48, final=False)})
     assert evaluate(healthy).cells["fp8-8192"] == PASS
-    harmed = evidence({"kl_mean": 0.4, "kl_p99": 3.0, "top1_agreement": 0.5}, profile="cpu")
+    harmed = evidence({"kl_mean": 0.4, "kl_p99": 3.0, "top1_agreement": 0.5}, profile="cpu-amx")
     harmed.divergence.comparisons[0] = harmed.divergence.comparisons[0].model_copy(
         update={"looks": [21], "design": schema.ScoringDesign(n_max=48, final=False)})
     assert evaluate(harmed).cells["fp8-8192"] == FAIL
