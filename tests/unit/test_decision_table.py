@@ -38,10 +38,10 @@ def test_the_qwen_row_shows_what_fp8_buys_and_costs():
     # The stored evidence predates the per-sequence figures (Comparison.clustered, 2026-12-05): re-judged, its
     # divergence has no interval, so it neither passes nor fails a cell; the task drop still FAILs fp8-8192.
     assert rows["fp8-8192"] == ["**FAIL**", "9,279,664 tokens = 2.00× auto; 1,132.8 requests of 8,192",
-                                "1.00× at 256 concurrent", "59.6 % → 8.1 % (n 270)", "KL 0.433 > 0.045 (harm)"]
+                                "1.00× at 256 concurrent", "59.6 % → 8.1 % (n 270)", "KL 0.433 > 0.054 (harm)"]
     assert rows["fp8:keep=0,1-8192"] == ["**INCONCLUSIVE**", "8,661,024 tokens = 1.87× auto; 1,057.3 requests of 8,192",
                                          "0.55× at 256 concurrent", "59.6 % → 61.1 % (n 270); recovery ≥ 100.2 %",
-                                         "KL 0.0077 ≤ 0.03 (healthy)"]
+                                         "KL 0.0077 ≤ 0.036 (healthy)"]
 
 
 def test_a_cell_that_did_not_start_says_so_and_no_baseline_row_is_shown():

@@ -122,25 +122,24 @@ def test_planted_k128_damage_fails_on_every_profile(profile):
 
 
 def test_mild_damage_between_budget_and_harm_is_inconclusive_with_what_decides():
-    # KL mean 0.04 between the GPU budget 0.03 and harm limit 0.045: its interval (24 documents) holds both.
-    # Its standard error is 0.1 × 0.04 = 0.004 on 23 df; the PASS bound is at alpha / 5 = 0.01 and the FAIL
-    # bound at fail_alpha = 0.01, both t(0.99, 23) = 2.49987 standard errors away: upper 0.04 + 0.0099995 =
-    # 0.0499995 (shown as 0.05; at the full alpha it was 0.04 + 1.714 × 0.004 = 0.047), lower 0.0300005.
-    # At 0.04 the lower bound (0.0300005) is just over the budget: the drift is shown, harm is not (upper bound
-    # 0.05 is over 0.045), so more documents may still show it. At 0.038 (upper 0.0475, shown as 0.047; lower
-    # 0.0285) neither side is shown.
-    verdict = evaluate(evidence({"kl_mean": 0.04, "kl_p99": 0.4, "top1_agreement": 0.9}))
+    # KL mean 0.05 between the GPU budget 0.036 and harm limit 0.054: its interval (24 documents) holds both.
+    # Its standard error is 0.1 × 0.05 = 0.005 on 23 df; the PASS bound is at alpha / 5 = 0.01 and the FAIL
+    # bound at fail_alpha = 0.01, both t(0.99, 23) = 2.49987 standard errors away: upper 0.05 + 0.0124994 =
+    # 0.0625, lower 0.0375. The lower bound is over the budget: the drift is shown, harm is not (upper bound
+    # 0.062 is over 0.054), so more documents may still show it (its late half, 0.04, is inside 0.06). At 0.04 (upper 0.05, lower 0.03) neither side
+    # is shown.
+    verdict = evaluate(evidence({"kl_mean": 0.05, "kl_p99": 0.4, "top1_agreement": 0.9}, late=0.04))
     assert verdict.status == INCONCLUSIVE
     assert not decided(verdict, FAIL)
     (reason,) = decided(verdict, INCONCLUSIVE)
-    assert "KL mean 0.04 is shown over the healthy budget 0.03 (lower bound 0.03" in reason.message
-    assert "but is not shown beyond the harm limit 0.045 (upper bound 0.05; 24 sequences)" in reason.message
+    assert "KL mean 0.05 is shown over the healthy budget 0.036 (lower bound 0.038" in reason.message
+    assert "but is not shown beyond the harm limit 0.054 (upper bound 0.062; 24 sequences)" in reason.message
     assert "more scored documents" in reason.decide and "task accuracy" in reason.decide
     assert check(verdict, "kl_mean").passed is None and check(verdict, "kl_late_mean").passed is True
-    verdict = evaluate(evidence({"kl_mean": 0.038, "kl_p99": 0.4, "top1_agreement": 0.9}))
+    verdict = evaluate(evidence({"kl_mean": 0.04, "kl_p99": 0.4, "top1_agreement": 0.9}))
     (reason,) = decided(verdict, INCONCLUSIVE)
-    assert "KL mean 0.038 is not shown inside the healthy budget 0.03 (upper bound 0.047)" in reason.message
-    assert "nor beyond the harm limit 0.045 (lower bound 0.029" in reason.message and "24 sequences" in reason.message
+    assert "KL mean 0.04 is not shown inside the healthy budget 0.036 (upper bound 0.05)" in reason.message
+    assert "nor beyond the harm limit 0.054 (lower bound 0.03" in reason.message and "24 sequences" in reason.message
     assert "more scored documents" in reason.decide and "task accuracy" in reason.decide
 
 

@@ -222,9 +222,16 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
     for retired in ("kl_p99_max", "kl_p99_fail", "top1_agreement_fail"):
         before["verdict"]["thresholds"].pop(retired)
         before["verdict"]["profile"]["budget"].pop(retired)
-    for key in ("kl_mean_fail", "kl_late_fail"):
-        assert now["verdict"]["profile"]["budget"][key] == pytest.approx(1.5 * before["verdict"]["profile"]["budget"][key] / 3)
-        before["verdict"]["profile"]["budget"][key] = now["verdict"]["profile"]["budget"][key]
+    # Since 2026-12-06 each CPU kind has its budget; this AVX2 CPU names no AMX, so `cpu` (0.05 / 0.08) replaces
+    # the single CPU budget of the time (0.08 / 0.12), each harm limit 1.5x its budget.
+    budget = now["verdict"]["profile"]["budget"]
+    assert now["verdict"]["profile"]["name"] == before["verdict"]["profile"]["name"] == "cpu"
+    assert (budget["kl_mean_max"], budget["kl_late_max"]) == (0.05, 0.08)
+    for key in ("kl_mean", "kl_late"):
+        assert budget[f"{key}_fail"] == pytest.approx(1.5 * budget[f"{key}_max"])
+    before["verdict"]["profile"]["budget"] = budget
+    assert now["evidence"]["platform"]["why"] == before["evidence"]["platform"]["why"] + ", no AMX"
+    before["evidence"]["platform"]["why"] = now["evidence"]["platform"]["why"]
     assert (before["verdict"]["thresholds"]["task_recovery_min"], now["verdict"]["thresholds"]["task_recovery_min"]) \
         == (0.95, 0.9)
     before["verdict"]["thresholds"]["task_recovery_min"] = 0.9
