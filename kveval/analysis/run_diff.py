@@ -281,7 +281,8 @@ def _settings(a: RunSide, b: RunSide, manifest_a: dict, manifest_b: dict) -> lis
                        ("suite", ("options", "suite")), ("KV budget (bytes)", ("options", "kv_cache_memory_bytes")),
                        ("gpu_memory_utilization", ("options", "gpu_memory_utilization")),
                        ("enforce_eager", ("options", "enforce_eager")), ("engine args", ("options", "engine_args")),
-                       ("phases", ("options", "phases")), ("tasks", ("options", "tasks"))):
+                       ("phases", ("options", "phases")), ("tasks", ("options", "tasks")),
+                       ("chat template kwargs", ("options", "chat_template_kwargs"))):
         rows.append((name, _text(_key(manifest_a, *path)), _text(_key(manifest_b, *path))))
     rows += [("noise floor KL mean", _sig(a.noise_kl_mean), _sig(b.noise_kl_mean)), ("created", a.created, b.created)]
     return [Setting(name=name, a=_text(va), b=_text(vb), changed=va != vb) for name, va, vb in rows

@@ -14,7 +14,8 @@ import sys
 import click
 
 from kveval import __version__
-from kveval.cli.options import MultiValueOption, parse_float_list, parse_int_list, parse_key_value, split_values
+from kveval.cli.options import (MultiValueOption, parse_float_list, parse_int_list, parse_json_object,
+                                 parse_key_value, split_values)
 from kveval import defaults
 from kveval.api import EXIT_USAGE, REMEDY_MODES, SUITES, Thresholds, exit_code
 
@@ -123,6 +124,13 @@ def _with_vllm_options(options: dict, engine_args: dict) -> dict:
     return merged
 
 
+def _json_object(text: str | None, flag: str) -> dict | None:
+    try:
+        return parse_json_object(text, flag)
+    except ValueError as error:
+        raise UsageFailure(str(error)) from None
+
+
 def compare_arguments(given: dict) -> dict:
     """`kveval compare`'s parsed options as keyword arguments of kveval.api.compare (CompareOptions)."""
     options = dict(given)
@@ -139,6 +147,7 @@ def compare_arguments(given: dict) -> dict:
         # Left out: None, so the API runs the default lengths that the model can hold.
         max_model_len=parse_int_list(options["max_model_len"], "--max-model-len") if options["max_model_len"] else None,
         engine_args=engine_args, phases=split_values(options["phases"]),
+        chat_template_kwargs=_json_object(options["chat_template_kwargs"], "--chat-template-kwargs"),
         suite="full" if full else options["suite"], tasks=split_values(tasks) if tasks else None,
         gate_overrides=parse_thresholds(options.pop("thresholds")), command=shlex.join(["kveval", *sys.argv[1:]]),
         **task_shape_kwargs(options.pop("task_lengths"), options.pop("task_depths"), options.pop("task_samples")),
@@ -173,6 +182,9 @@ def compare_arguments(given: dict) -> dict:
                    "generation is greedy, so the same seed gives the same inputs in every cell.")
 @click.option("--prompts", type=click.Path(dir_okay=False), default=None, metavar="FILE.jsonl",
               help='Your own prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]}.')
+@click.option("--chat-template-kwargs", "chat_template_kwargs", default=None, metavar="JSON",
+              help="Arguments of every chat-template rendering (vLLM's chat_template_kwargs), as a JSON object, "
+                   "e.g. '{\"enable_thinking\": false}' so a thinking template answers the tasks outside <think>.")
 @click.option("--suite", type=click.Choice(list(SUITES)), default=defaults.SUITE, show_default=True,
               help="standard: field-study shape; quick: one prompt per workload, short answers, few task samples "
                    "(CPU demo); full: standard with 5 samples per task point (GPU runs).")

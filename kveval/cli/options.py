@@ -28,6 +28,7 @@ __all__ = [
     "split_values",
     "parse_int_list",
     "parse_key_value",
+    "parse_json_object",
 ]
 
 
@@ -232,6 +233,24 @@ def parse_key_value(values: Iterable[str], name: str | None = None) -> dict[str,
             )
         result[key] = _parse_value(raw)
     return result
+
+
+def parse_json_object(text: str | None, name: str) -> dict[str, Any] | None:
+    """``'{"enable_thinking": false}'`` -> ``{"enable_thinking": False}``; None when not given.
+    Raises ``ValueError`` with one line naming ``name`` for text that is not JSON or not a JSON object
+    (the command prints it as its usage error, without click's usage lines)."""
+    if text is None:
+        return None
+    example = 'e.g. \'{"enable_thinking": false}\''
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        reason = getattr(error, "msg", None) or type(error).__name__
+        raise ValueError(f"{name} {text!r} is not JSON ({reason}); give a JSON object, {example}") from None
+    if not isinstance(value, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+        raise ValueError(f"{name} {text!r} is {kind}, not a JSON object; give one, {example}")
+    return value
 
 
 def parse_float_list(values: Iterable[str] | None, name: str) -> tuple[float, ...] | None:

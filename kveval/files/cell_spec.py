@@ -34,6 +34,9 @@ class TasksOptions(_Message):
     tasks: list[str]
     limit: Optional[int]               # samples per task at most
     data_dir: Optional[str] = None     # a round's own task data (run/rounds); None: the first look's
+    # --chat-template-kwargs: lm-eval's prompts render as the parent's task data did
+    # (inputs/workloads.with_chat_template_kwargs)
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class ThroughputOptions(_Message):

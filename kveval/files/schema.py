@@ -132,6 +132,17 @@ class KvLayout(ManifestModel):
     per_layer_elements: int
     sliding_window_layers: list[int]
     sliding_window: Optional[int]
+    # Hybrid models (inputs/layer_kinds): the layers with a K/V cache (absent: every layer), those with a fixed
+    # per-request state (linear attention, Mamba) and that state's bytes per request, which FP8 does not shrink.
+    kv_layers: Optional[list[int]] = None
+    state_layers: list[int] = []
+    state_bytes_per_request: Optional[int] = None
+    layer_kinds: list[str] = []
+
+    @property
+    def cached_layers(self) -> list[int]:
+        """The layers whose K and V are cached (every layer of a model that is not a hybrid)."""
+        return list(range(self.layers)) if self.kv_layers is None else self.kv_layers
 
 
 class WeightsEntry(ManifestModel):
@@ -153,6 +164,7 @@ class ModelEntry(ManifestModel):
     kv_layout: Optional[KvLayout] = None     # inputs/model_config.kv_layout; absent before issue 10
     revision: Optional[str] = None           # --revision (None: the hub's default branch); absent in older runs
     weights: Optional[WeightsEntry] = None   # a local directory's weights hash (inputs/model_identity.py)
+    weights_quantization: Optional[str] = None   # the checkpoint's quantization_config, e.g. "awq (4-bit)"; None: none
 
 
 class Options(ManifestModel):
@@ -179,6 +191,8 @@ class Options(ManifestModel):
     budget: Optional[dict[str, Any]] = None  # --budget as inputs/budget.Budget.to_dict(); absent before issue 23
     gpus: Optional[list[str]] = None         # --gpus as resolved (run/devices.resolve_gpus); None: one cell at a time
     executor: Optional[Literal["local", "ray"]] = None   # --executor (run/options.EXECUTORS); absent before issue 12
+    # --chat-template-kwargs (issue 38), as given (open, as engine_args); written only when given
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class PromptFormat(ManifestModel):
@@ -239,8 +253,9 @@ class Hardware(ManifestModel):
     cpu_flags: list[str]
     cores: Optional[int]
     memory_gib: Optional[Number]
-    gpus: list[str]  # nvidia-smi lines; empty on a CPU host (the platform profile reads this)
+    gpus: list[str]  # "NAME, MEMORY MiB, DRIVER" per GPU (nvidia-smi's line); empty on a CPU host (platform profile)
     os: str
+    gpu_vendor: Optional[Literal["nvidia", "amd"]] = None   # issue 38; absent in older runs (nvidia-smi only)
 
 
 class TaskFile(ManifestModel):
@@ -1555,7 +1570,8 @@ class CapacityRow(FileModel):
     deviation: Optional[Number]
     flag: Optional[str]
     predicted_max_model_len: Optional[Number]
-    layout_model: Optional[Literal["plain", "hybrid"]] = None   # absent before the hybrid model
+    layout_model: Optional[Literal["plain", "hybrid", "state"]] = None   # absent before the hybrid model; "state":
+    # layers with a per-request state (linear attention, Mamba) beside the K/V cache
     started: bool
     measured_ratio: Optional[Number] = None      # against the baseline row at the same length;
     predicted_ratio: Optional[Number] = None     # absent in evidence from before (pipeline adds them)

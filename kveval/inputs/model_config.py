@@ -6,6 +6,8 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict
 
 from kveval.errors import KvevalError
+from kveval.inputs.layer_kinds import layer_kinds
+from kveval.inputs.weights_quantization import WeightsQuantization, weights_quantization
 
 
 class ModelSource(BaseModel):
@@ -64,6 +66,7 @@ class ModelFacts(BaseModel):
     layers: Optional[int] = None                     # num_hidden_layers
     dtype: str = "bfloat16"                          # the checkpoint's dtype as a vLLM kv_cache_dtype name
     kv_layout: Optional[dict] = None                 # what one token costs in the KV cache (_kv_layout)
+    weights_quantization: Optional[WeightsQuantization] = None   # AWQ, GPTQ, compressed-tensors, ... (None: none)
 
     @property
     def served_length_limit(self) -> tuple[int, str] | None:
@@ -87,7 +90,7 @@ def model_facts(source: ModelSource) -> ModelFacts:
     return ModelFacts(architecture=architectures[0] if architectures else None, max_position_embeddings=limit,
                       served_limit=served[0] if served else None, served_limit_why=served[1] if served else None,
                       layers=_positive_number(text, "num_hidden_layers"), dtype=_dtype(config),
-                      kv_layout=_kv_layout(text))
+                      kv_layout=_kv_layout(text), weights_quantization=weights_quantization(config))
 
 
 def _positive_number(text_config, name: str) -> int | None:
@@ -141,6 +144,12 @@ def _kv_layout(text) -> dict | None:
     sliding = [i for i, kind in enumerate(types) if "sliding" in str(kind)]
     if not types and getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
         sliding = list(range(layers))  # a window on every layer (e.g. Mistral-7B-v0.1)
-    return {"layers": int(layers), "kv_heads": int(kv_heads), "head_dim": int(head_dim), "attention": attention,
-            "per_layer_elements": int(per_layer), "sliding_window_layers": sliding,
-            "sliding_window": getattr(text, "sliding_window", None) if sliding else None}
+    layout = {"layers": int(layers), "kv_heads": int(kv_heads), "head_dim": int(head_dim), "attention": attention,
+              "per_layer_elements": int(per_layer), "sliding_window_layers": sliding,
+              "sliding_window": getattr(text, "sliding_window", None) if sliding else None}
+    kinds = layer_kinds(text, int(layers))
+    if kinds.kv_layers != list(range(int(layers))):  # a hybrid: only some layers cache K and V
+        layout |= {"kv_layers": kinds.kv_layers, "state_layers": kinds.state_layers,
+                   "state_bytes_per_request": kinds.state_bytes_per_request(_dtype(text)),
+                   "layer_kinds": sorted(set(kinds.kinds))}
+    return layout

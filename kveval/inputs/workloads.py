@@ -7,7 +7,8 @@ comparison between cells is not blurred by prompt differences.
 
 Only the stdlib is imported. The tokenizer is duck-typed as a Hugging Face tokenizer:
 `tokenizer(text_or_list, add_special_tokens=...)["input_ids"]`, `tokenizer.decode(ids, ...)`,
-`tokenizer.apply_chat_template(...)` and the `chat_template` attribute.
+`tokenizer.apply_chat_template(...)` and the `chat_template` attribute. The run's chat-template
+arguments (--chat-template-kwargs) travel with the tokenizer: `with_chat_template_kwargs`.
 
 `PromptSpec.token_ids` is what engines must be given (as a token prompt). `PromptSpec.text` is
 `tokenizer.decode(token_ids)` for humans and reports; re-tokenising it is not guaranteed to give
@@ -124,7 +125,38 @@ def _decode(tokenizer, ids: Sequence[int]) -> str:
                             clean_up_tokenization_spaces=False)
 
 
+class ChatTemplateTokenizer:
+    """A tokenizer whose every chat rendering passes the run's chat-template arguments (`kveval compare
+    --chat-template-kwargs`, vLLM's `chat_template_kwargs`), e.g. {"enable_thinking": false} for a
+    thinking template. Everything else is the wrapped tokenizer's, so the parent's prompts, its task data
+    and the worker's lm-eval prompts (worker/lmeval_lm) all render through `_apply_template` alike."""
+
+    def __init__(self, tokenizer, chat_template_kwargs: Mapping[str, Any]):
+        self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "tokenizer":   # copy/pickle probe before __init__: no recursion
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.tokenizer(*args, **kwargs)
+
+    def apply_chat_template(self, conversation, **kwargs):
+        return self.tokenizer.apply_chat_template(conversation, **{**self.chat_template_kwargs, **kwargs})
+
+
+def with_chat_template_kwargs(tokenizer, chat_template_kwargs: Mapping[str, Any] | None):
+    """`tokenizer`, rendering chats with these template arguments (in place of any it had); the bare
+    tokenizer when there are none."""
+    if isinstance(tokenizer, ChatTemplateTokenizer):
+        tokenizer = tokenizer.tokenizer
+    return ChatTemplateTokenizer(tokenizer, chat_template_kwargs) if chat_template_kwargs else tokenizer
+
+
 def _apply_template(tokenizer, messages: list[dict]) -> str:
+    # A ChatTemplateTokenizer adds the run's chat-template arguments (with_chat_template_kwargs).
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 

@@ -10,13 +10,16 @@ from kveval.files.rundir import RunDir
 from kveval.render.markdown import fmt_int, fmt_pct, long_table
 
 
-def capacity_section(evidence: schema.Evidence) -> str:
-    """Predicted next to measured pools, so a pool that departs from the model's own arithmetic is seen."""
+def capacity_section(evidence: schema.Evidence, layout: schema.KvLayout | None = None) -> str:
+    """Predicted next to measured pools, so a pool that departs from the model's own arithmetic is seen.
+    `layout` (the manifest's) explains a hybrid model's pool ratio."""
     rows = evidence.capacity_model
     if not rows:
         return ""  # runs that did not record the model's KV layout
     predicted = [r for r in rows if r.predicted_tokens]
     out = ["## KV capacity: predicted vs measured", ""]
+    if layout is not None and layout.state_layers:
+        return "\n".join(out + _state_model_lines(layout, rows))
     if not predicted:
         reasons = sorted({r.flag for r in rows if r.flag})
         return "\n".join(out + [f"_Not predicted: {'; '.join(reasons) or 'no budget known'}._"])
@@ -71,6 +74,35 @@ def _pool_ratio_lines(rows: list[schema.CapacityRow]) -> list[str]:
         "a hybrid model saw 1.40× at 2K approach 1.94× at 64K. A measured ratio far from the predicted one here "
         "means the cells did not get the same memory (see the flags), not that FP8 stores more.")
     return lines
+
+
+def _state_model_lines(layout: schema.KvLayout, rows: list[schema.CapacityRow]) -> list[str]:
+    """A hybrid model: which layers cache K/V, the state FP8 leaves alone, how vLLM pages both, and the pools."""
+    state = layout.state_bytes_per_request
+    kinds = ", ".join(layout.layer_kinds) or "not named"
+    lines = [f"A hybrid model: {len(layout.cached_layers)} of its {layout.layers} layers cache K and V per token; "
+             f"{len(layout.state_layers)} keep a fixed per-request state instead (layer kinds: {kinds}). Bytes per "
+             "token count the attention layers only. The state "
+             + (f"({state / 2 ** 20:,.2f} MiB per request in the model dtype, from the config's sizes) " if state
+                else "(its size is not known here for this layer type) ")
+             + "is not stored in FP8. vLLM pages it with the K/V cache: it raises the attention block size until one "
+               "block's K/V page holds a layer's state (so FP8's smaller tokens make longer blocks) and pads the state "
+               "to that page; a block costs one page per layer of a group, and a request holds ⌈L ÷ block⌉ blocks per "
+               "attention group and 2 per state group (vLLM's 'align' state mode, its default with prefix caching). "
+               "Predicted pool = ⌊budget ÷ block bytes⌋ ÷ blocks per request × L tokens, on the block size each engine "
+               "chose. So FP8 gains less than 2×, least at short lengths where the state pages weigh most.", ""]
+    view = pd.DataFrame({
+        "cell": [r.cell for r in rows],
+        "bytes per token (attention layers)": [fmt_int(r.bytes_per_token) for r in rows],
+        "block size": [fmt_int(r.block_size) for r in rows],
+        "predicted tokens": [fmt_int(r.predicted_tokens) for r in rows],
+        "measured tokens": [fmt_int(r.measured_tokens) if r.started else "did not start" for r in rows],
+        "Δ": [fmt_pct(100 * r.deviation) if r.deviation is not None else "" for r in rows],
+    })
+    flagged = [r for r in rows if r.flag]
+    notes = ["", *(f"- **{r.cell}**: {fmt_pct(100 * r.deviation) + ' — ' if r.deviation is not None else ''}{r.flag}."
+                   for r in flagged)] if flagged else []
+    return lines + [long_table(view, f"{len(view)} cells"), *notes, "", *_pool_ratio_lines(rows)]
 
 
 def _mib(value) -> str:

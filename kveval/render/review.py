@@ -45,7 +45,7 @@ def render_review(manifest: schema.Manifest, evidence: schema.Evidence, verdict:
         recommendation_section(evidence, verdict, manifest),
         run_section(manifest, evidence),
         startup_section(evidence),
-        capacity_section(evidence),
+        capacity_section(evidence, manifest.model.kv_layout),
         acceptance_section(evidence),
         speed_section(evidence),
         throughput_section(evidence),

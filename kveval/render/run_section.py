@@ -4,6 +4,8 @@ and evidence in, markdown out.
 """
 from __future__ import annotations
 
+import json
+
 from kveval.files import schema
 from kveval.render.markdown import escape_cell, fmt_int
 
@@ -18,8 +20,11 @@ def run_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
         "## Run",
         "",
         f"- **Command:** `{manifest.command.replace('`', '')}`",
-        f"- **Model:** {escape_cell(manifest.model.path, None)} ({escape_cell(manifest.model.source, None)})",
+        f"- **Model:** {escape_cell(manifest.model.path, None)} ({escape_cell(manifest.model.source, None)})"
+        + (f"; weights quantized: {manifest.model.weights_quantization}, served as they are"
+           if manifest.model.weights_quantization else ""),
         _prompt_format_line(manifest.prompt_format),
+        _template_kwargs_line(options.chat_template_kwargs, manifest.prompt_format),
         _kv_scales_line(manifest),
         f"- **Cells:** {planned} planned (KV dtype {', '.join(options.kv)} × max_model_len "
         f"{', '.join(str(x) for x in options.max_model_len)}); {started} started"
@@ -121,6 +126,15 @@ def _kv_scales_line(manifest: schema.Manifest) -> str | None:
         line += (f"; vLLM would resolve `auto` to FP8 for this checkpoint, so the `auto` baseline cells run "
                  f"kv_cache_dtype={manifest.baseline_engine_dtype} (the model dtype)")
     return line
+
+
+def _template_kwargs_line(kwargs: dict | None, fmt: schema.PromptFormat) -> str | None:
+    """Said only when given: the arguments every chat rendering got (a thinking template's enable_thinking)."""
+    if not kwargs:
+        return None
+    shown = json.dumps(kwargs, ensure_ascii=False).replace("`", "")   # one line: JSON escapes its newlines
+    return (f"- **Chat-template arguments:** `{shown}` "
+            "(--chat-template-kwargs)" + ("" if fmt.chat_template else ": no effect, the model has no chat template"))
 
 
 def _prompt_format_line(fmt: schema.PromptFormat) -> str | None:

@@ -32,21 +32,23 @@ from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workl
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
 from kveval.inputs.task_selection import TaskSelectionError, TaskShape, check_lm_eval_names, task_shape, write_run_task_data
 from kveval.inputs.units import parse_size
-from kveval.inputs.workloads import PromptFileError, PromptSpec, build_workloads, load_user_prompts
+from kveval.inputs.weights_quantization import range_pass_obstacle
+from kveval.inputs.workloads import (PromptFileError, PromptSpec, build_workloads, load_user_prompts,
+                                     with_chat_template_kwargs)
 from kveval.pipeline import judge_stored_run, stored_run_verdict
 from kveval.run import environment
 from kveval.run.cell_process import CellPlan, cell_env, run_cell_process
 from kveval.run.death import log_tail
 from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
 from kveval.defaults import BASELINE_KV
-from kveval.run.devices import devices_per_cell, resolve_gpus
+from kveval.run.devices import devices_per_cell, resolve_gpus, visible_devices_env
 from kveval.run.parallel import run_in_parallel
 from kveval.run.parent_clock import CELL_FILES, LOOK, ParentClock
 from kveval.run.ray_executor import RayCells
 from kveval.inputs.kvspec import KVSpec
 from kveval.run.calibration import checkpoints_for
 from kveval.run.search import SEARCH_DTYPE, ladder, search_step, statuses_of
-from kveval.run.diagnosis import run_diagnosis
+from kveval.run.diagnosis import run_diagnosis, skip_diagnosis
 from kveval.run.options import CompareOptions
 from kveval.run.plan import (cell_plan, check_keep_layers, default_out, lengths_for_model, plan_cells,
                              planned_cell, scoring_documents, suite_counts)
@@ -166,7 +168,8 @@ def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSp
                            warmup=options.speed_warmup if options.speed_warmup is not None else suite.speed_warmup,
                            workloads=speed_workloads(prompts, suite.speed_workloads),
                            max_tokens=options.speed_max_tokens or suite.speed_max_tokens),
-        tasks=TasksOptions(tasks=task_names, limit=options.task_limit),
+        tasks=TasksOptions(tasks=task_names, limit=options.task_limit,
+                           chat_template_kwargs=options.chat_template_kwargs),
         throughput=ThroughputOptions(levels=_levels(options, suite), prompt_share=suite.throughput_prompt_share,
                                      max_tokens=suite.throughput_max_tokens),
         efficiency_sample=0)   # only the run's first cell measures it (plan_cells)
@@ -189,13 +192,17 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
             "gpu_memory_utilization": options.gpu_memory_utilization,
             "enforce_eager": options.enforce_eager, "engine_args": options.engine_args, "suite": suite.name,
             "counts": options.counts, "phases": list(options.phases),
-            # documents_file is a scoring round's only (None here): left out, so runs from before it resume.
-            "phase_options": phase_options.model_dump(mode="json", exclude={"scoring": {"documents_file"}}),
+            # documents_file is a scoring round's only (None here): left out, so runs from before it resume; the
+            # tasks' chat_template_kwargs are the run's own, below.
+            "phase_options": phase_options.model_dump(mode="json", exclude={"scoring": {"documents_file"},
+                                                                            "tasks": {"chat_template_kwargs"}}),
             "prompts_file": str(options.prompts) if options.prompts else None, "cell_timeout_s": options.cell_timeout,
             "stall_timeout_s": options.stall_timeout,
             "tasks": task_names, "lengths": list(shape.fractions), "depths": list(shape.depths),
             "samples_per_point": shape.samples, "limit": options.task_limit,
             "budget": parse_budget(options.budget).to_dict(),
+            # Only when given: a run without them stays the manifest (and the resume fingerprint) it was before.
+            **({"chat_template_kwargs": options.chat_template_kwargs} if options.chat_template_kwargs else {}),
         },
         "prompt_ids": [p.id for p in prompts],
         "prompt_format": prompt_format(tokenizer),
@@ -253,7 +260,7 @@ def _cells_env(devices: list[str] | None, base_env: dict[str, str] | None = None
         extra.update({name: None for name in os.environ if name not in base_env})
         extra.update({name: value for name, value in base_env.items() if os.environ.get(name) != value})
     if devices:
-        extra["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        extra.update(visible_devices_env(devices, environment.gpu_vendor()))
     return extra or None
 
 
@@ -296,7 +303,8 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
     except ModelError as error:
         raise KvevalError(str(error)) from None
     source = ModelSource.of(model.path, options.engine_args)  # what vLLM loads: revision, tokenizer, remote code
-    tokenizer = load_tokenizer(source)
+    # Every chat the parent renders (prompts, task data) gets --chat-template-kwargs, as the cells' lm-eval prompts do.
+    tokenizer = with_chat_template_kwargs(load_tokenizer(source), options.chat_template_kwargs)
     facts = model_facts(source)  # the config, read once for the whole set-up
     model_limit = facts.max_position_embeddings
     lengths, length_note = lengths_for_model(options.max_model_len, options.lengths_given,
@@ -306,6 +314,9 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
     if length_note:
         show.note(length_note)
     check_keep_layers(options.kv_specs, facts.layers, model.name)
+    no_diagnosis = _diagnosis_obstacle(options, facts, bool(hardware["hardware"]["gpus"]))
+    if no_diagnosis:
+        show.note(no_diagnosis)
     prompts = _prompts(options, suite, tokenizer, model_limit, user_prompts)
     documents = scoring_documents(tokenizer, options.max_model_len, suite.scoring_documents,
                                   suite.scoring_doc_fractions, model_limit, options.seed)
@@ -346,6 +357,8 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         manifest = _manifest(options, suite, shape, model, tokenizer, facts, prompts, documents, phase_options,
                              kv_scales, baseline_dtype, plans, hardware)
         manifest["model"]["kv_layout"] = layout
+        if facts.weights_quantization is not None:   # served as they are: the review names them
+            manifest["model"]["weights_quantization"] = facts.weights_quantization.label
         if checkpoints:
             manifest["calibration"] = {word: checkpoint.model_dump(mode="json") for word, checkpoint in checkpoints.items()}
         # Which weights were judged: the revision asked for, a local model's weights hash (kveval diff, resume).
@@ -375,7 +388,10 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
                   "resumed": reuse}
         if options.diagnose and any(spec.dtype.startswith("fp8") for spec in options.kv_specs):
             begun = time.monotonic()
-            run_diagnosis(run, source, run.manifest().kv_scales, show, fork)
+            if no_diagnosis:   # known not to load: recorded as the pass's failure, without trying it
+                skip_diagnosis(run, no_diagnosis)
+            else:
+                run_diagnosis(run, source, run.manifest().kv_scales, show, fork)
             timing["diagnosis_seconds"] = round(time.monotonic() - begun, 3)
         manifest["timing"] = timing
         run.write_manifest(manifest)
@@ -614,3 +630,16 @@ def rejected_engine_arg(facts: schema.CellResult, engine_args: dict, log_tail: s
         if re.search(rf"\b{re.escape(str(key).replace('-', '_'))}\b", message):
             return f"{key}={value}"
     return None
+
+
+def _diagnosis_obstacle(options: CompareOptions, facts: ModelFacts, has_gpu: bool) -> str | None:
+    """One line, before any engine starts, when the per-layer K/V range pass cannot load these weights here,
+    and what the run loses without it; None when it will run (or is not asked for)."""
+    if not options.diagnose or not any(spec.dtype.startswith("fp8") for spec in options.kv_specs):
+        return None
+    why = range_pass_obstacle(facts.weights_quantization, has_gpu)
+    if why is None:
+        return None
+    return (f"The per-layer K/V diagnosis cannot run: {why}. Lost without it: the per-layer K/V ranges, the remedy "
+            "(layers kept in the model dtype) and --search's candidates drawn from them; the verdict still rests on "
+            "divergence, tasks and degeneration.")

@@ -1,13 +1,14 @@
 """Which GPUs a run may use, and how many one cell takes (pure: no process is started here).
 
 `--gpus 0,1` (or `all`) lets independent cells run at once, one per device: each cell process sees
-only its devices through CUDA_VISIBLE_DEVICES. A cell asking for tensor (or pipeline) parallelism
-through --engine-arg takes that many devices.
+only its devices through CUDA_VISIBLE_DEVICES (`visible_devices_env`; on AMD GPUs HIP_VISIBLE_DEVICES
+too), whichever vendor's GPUs the host has (run/environment.gpu_inventory). A cell asking for tensor
+(or pipeline) parallelism through --engine-arg takes that many devices.
 """
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Optional, Sequence
 
 from kveval.errors import KvevalError
 
@@ -17,7 +18,8 @@ def resolve_gpus(asked: Sequence[str] | None, gpus_present: int) -> list[str] | 
     if not asked:
         return None
     if gpus_present < 1:
-        raise KvevalError("--gpus: this machine has no GPU that nvidia-smi lists; leave --gpus out on a CPU")
+        raise KvevalError("--gpus: no GPU found on this machine (nvidia-smi, rocm-smi, amd-smi); "
+                          "leave --gpus out on a CPU")
     if [a.lower() for a in asked] == ["all"]:
         return [str(i) for i in range(gpus_present)]
     ids = []
@@ -28,6 +30,14 @@ def resolve_gpus(asked: Sequence[str] | None, gpus_present: int) -> list[str] | 
             raise KvevalError(f"--gpus {item}: this machine has {gpus_present} GPU(s), indices 0-{gpus_present - 1}")
         ids.append(str(int(item)))
     return list(dict.fromkeys(ids))
+
+
+def visible_devices_env(devices: Sequence[str], vendor: Optional[str] = None) -> dict[str, str]:
+    """The variables that limit a cell's process to `devices`. CUDA and ROCm builds of torch and vLLM both
+    honour CUDA_VISIBLE_DEVICES; on AMD HIP_VISIBLE_DEVICES gets the same value, as vLLM on ROCm stops
+    when an HIP_VISIBLE_DEVICES inherited from the user's shell disagrees with CUDA_VISIBLE_DEVICES."""
+    value = ",".join(devices)
+    return {"CUDA_VISIBLE_DEVICES": value, **({"HIP_VISIBLE_DEVICES": value} if vendor == "amd" else {})}
 
 
 def devices_per_cell(engine_args: dict) -> int:

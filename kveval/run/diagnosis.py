@@ -51,6 +51,12 @@ def run_diagnosis(run_dir: RunDir, source: ModelSource, scales: schema.KvScales 
 MODULE = "kveval.worker.kv_ranges"
 
 
+def skip_diagnosis(run_dir: RunDir, why: str) -> None:
+    """Record, as the pass's failure, that it was not tried because it cannot run here (`why`)."""
+    if not run_dir.kv_ranges_path.is_file():
+        write_json_atomic(run_dir.kv_ranges_path, {"error": why})
+
+
 def _forked(fork: tuple[ForkServer, dict[str, str]], argv: list[str]) -> tuple[int | None, str]:
     """The pass forked from the fork server: (exit code, its output), or (None, "") where it cannot fork."""
     server, env = fork

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from kveval import defaults
 from kveval.errors import KvevalError
@@ -25,6 +26,7 @@ class CompareOptions:
     engine_args: dict[str, Any] = field(default_factory=dict)
     seed: int = defaults.SEED
     prompts: str | Path | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # arguments of every chat rendering (vLLM's name)
     suite: str = defaults.SUITE
     counts: dict[str, int] | None = None
     speed_runs: int | None = None
@@ -82,6 +84,31 @@ CONTROLLED_ENGINE_ARGS = {
 EXECUTORS = ("local", "ray")
 
 
+# apply_chat_template's own arguments, which kveval sets itself (workloads._apply_template): a chat-template
+# argument is a variable the template reads, such as enable_thinking.
+RENDERING_ARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template")
+
+
+def check_chat_template_kwargs(kwargs: Any) -> None:
+    """--chat-template-kwargs: a mapping of names (strings) to JSON values, none of them one kveval sets itself."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise KvevalError(f"--chat-template-kwargs must be a JSON object (e.g. {{\"enable_thinking\": false}}), "
+                          f"not {type(kwargs).__name__}")
+    for key in kwargs:
+        if not isinstance(key, str) or not key:
+            raise KvevalError(f"--chat-template-kwargs: key {key!r} is not a name; keys are the template's "
+                              "variable names, as strings (e.g. enable_thinking)")
+        if key in RENDERING_ARGS:
+            raise KvevalError(f"--chat-template-kwargs: {key} is set by kveval itself when it renders a prompt; "
+                              "give only the template's own variables (e.g. enable_thinking)")
+    try:
+        json.dumps(kwargs, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise KvevalError(f"--chat-template-kwargs: the values must be JSON ({error})") from None
+
+
 SEARCH_WORD = "search"   # --kv search: the same as --search
 SEARCH_START = "fp8"     # run/search.SEARCH_DTYPE: the ladder's first candidate
 
@@ -103,7 +130,11 @@ def normalized(options: CompareOptions) -> CompareOptions:
         add = bool(kv) and not any(parse_kv(text).dtype == "auto" for text in kv)
     except KVSpecError:
         add = False
-    return dataclasses.replace(options, kv=kv + (("auto",) if add else ()), baseline_added=add, search=search)
+    template_kwargs = options.chat_template_kwargs
+    if isinstance(template_kwargs, Mapping):   # {} is none given; another mapping is a dict like a parsed one
+        template_kwargs = dict(template_kwargs) or None
+    return dataclasses.replace(options, kv=kv + (("auto",) if add else ()), baseline_added=add, search=search,
+                               chat_template_kwargs=template_kwargs)
 
 
 def validate_options(options: CompareOptions) -> None:
@@ -125,6 +156,7 @@ def validate_options(options: CompareOptions) -> None:
             raise KvevalError(f"--search tries its own ladder of KV configurations (fp8, fp8:scaled, fp8:scaled=head, "
                               f"kept layers, combinations); --kv {' '.join(other)} is not how it starts: leave --kv "
                               "out or give --kv fp8 auto")
+    check_chat_template_kwargs(options.chat_template_kwargs)
     if options.remedy not in REMEDY_MODES:
         raise KvevalError(f"--remedy {options.remedy!r}: choose one of {', '.join(REMEDY_MODES)}")
     if not options.max_model_len:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
-from kveval.run.devices import DevicePool
+from kveval.run.devices import DevicePool, visible_devices_env
+from kveval.run.environment import gpu_vendor
 
 
 def run_in_parallel(plans: Sequence, devices: Sequence[str] | None, per_cell: int,
@@ -24,7 +25,7 @@ def run_in_parallel(plans: Sequence, devices: Sequence[str] | None, per_cell: in
 
     def work(plan, taken: list[str]) -> None:
         try:
-            run_one(plan, {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if devices is not None and visible else None, stop)
+            run_one(plan, visible_devices_env(taken, gpu_vendor()) if devices is not None and visible else None, stop)
         except BaseException as error:  # noqa: BLE001 - handed to the main thread, which re-raises it
             errors.append(error)
             stop.set()

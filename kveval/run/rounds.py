@@ -29,7 +29,7 @@ from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.model_config import ModelSource, load_tokenizer, model_facts
 from kveval.inputs.task_data import TASKS, write_task_data
-from kveval.inputs.workloads import round_probe_pool_size, round_probe_prompts
+from kveval.inputs.workloads import round_probe_pool_size, round_probe_prompts, with_chat_template_kwargs
 from kveval.pipeline import stored_run_verdict
 from kveval.run.cell_process import CellPlan
 from kveval.run.parent_clock import LOOK, ROUND_DATA
@@ -128,7 +128,8 @@ def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | 
             phases.append("tasks")
             # Only kveval's own tasks get new samples; an lm-eval task would repeat its first round's.
             tasks = TasksOptions(tasks=[t for t in setup.phase_options.tasks.tasks if t in TASKS],
-                                 limit=length_round.limit, data_dir=data_dir)
+                                 limit=length_round.limit, data_dir=data_dir,
+                                 chat_template_kwargs=setup.phase_options.tasks.chat_template_kwargs)
             phase_options = phase_options.model_copy(update={"tasks": tasks})
         if documents_file and (cell in length_round.scoring_cells or (is_reference and length_round.scoring_cells)):
             phases.append("scoring")
@@ -172,7 +173,10 @@ class _Data:
 
     def _tokenizer(self):
         if self.tokenizer is None:
-            self.tokenizer = load_tokenizer(ModelSource.of(self.setup.model.path, self.setup.options.engine_args))
+            # Probes and task data render as the first look's did: with the run's --chat-template-kwargs.
+            self.tokenizer = with_chat_template_kwargs(
+                load_tokenizer(ModelSource.of(self.setup.model.path, self.setup.options.engine_args)),
+                self.options.chat_template_kwargs)
         return self.tokenizer
 
     def write_probes(self, number: int, start: int, count: int) -> dict:

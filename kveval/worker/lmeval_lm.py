@@ -7,8 +7,8 @@ is recorded as rejected (as in the acceptance matrix), lm-eval gets an empty ans
 kveval's statistics leave it out of accuracy instead of counting a truncated prompt.
 
 Prompts are rendered like every other kveval prompt (`workloads.render_chat`: the chat template
-when the model has one, else plain text with BOS), so task samples were sized with the very
-token count the engine sees.
+when the model has one, with the run's --chat-template-kwargs that the tokenizer carries, else plain
+text with BOS), so task samples were sized with the very token count the engine sees.
 """
 from __future__ import annotations
 

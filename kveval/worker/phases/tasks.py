@@ -206,6 +206,7 @@ def run(engine, cell) -> dict:
     from kveval.inputs.task_selection import spread
     from kveval.inputs.resources import LM_EVAL_TASKS_DIR as TASKS_DIR
     from kveval.inputs.task_data import TASKS as KVEVAL_TASKS
+    from kveval.inputs.workloads import with_chat_template_kwargs
 
     # lm-eval logs every request at INFO; the cell log is for vLLM's words.
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
@@ -222,7 +223,9 @@ def run(engine, cell) -> dict:
     if not tasks:
         return phase
 
-    tokenizer = AutoTokenizer.from_pretrained(cell.model_path or engine.settings.model)
+    # Rendered with the run's chat-template arguments, as the parent rendered the task data (--chat-template-kwargs).
+    tokenizer = with_chat_template_kwargs(AutoTokenizer.from_pretrained(cell.model_path or engine.settings.model),
+                                          options.chat_template_kwargs)
     totals = {task: _doc_count(data_dir, task) for task in tasks}
     state = {"task": None, "done": 0}
 
