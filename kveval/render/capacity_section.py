@@ -88,7 +88,9 @@ def _state_model_lines(layout: schema.KvLayout, rows: list[schema.CapacityRow]) 
              + "is not stored in FP8. vLLM pages it with the K/V cache: it raises the attention block size until one "
                "block's K/V page holds a layer's state (so FP8's smaller tokens make longer blocks) and pads the state "
                "to that page; a block costs one page per layer of a group, and a request holds ⌈L ÷ block⌉ blocks per "
-               "attention group and 2 per state group (vLLM's 'align' state mode, its default with prefix caching). "
+               "attention group and per state group 1 block with prefix caching off (kveval's cells) or 2 with it on "
+               "(vLLM's 'align' state mode, the default of `vllm serve`: a deployment then holds fewer requests than the "
+               "pools measured here). "
                "Predicted pool = ⌊budget ÷ block bytes⌋ ÷ blocks per request × L tokens, on the block size each engine "
                "chose. So FP8 gains less than 2×, least at short lengths where the state pages weigh most.", ""]
     view = pd.DataFrame({

