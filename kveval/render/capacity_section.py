@@ -33,15 +33,9 @@ def capacity_section(evidence: schema.Evidence, layout: schema.KvLayout | None =
                     "tensors; a request takes ⌈L ÷ block⌉ blocks in each full-attention group and "
                     "⌈min(window − 1 + batched tokens, L) ÷ block⌉ + 1 in each sliding group; the pool is "
                     "blocks ÷ blocks per request × L tokens, as vLLM reports it.", ""]
-    view = pd.DataFrame({
-        "cell": [r.cell for r in rows],
-        "bytes per token": [fmt_int(r.bytes_per_token) for r in rows],
-        "budget": [_mib(r.budget_bytes) for r in rows],
-        "predicted tokens": [fmt_int(r.predicted_tokens) for r in rows],
-        "measured tokens": [fmt_int(r.measured_tokens) if r.started else "did not start" for r in rows],
-        "Δ": [fmt_pct(100 * r.deviation) if r.deviation is not None else "" for r in rows],
-        "longest max_model_len it holds": [fmt_int(r.predicted_max_model_len) for r in rows],
-    })
+    view = _pool_view(rows, {"bytes per token": [fmt_int(r.bytes_per_token) for r in rows],
+                             "budget": [_mib(r.budget_bytes) for r in rows]},
+                      {"longest max_model_len it holds": [fmt_int(r.predicted_max_model_len) for r in rows]})
     out.append(long_table(view, f"{len(view)} cells"))
     flagged = [r for r in rows if r.flag and r.predicted_tokens]
     if flagged:
@@ -93,18 +87,24 @@ def _state_model_lines(layout: schema.KvLayout, rows: list[schema.CapacityRow]) 
                "pools measured here). "
                "Predicted pool = ⌊budget ÷ block bytes⌋ ÷ blocks per request × L tokens, on the block size each engine "
                "chose. So FP8 gains less than 2×, least at short lengths where the state pages weigh most.", ""]
-    view = pd.DataFrame({
-        "cell": [r.cell for r in rows],
-        "bytes per token (attention layers)": [fmt_int(r.bytes_per_token) for r in rows],
-        "block size": [fmt_int(r.block_size) for r in rows],
-        "predicted tokens": [fmt_int(r.predicted_tokens) for r in rows],
-        "measured tokens": [fmt_int(r.measured_tokens) if r.started else "did not start" for r in rows],
-        "Δ": [fmt_pct(100 * r.deviation) if r.deviation is not None else "" for r in rows],
-    })
+    view = _pool_view(rows, {"bytes per token (attention layers)": [fmt_int(r.bytes_per_token) for r in rows],
+                             "block size": [fmt_int(r.block_size) for r in rows]})
     flagged = [r for r in rows if r.flag]
     notes = ["", *(f"- **{r.cell}**: {fmt_pct(100 * r.deviation) + ' — ' if r.deviation is not None else ''}{r.flag}."
                    for r in flagged)] if flagged else []
     return lines + [long_table(view, f"{len(view)} cells"), *notes, "", *_pool_ratio_lines(rows)]
+
+
+def _pool_view(rows: list[schema.CapacityRow], before: dict[str, list], after: dict[str, list] | None = None
+               ) -> pd.DataFrame:
+    """Per cell: `before` columns, the predicted and measured pools and their gap, then `after` columns."""
+    return pd.DataFrame({
+        "cell": [r.cell for r in rows], **before,
+        "predicted tokens": [fmt_int(r.predicted_tokens) for r in rows],
+        "measured tokens": [fmt_int(r.measured_tokens) if r.started else "did not start" for r in rows],
+        "Δ": [fmt_pct(100 * r.deviation) if r.deviation is not None else "" for r in rows],
+        **(after or {}),
+    })
 
 
 def _mib(value) -> str:
