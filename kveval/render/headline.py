@@ -40,10 +40,24 @@ def _no_gain(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence
     return out
 
 
+def longest_passing(statuses: dict[str, list[int]]) -> int | None:
+    """The longest max_model_len a deployment may be capped at: every tested length up to it passed (a pass at
+    32768 above a failure at 8192 does not make 32768 safe: requests of 8192 tokens would be served too)."""
+    tested = sorted((length, status) for status, lengths in statuses.items() for length in lengths)
+    cap = None
+    for length, status in tested:
+        if status != PASS:
+            break
+        cap = length
+    return cap
+
+
 def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence) -> str | None:
-    """The passing spec that holds the most KV (largest pool ratio to `auto`), if any passes with more than `auto`."""
+    """The passing spec that holds the most KV (largest pool ratio to `auto`), if any passes with more than `auto`
+    from its shortest tested length up."""
     no_gain = set(_no_gain(by_spec, evidence))
-    passing = [kv for kv, statuses in by_spec.items() if statuses.get(PASS) and kv not in no_gain]
+    passing = [kv for kv, statuses in by_spec.items()
+               if statuses.get(PASS) and kv not in no_gain and longest_passing(statuses) is not None]
     if not passing:
         return None
     ratio = lambda kv: pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
@@ -62,9 +76,11 @@ def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, 
     return by_spec
 
 
-def deploy_line(verdict, evidence: schema.Evidence) -> str:
-    """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV; where
-    none passes, the cache the model already runs with (`auto`), and why."""
+def deploy_line(verdict, evidence: schema.Evidence, enforce_eager: bool = False, vllm_version: str | None = None) -> str:
+    """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV, capped at the
+    longest max_model_len up to which every tested length passed, with the engine settings its cells ran with
+    that differ from vLLM's defaults (eager mode, the attention backend); where none passes, the cache the
+    model already runs with (`auto`), and why."""
     by_spec = _specs_by_status(verdict, evidence)
     spec = _deployable(by_spec, evidence)
     no_gain = _no_gain(by_spec, evidence)
@@ -78,9 +94,11 @@ def deploy_line(verdict, evidence: schema.Evidence) -> str:
                     "passed: keep the model dtype's KV cache)")
         return (f"Deploy until decided: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` (no FP8 configuration "
                 "has passed yet)")
-    lengths = _lengths(_specs_by_status(verdict, evidence)[spec][PASS])
-    return (f"Deploy (passes at {lengths}): `vllm serve {_served_model(spec, evidence)} "
-            f"{stored_spec(spec).vllm_flags()}{_backend_flag(spec, evidence)}`")
+    lengths = _lengths(by_spec[spec][PASS])
+    verified = f"; verified on vLLM {vllm_version}" if vllm_version else ""
+    return (f"Deploy (passes at {lengths}{verified}): `vllm serve {_served_model(spec, evidence)} "
+            f"{stored_spec(spec).vllm_flags()} --max-model-len {longest_passing(by_spec[spec])}"
+            f"{' --enforce-eager' if enforce_eager else ''}{_backend_flag(spec, evidence)}`")
 
 
 def _served_model(spec: str, evidence: schema.Evidence) -> str:

@@ -84,7 +84,7 @@ def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: schem
     decisions = decision_table(verdict, evidence)
     if decisions:
         out += [decisions, ""]
-    out += [deploy_line(verdict, evidence), ""]
+    out += [deploy_line(verdict, evidence, manifest.options.enforce_eager, manifest.versions.vllm), ""]
     deciding = [r for r in verdict.reasons if r.level == verdict.status]
     if verdict.status == PASS:
         out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]

@@ -45,7 +45,7 @@ def test_plain_fp8_fails_the_remedy_passes_and_is_the_one_to_deploy(run):
     assert remedied["engine_settings"]["kv_cache_dtype_skip_layers"] == ["3", "17"]
     review = (run.run_dir / "review.md").read_text()
     assert "FP8 with layers 3, 17 kept in" in review and "passes at 1024" in review
-    assert "`vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17`" in review
+    assert "`vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17 --max-model-len " in review
 
 
 def test_run_files_call_the_users_spec_kv_spec_and_vllms_dtype_kv_cache_dtype(run):
@@ -109,6 +109,6 @@ def test_plain_fp8_passes_on_the_healthy_model_and_gate_exits_0(tmp_path, defaul
     assert all(c.passed is True for c in checks), [(c.name, c.passed, c.detail) for c in checks]
     assert [c["id"] for c in run.manifest["cells"]] == ["auto-1024", "fp8-1024"]   # no remedy cell
     review = (run.run_dir / "review.md").read_text()
-    assert "## Verdict: **PASS**" in review and "`vllm serve MODEL --kv-cache-dtype fp8`" in review
+    assert "## Verdict: **PASS**" in review and "`vllm serve MODEL --kv-cache-dtype fp8 --max-model-len 1024`" in review
     gate = CliRunner().invoke(cli, ["gate", str(run.run_dir)])
     assert gate.exit_code == 0 and gate.output.startswith("PASS"), gate.output

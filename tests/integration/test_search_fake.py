@@ -70,7 +70,7 @@ def test_a_scaled_cell_loads_the_calibrated_copy_and_the_review_deploys_it(scale
     assert run.cell("fp8:scaled", 1024)["engine_settings"]["model"] == entry.path
     assert run.cell("fp8", 1024)["engine_settings"]["model"] != entry.path
     review = (run.run_dir / "review.md").read_text()
-    assert f"`vllm serve {entry.path} --kv-cache-dtype fp8`" in review
+    assert f"`vllm serve {entry.path} --kv-cache-dtype fp8 --max-model-len " in review
     assert "## Search" in review and "## Calibrated scales" in review
     assert "FP8 with calibrated per-tensor scales passes at 1024" in review
     # The scales next to the measured ranges: layer 3's K peak is 128× the healthy one's.

@@ -30,4 +30,4 @@ def test_refused_and_failing_candidates_are_passed_over_in_order(tmp_path_factor
     assert any("fp8:scaled=head" in note and HEAD_REFUSED in note for note in length.notes), length.notes
     assert run.verdict.cells["fp8:keep=3,17-1024"] == PASS
     review = (run.run_dir / "review.md").read_text()
-    assert "--kv-cache-dtype-skip-layers 3 17`" in review
+    assert "--kv-cache-dtype-skip-layers 3 17 --max-model-len " in review

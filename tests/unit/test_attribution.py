@@ -94,8 +94,8 @@ def test_drift_the_kept_layers_remove_fails_plain_fp8_and_the_remedy_passes():
     assert "caused by layers 3, 17" in fail.message and "sign-flip test over 12 scored sequences" in fail.message
     text = headline(verdict, evidence, "bfloat16")
     assert "FP8 with layers 3, 17 kept in bfloat16 passes at 1024" in text
-    assert deploy_line(verdict, evidence) == ("Deploy (passes at 1024): "
-                                              "`vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17`")
+    assert deploy_line(verdict, evidence) == ("Deploy (passes at 1024): `vllm serve MODEL --kv-cache-dtype fp8 "
+                                              "--kv-cache-dtype-skip-layers 3 17 --max-model-len 1024`")
 
 
 def test_a_passing_configuration_that_holds_no_more_than_auto_is_not_deployed():
@@ -116,8 +116,9 @@ def test_the_deploy_line_names_the_backend_the_passing_cells_ran_on():
                                                          "max_model_len": LENGTH, "seed": 0,
                                                          "attention_backend": "TRITON_ATTN"}
     evidence, verdict = _judge(cells)
-    assert deploy_line(verdict, evidence) == ("Deploy (passes at 1024): `vllm serve MODEL --kv-cache-dtype fp8 "
-                                              "--kv-cache-dtype-skip-layers 3 17 --attention-backend TRITON_ATTN`")
+    assert deploy_line(verdict, evidence, enforce_eager=True, vllm_version="0.26.0") == (
+        "Deploy (passes at 1024; verified on vLLM 0.26.0): `vllm serve MODEL --kv-cache-dtype fp8 "
+        "--kv-cache-dtype-skip-layers 3 17 --max-model-len 1024 --enforce-eager --attention-backend TRITON_ATTN`")
 
 
 def test_without_a_remedy_cell_the_same_drift_stays_inconclusive():
