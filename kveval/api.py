@@ -182,6 +182,16 @@ def judge(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_con
     return _judged(run_dir, thresholds, gate_config, gate_overrides)[3]
 
 
+def judge_deployment(run_dir: str | Path, thresholds: Thresholds | None = None, *,
+                     gate_config: str | Path | None = None,
+                     gate_overrides: dict | None = None) -> tuple[Verdict, schema.Deployment]:
+    """The verdict and the deploy answer (the review's first screen, typed) for a stored run; nothing written."""
+    from kveval.render.outputs import deployment_of
+
+    _, manifest, evidence, verdict = _judged(run_dir, thresholds, gate_config, gate_overrides)
+    return verdict, deployment_of(verdict, evidence, manifest)
+
+
 EXIT_WORSE = 5   # `kveval diff`: run B got worse than run A (apart from 0-4 and 130, the other commands' codes)
 
 

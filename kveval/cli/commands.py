@@ -297,13 +297,15 @@ def gate(run_dir, gate_config, thresholds, as_json) -> None:
     if as_json:
         import json
 
-        from kveval.api import KvevalError, judge
+        from kveval.api import KvevalError, judge_deployment
 
         try:
-            verdict = judge(run_dir, gate_config=gate_config, gate_overrides=parse_thresholds(thresholds))
+            verdict, deployment = judge_deployment(run_dir, gate_config=gate_config,
+                                                   gate_overrides=parse_thresholds(thresholds))
         except KvevalError as error:
             raise UsageFailure(str(error)) from None
-        click.echo(json.dumps({"verdict": verdict.status, **verdict.to_dict()}, indent=1))
+        click.echo(json.dumps({"verdict": verdict.status, **verdict.to_dict(), "deployment": deployment.model_dump(mode="json")},
+                              indent=1))
         sys.exit(exit_code(verdict))
     result = _recompute(run_dir, gate_config, thresholds)
     _echo_verdict(result.verdict)

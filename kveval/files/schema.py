@@ -1658,6 +1658,20 @@ class Evidence(FileModel):
     search: Optional[SearchRecord] = None                       # the manifest's, with --search (issue 20)
 
 
+class Deployment(FileModel):
+    """render/headline.deployment: the configuration to deploy, as the review's first screen states it (issue 41)."""
+
+    line: str                                     # the review's deploy line, word for word
+    configuration: Optional[str]                  # the passing KV spec (fp8, fp8:keep=0,1); None: keep the model dtype's
+    vllm_serve: str                               # the command to paste (MODEL: the model as the user serves it)
+    max_model_len: Optional[int]                  # the cap: every tested length up to it passed
+    passes_at: list[int]
+    pool_ratio: Optional[Number]                  # its KV pool against `auto` at the lengths that passed
+    vllm_version: Optional[str]                   # the vLLM it was verified on
+    attention_backend: Optional[str]              # the backend its cells were moved to, when not the default
+    enforce_eager: bool
+
+
 class Results(FileModel):
     schema_version: int
     kveval_version: str
@@ -1665,6 +1679,7 @@ class Results(FileModel):
     command: Optional[str]
     verdict: Optional[VerdictRecord]              # None only when written without a verdict
     evidence: Evidence
+    deployment: Optional[Deployment] = None       # absent before 2026-12-06 and when written without a verdict
 
 
 # --- kv_ranges.json (worker/kv_ranges.py; run/diagnosis.py writes {"error": ...} on failure) ------

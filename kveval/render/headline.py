@@ -76,29 +76,42 @@ def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, 
     return by_spec
 
 
-def deploy_line(verdict, evidence: schema.Evidence, enforce_eager: bool = False, vllm_version: str | None = None) -> str:
+def deployment(verdict, evidence: schema.Evidence, enforce_eager: bool = False,
+               vllm_version: str | None = None) -> schema.Deployment:
     """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV, capped at the
     longest max_model_len up to which every tested length passed, with the engine settings its cells ran with
     that differ from vLLM's defaults (eager mode, the attention backend); where none passes, the cache the
     model already runs with (`auto`), and why."""
     by_spec = _specs_by_status(verdict, evidence)
     spec = _deployable(by_spec, evidence)
-    no_gain = _no_gain(by_spec, evidence)
+    keep = f"vllm serve MODEL --kv-cache-dtype {BASELINE_KV}"
+    common = {"vllm_version": vllm_version, "enforce_eager": enforce_eager, "attention_backend": None,
+              "max_model_len": None, "passes_at": [], "pool_ratio": None, "configuration": None, "vllm_serve": keep}
     if spec is None:
+        no_gain = _no_gain(by_spec, evidence)
         if no_gain:
             named = ", ".join(f"`{kv}`" for kv in no_gain)
-            return (f"Deploy: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` ({named} passed but holds no more KV "
-                    f"than `{BASELINE_KV}`: nothing to gain from it)")
-        if verdict.status == "FAIL":
-            return (f"Deploy: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` (no tested FP8 configuration "
-                    "passed: keep the model dtype's KV cache)")
-        return (f"Deploy until decided: `vllm serve MODEL --kv-cache-dtype {BASELINE_KV}` (no FP8 configuration "
-                "has passed yet)")
-    lengths = _lengths(by_spec[spec][PASS])
+            line = (f"Deploy: `{keep}` ({named} passed but holds no more KV than `{BASELINE_KV}`: nothing to gain "
+                    "from it)")
+        elif verdict.status == "FAIL":
+            line = f"Deploy: `{keep}` (no tested FP8 configuration passed: keep the model dtype's KV cache)"
+        else:
+            line = f"Deploy until decided: `{keep}` (no FP8 configuration has passed yet)"
+        return schema.Deployment(line=line, **common)
+    passes_at = sorted(by_spec[spec][PASS])
+    cap, backend = longest_passing(by_spec[spec]), _backend(spec, evidence)
+    command = (f"vllm serve {_served_model(spec, evidence)} {stored_spec(spec).vllm_flags()} --max-model-len {cap}"
+               f"{' --enforce-eager' if enforce_eager else ''}{f' --attention-backend {backend}' if backend else ''}")
     verified = f"; verified on vLLM {vllm_version}" if vllm_version else ""
-    return (f"Deploy (passes at {lengths}{verified}): `vllm serve {_served_model(spec, evidence)} "
-            f"{stored_spec(spec).vllm_flags()} --max-model-len {longest_passing(by_spec[spec])}"
-            f"{' --enforce-eager' if enforce_eager else ''}{_backend_flag(spec, evidence)}`")
+    return schema.Deployment(**{**common, "line": f"Deploy (passes at {_lengths(passes_at)}{verified}): `{command}`",
+                                "configuration": spec, "vllm_serve": command, "max_model_len": cap, "passes_at": passes_at,
+                                "pool_ratio": pool_ratio(evidence.pools, spec, passes_at)[0],
+                                "attention_backend": backend})
+
+
+def deploy_line(verdict, evidence: schema.Evidence, enforce_eager: bool = False, vllm_version: str | None = None) -> str:
+    """The review's deploy line (`deployment`'s)."""
+    return deployment(verdict, evidence, enforce_eager, vllm_version).line
 
 
 def _served_model(spec: str, evidence: schema.Evidence) -> str:
@@ -108,12 +121,12 @@ def _served_model(spec: str, evidence: schema.Evidence) -> str:
     return entry.path if entry is not None else "MODEL"
 
 
-def _backend_flag(spec: str, evidence: schema.Evidence) -> str:
+def _backend(spec: str, evidence: schema.Evidence) -> str | None:
     """The attention backend the spec's cells ran on when it was not the default (worker/engine.py
     moves cells with kept layers off FlashAttention on a GPU): what passed is what is deployed."""
     backends = sorted({str(facts.attention_backend_flag) for facts in evidence.cells.values()
                        if facts.kv_spec == spec and facts.attention_backend_flag})
-    return f" --attention-backend {backends[0]}" if len(backends) == 1 else ""
+    return backends[0] if len(backends) == 1 else None
 
 
 def headline(verdict, evidence: schema.Evidence, model_dtype: str = "the model dtype") -> str:

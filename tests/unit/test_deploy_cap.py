@@ -17,3 +17,30 @@ from kveval.render.headline import longest_passing
 ])
 def test_the_cap_is_the_top_of_the_passing_prefix(statuses, cap):
     assert longest_passing(statuses) == cap
+
+
+def test_gate_json_and_results_carry_the_reviews_deployment(tmp_path):
+    # The published H100 Qwen2.5 run: plain FP8 fails, layers 0, 1 kept pass at 8192 on Triton (issue 41).
+    import json
+    import shutil
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from kveval.cli.commands import cli
+
+    source = Path(__file__).resolve().parents[2] / "reports" / "h100-qwen2.5-coder-1.5b-8192"
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    outcome = CliRunner().invoke(cli, ["gate", "--json", str(run)])
+    assert outcome.exit_code == 1, outcome.output
+    deployment = json.loads(outcome.output)["deployment"]
+    assert deployment["configuration"] == "fp8:keep=0,1" and deployment["max_model_len"] == 8192
+    assert deployment["vllm_serve"] == ("vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 0 1 "
+                                        "--max-model-len 8192 --attention-backend TRITON_ATTN")
+    assert deployment["vllm_version"] == "0.26.0" and deployment["pool_ratio"] == pytest.approx(838_848 / 449_376)
+    assert deployment["line"] in (source / "review.md").read_text(encoding="utf-8")
+    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 1
+    from kveval.files.rundir import RunDir, read_json
+
+    assert read_json(RunDir(run).results_path)["deployment"] == deployment

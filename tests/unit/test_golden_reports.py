@@ -243,6 +243,10 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
         assert {row.pop("ttft_vs_noise"), row.pop("decode_vs_noise")} <= {None, "beyond", "within", "too few runs"}
     for reason in now["verdict"]["reasons"]:  # issue 19: every reason names its finding
         assert reason.pop("code") in REASON_CODES
+    # Issue 41: results.json carries the deploy answer, the review's own line word for word.
+    deployment = now.pop("deployment")
+    assert deployment["line"] in (copy / "review.md").read_text(encoding="utf-8")
+    assert deployment["configuration"] is None and deployment["vllm_serve"] == "vllm serve MODEL --kv-cache-dtype auto"
     assert now == before
 
 
