@@ -11,7 +11,7 @@ import threading
 from typing import Callable, Sequence
 
 from kveval.run.devices import DevicePool, visible_devices_env
-from kveval.run.environment import gpu_vendor
+from kveval.run.gpu_inventory import gpu_vendor
 
 
 def run_in_parallel(plans: Sequence, devices: Sequence[str] | None, per_cell: int,

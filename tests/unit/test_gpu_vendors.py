@@ -14,7 +14,7 @@ import pytest
 from kveval.errors import KvevalError
 from kveval.evidence import platform_profile
 from kveval.files import schema
-from kveval.run import environment
+from kveval.run import environment, gpu_inventory
 from kveval.run.devices import resolve_gpus, visible_devices_env
 from tests.support.constructed import complete_cells, planned_manifest
 from tests.support.evidence import typed_manifest
@@ -53,7 +53,7 @@ class FakeHost:
         self.real_which, self.real_run = shutil.which, subprocess.run
         monkeypatch.setattr(shutil, "which", self.which)
         monkeypatch.setattr(subprocess, "run", self.run)
-        monkeypatch.setattr(environment, "_KFD", "/" if kfd else "/nonexistent/kfd")
+        monkeypatch.setattr(gpu_inventory, "_KFD", "/" if kfd else "/nonexistent/kfd")
 
     def which(self, name, *args, **kwargs):
         if name not in GPU_TOOLS:   # platform.* asks for uname: the real one
