@@ -186,7 +186,7 @@ def judge_deployment(run_dir: str | Path, thresholds: Thresholds | None = None, 
                      gate_config: str | Path | None = None,
                      gate_overrides: dict | None = None) -> tuple[Verdict, schema.Deployment]:
     """The verdict and the deploy answer (the review's first screen, typed) for a stored run; nothing written."""
-    from kveval.render.outputs import deployment_of
+    from kveval.render.headline import deployment_of
 
     _, manifest, evidence, verdict = _judged(run_dir, thresholds, gate_config, gate_overrides)
     return verdict, deployment_of(verdict, evidence, manifest)

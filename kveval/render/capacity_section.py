@@ -45,8 +45,9 @@ def capacity_section(evidence: schema.Evidence, layout: schema.KvLayout | None =
     return "\n".join(out)
 
 
-def _pool_ratio_lines(rows: list[schema.CapacityRow]) -> list[str]:
-    """What the FP8 / baseline pool ratio is at each length, and why it is what it is."""
+def _pool_ratio_lines(rows: list[schema.CapacityRow], explain: bool = True) -> list[str]:
+    """What the FP8 / baseline pool ratio is at each length, and (`explain`) why it is what it is by bytes per
+    token; a hybrid's section explains its own paging instead."""
     pairs = [r for r in rows if r.measured_ratio or r.predicted_ratio]
     lines = []
     if pairs:
@@ -57,6 +58,8 @@ def _pool_ratio_lines(rows: list[schema.CapacityRow]) -> list[str]:
             predicted = f"predicted {r.predicted_ratio:.2f}×" if r.predicted_ratio else "not predicted"
             lines.append(f"- {r.cell}: {measured}, {predicted}")
         lines.append("")
+    if not explain:
+        return lines[:-1] if lines else lines
     lines.append(
         "Why the ratio is what it is: on one budget every cached token of every layer costs half as much in FP8, "
         "so the pool ratio is the ratio of bytes per token (2.00× for plain FP8, less with layers kept in the "
@@ -92,7 +95,7 @@ def _state_model_lines(layout: schema.KvLayout, rows: list[schema.CapacityRow]) 
     flagged = [r for r in rows if r.flag]
     notes = ["", *(f"- **{r.cell}**: {fmt_pct(100 * r.deviation) + ' — ' if r.deviation is not None else ''}{r.flag}."
                    for r in flagged)] if flagged else []
-    return lines + [long_table(view, f"{len(view)} cells"), *notes, "", *_pool_ratio_lines(rows)]
+    return lines + [long_table(view, f"{len(view)} cells"), *notes, "", *_pool_ratio_lines(rows, explain=False)]
 
 
 def _pool_view(rows: list[schema.CapacityRow], before: dict[str, list], after: dict[str, list] | None = None

@@ -114,6 +114,12 @@ def deploy_line(verdict, evidence: schema.Evidence, enforce_eager: bool = False,
     return deployment(verdict, evidence, enforce_eager, vllm_version).line
 
 
+def deployment_of(verdict, evidence: schema.Evidence, manifest: schema.Manifest | None) -> schema.Deployment:
+    """The deploy answer with the run's own engine settings: what the review, results.json and `gate --json` state."""
+    return deployment(verdict, evidence, bool(manifest and manifest.options.enforce_eager),
+                      manifest.versions.vllm if manifest is not None else None)
+
+
 def _served_model(spec: str, evidence: schema.Evidence) -> str:
     """MODEL, or for a calibrated spec the checkpoint copy that carries its scales (what passed)."""
     scaled = stored_spec(spec).scaled

@@ -18,7 +18,7 @@ from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic, write_text_atomic
 from kveval.render.capacity_plots import capacity_plot, throughput_plot
 from kveval.render.divergence_plot import kl_position_plot
-from kveval.render.headline import deployment
+from kveval.render.headline import deployment_of
 from kveval.render.kv_range_plot import kv_range_plot
 from kveval.render.plots import task_heatmap
 
@@ -132,11 +132,6 @@ def results_document(evidence: schema.Evidence, verdict, manifest: schema.Manife
         **({"deployment": schema.dump(deployment_of(verdict, evidence, manifest))} if verdict is not None else {}),
     })
 
-
-def deployment_of(verdict, evidence: schema.Evidence, manifest: schema.Manifest | None) -> schema.Deployment:
-    """The deploy answer with the run's engine settings (render/headline.deployment)."""
-    return deployment(verdict, evidence, bool(manifest and manifest.options.enforce_eager),
-                      manifest.versions.vllm if manifest is not None else None)
 
 
 # Tests only: KVEVAL_NO_PLOTS=1 draws no figure and leaves any PNG there as it is. Drawing is most of a

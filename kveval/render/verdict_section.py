@@ -10,7 +10,7 @@ from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.gate import NOTE, PASS, Verdict
 from kveval.render.decision_table import decision_table
-from kveval.render.headline import deploy_line, headline
+from kveval.render.headline import deployment_of, headline
 from kveval.render.markdown import bullet, fmt_share, fmt_sig
 
 
@@ -84,7 +84,7 @@ def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: schem
     decisions = decision_table(verdict, evidence)
     if decisions:
         out += [decisions, ""]
-    out += [deploy_line(verdict, evidence, manifest.options.enforce_eager, manifest.versions.vllm), ""]
+    out += [deployment_of(verdict, evidence, manifest).line, ""]
     deciding = [r for r in verdict.reasons if r.level == verdict.status]
     if verdict.status == PASS:
         out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]
