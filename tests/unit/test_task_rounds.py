@@ -18,7 +18,7 @@ from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic
 from kveval.files.task_rounds import merge_rounds, round_cell_id
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Check, Reason, Thresholds, Verdict
-from kveval.inputs.budget import parse_budget
+from kveval.inputs.budget import for_platform, parse_budget
 from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.suites import SUITES
 from kveval.run import compare as compare_module
@@ -43,6 +43,17 @@ def test_budget_forms_and_default():
     assert parse_budget("90s").seconds == 90 and parse_budget("1.5h").seconds == 5400
     assert (parse_budget("300,5m").samples, parse_budget("300,5m").seconds) == (300, 300)
     assert parse_budget("off").samples == 0 and parse_budget(0).samples == 0
+
+
+def test_gpu_default_budget_is_1200_samples_and_a_users_count_is_kept():
+    # A GPU scores samples in milliseconds: its default cap (the design's N_max) is 1200, where a healthy cell
+    # with 15 % looping outputs PASSes >= 90 % of simulated runs (docs/statistics.md); a CPU keeps 600.
+    assert parse_budget(for_platform(None, on_gpu=True)).samples == 1200
+    assert parse_budget(for_platform(None, on_gpu=True)).seconds == 1200
+    assert parse_budget(for_platform("10m", on_gpu=True)).samples == 1200
+    assert parse_budget(for_platform("10m", on_gpu=True)).seconds == 600
+    assert for_platform("400", on_gpu=True) == "400" and for_platform("off", on_gpu=True) == "off"
+    assert for_platform(None, on_gpu=False) is None and for_platform("10m", on_gpu=False) == "10m"
 
 
 @pytest.mark.parametrize("bad", ["ten", "-5", "5x", "10m,20m", "0,5m", "1.5", ""])
