@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -24,6 +25,9 @@ VERDICT_PREFIX = "Verdict:"
 DEPLOY_PREFIX = "Deploy"
 VERDICT_CLASSES = {"PASS": "verdict-pass", "FAIL": "verdict-fail", "INCONCLUSIVE": "verdict-inconclusive"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The one piece of raw HTML the review writes itself: a long table folded by render/markdown.folded.
+DETAILS_OPEN = re.compile(r"<details><summary>(.*)</summary>")
+DETAILS_CLOSE = "</details>"
 
 # Only inline styles and data: images may load: a page that escaped something wrongly still runs no
 # script and reaches no server.
@@ -55,6 +59,7 @@ th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical
 th { background: #f6f8fa; }
 table.decision td:first-child { white-space: nowrap; }
 img { max-width: 100%; height: auto; display: block; margin: 8px 0; }
+summary { cursor: pointer; color: #0550ae; margin: 6px 0; }
 .missing-figure { color: #6a737d; font-style: italic; }
 """
 
@@ -63,6 +68,7 @@ def review_html(markdown_text: str, run_dir: str | Path) -> str:
     """The whole page for one review; figures are read from run_dir (where review.md links them)."""
     parser = _parser()
     tokens = parser.parse(markdown_text)
+    _fold_long_tables(tokens, parser)
     _mark_hooks(tokens)
     _inline_figures(tokens, Path(run_dir))
     body = parser.renderer.render(tokens, parser.options, {})
@@ -84,6 +90,27 @@ def _table_open(self, tokens, idx, options, env) -> str:
 
 def _table_close(self, tokens, idx, options, env) -> str:
     return self.renderToken(tokens, idx, options, env) + "</div>\n"
+
+
+# --- folded tables -------------------------------------------------------------------------------
+
+def _fold_long_tables(tokens: list[Token], parser: MarkdownIt) -> None:
+    """The review's own <details> lines, which raw HTML off leaves as paragraphs of text, become the
+    folding block again. Only a paragraph that is exactly such a line qualifies (untrusted text reaches
+    the markdown with its `<` escaped, so it cannot look like one), and the summary is rendered as
+    markdown text with raw HTML still off."""
+    for index in range(len(tokens) - 2, -1, -1):
+        if tokens[index].type != "paragraph_open" or tokens[index + 1].type != "inline":
+            continue
+        content = tokens[index + 1].content
+        opening = DETAILS_OPEN.fullmatch(content)
+        if opening:
+            markup = f"<details><summary>{parser.renderInline(opening.group(1))}</summary>\n"
+        elif content == DETAILS_CLOSE:
+            markup = "</details>\n"
+        else:
+            continue
+        tokens[index:index + 3] = [Token("html_block", "", 0, content=markup)]
 
 
 # --- hooks ---------------------------------------------------------------------------------------

@@ -80,6 +80,18 @@ def test_figures_are_inlined_and_nothing_outside_the_page_is_referenced(tmp_path
     assert "example.com/x.png)" in body and 'src="https' not in body   # named in the note, never loaded
 
 
+def test_folded_tables_fold_and_nothing_else_becomes_markup(tmp_path):
+    table = "| a | b |\n|:--|:--|\n| 1 | 2 |"
+    text = (f"<details><summary>13 rows: each `cell`</summary>\n\n{table}\n\n</details>\n\n"
+            f"<details><summary><script>x()</script></summary>\n\n{table}\n\n</details>\n\n"
+            f"{escape_cell('<details><summary>from a log</summary>')}\n")
+    body = _body(_page(tmp_path, text))
+    assert body.count("<details><summary>") == 2 and body.count("</details>") == 2
+    assert "<details><summary>13 rows: each <code>cell</code></summary>\n<div class=\"table-scroll\"><table>" in body
+    assert "<summary>&lt;script&gt;x()&lt;/script&gt;</summary>" in body
+    assert "<p>&lt;details&gt;&lt;summary&gt;from a log&lt;/summary&gt;</p>" in body
+
+
 def test_page_forbids_every_fetch_but_its_own_styles_and_data_images(tmp_path):
     page = _page(tmp_path, REVIEW.format(model="m", reason="r"))
     policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1)
@@ -113,3 +125,4 @@ def test_every_published_review_renders_with_its_hooks_and_every_figure(source, 
     named = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     inlined = re.findall(r'src="data:image/png;base64,', body)
     assert len(inlined) == len(named) and "figure not available" not in body
+    assert body.count("<details><summary>") == text.count("<details><summary>") and "&lt;details" not in body
