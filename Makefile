@@ -7,9 +7,28 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kveval-installed
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo demo-full test unit install bench clean-demo
+.PHONY: demo demo-full test unit install browser bench clean-demo
 
-install: $(STAMP)
+install: $(STAMP) browser
+
+# Headless Chromium for the HTML review's browser test (tests/unit/test_html_review_browser.py): Debian's
+# chromium and chromium-driver, installed only when missing (a look at two files otherwise). apt-get update
+# only when the install from the current package lists fails. No browser, no failure here: that test then
+# fails saying why.
+APT_INSTALL := env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
+CHROMIUM_BIN ?= /usr/bin/chromium
+CHROMEDRIVER_BIN ?= /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+
+browser:
+	@if [ -x $(CHROMIUM_BIN) ] && [ -x $(CHROMEDRIVER_BIN) ]; then :; \
+	elif ! command -v apt-get >/dev/null; then \
+		echo "make browser: no apt-get here; install Chromium and ChromeDriver at /usr/bin/chromium and /usr/bin/chromedriver for the browser test"; \
+	else \
+		echo "make browser: installing chromium and chromium-driver (apt-get) for the HTML review's browser test"; \
+		{ $(SUDO) $(APT_INSTALL) || { $(SUDO) apt-get update -qq && $(SUDO) $(APT_INSTALL); }; } >/dev/null 2>&1 \
+			|| echo "make browser: apt-get could not install chromium chromium-driver; the browser test will fail until they are installed"; \
+	fi
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -43,11 +62,11 @@ demo-full: $(STAMP)
 # loadscope: a module's tests on one worker, so a module-scoped fake run is made once, not once per worker.
 UNIT_PYTEST := $(BIN)/python -m pytest -m "not engine" -n 2 --dist loadscope
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(UNIT_PYTEST)
 	$(BIN)/python -m pytest -m engine
 
-unit: $(STAMP)
+unit: $(STAMP) browser
 	$(UNIT_PYTEST)
 
 bench: $(STAMP)

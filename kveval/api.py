@@ -42,6 +42,7 @@ class RunResult:
     verdict: Verdict | None = None
     evidence: schema.Evidence | None = None
     results_path: Path | None = None
+    html_path: Path | None = None   # review.html: the review as one page to share
 
     def cell(self, kv_spec: str, max_model_len: int) -> dict | None:
         return self.cells.get(cell_id(kv_spec, max_model_len))
@@ -130,14 +131,15 @@ def _load_typed(run_dir: str | Path) -> tuple[RunResult, schema.Manifest, dict[s
         raise KvevalError(str(error)) from None
     cells = {name: schema.dump(cell) for name, cell in typed.items()}
     result = RunResult(store.path, schema.dump(manifest), cells,
-                       store.review_path if store.review_path.exists() else None)
+                       store.review_path if store.review_path.exists() else None,
+                       html_path=store.review_html_path if store.review_html_path.exists() else None)
     return result, manifest, typed
 
 
 def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds | None = None,
            gate_config: str | Path | None = None, gate_overrides: dict | None = None) -> RunResult:
     """Recompute the evidence and the verdict from the stored files alone (no engine); write
-    results.json, tables/*.csv and review.md. Thresholds: `thresholds`, or defaults < the run's own
+    results.json, tables/*.csv, review.md and review.html. Thresholds: `thresholds`, or defaults < the run's own
     (thresholds.json, written by `compare`) < the YAML file `gate_config` < `gate_overrides`."""
     from kveval.pipeline import write_review
 
@@ -146,10 +148,10 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
         review = write_review(RunDir(run_dir), manifest, evidence, verdict)
     except StoreError as error:
         raise KvevalError(str(error)) from None
-    result.results_path, result.review_path = review.results_path, review.review_path
+    result.results_path, result.review_path, result.html_path = review.results_path, review.review_path, review.html_path
     result.evidence, result.verdict = review.evidence, review.verdict
     if progress is not None:
-        progress.note(f"Review written: {review.review_path}")
+        progress.note(f"Review written: {review.review_path} (HTML: {review.html_path})")
     return result
 
 

@@ -1,7 +1,7 @@
 """The one-way pipeline from a stored run to its review: files -> evidence -> verdict -> outputs.
 
     stored cells (files) -> analysis (pure) -> evidence -> gate (verdict) -> render (review.md,
-    results.json, tables/*.csv, figures)
+    review.html, results.json, tables/*.csv, figures)
 
 Each step reads only what the step before it produced; nothing downstream reads the cells again.
 """
@@ -16,6 +16,7 @@ from kveval.evidence import build_evidence
 from kveval.files import schema
 from kveval.files.rundir import RunDir, write_text_atomic
 from kveval.gate import Thresholds, Verdict, evaluate
+from kveval.render.html_review import review_html
 from kveval.render.outputs import write_results
 from kveval.render.review import render_review
 
@@ -26,6 +27,7 @@ class Review:
     verdict: Verdict
     results_path: Path
     review_path: Path
+    html_path: Path
 
 
 def judge_stored_run(run: RunDir, manifest: schema.Manifest, cells: dict[str, CellLike] | None,
@@ -59,7 +61,10 @@ def stored_evidence_verdict(evidence: schema.Evidence, thresholds: Thresholds) -
 
 
 def write_review(run: RunDir, manifest: schema.Manifest, evidence: schema.Evidence, verdict: Verdict) -> Review:
-    """results.json, tables/*.csv, figures and review.md, from evidence and verdict alone."""
+    """results.json, tables/*.csv, figures, review.md and review.html, from evidence and verdict alone.
+    The HTML is written after the figures, which it carries inline."""
     results_path = write_results(run.path, evidence, verdict, manifest)
-    write_text_atomic(run.review_path, render_review(manifest, evidence, verdict))
-    return Review(evidence, verdict, results_path, run.review_path)
+    review = render_review(manifest, evidence, verdict)
+    write_text_atomic(run.review_path, review)
+    write_text_atomic(run.review_html_path, review_html(review, run.path))
+    return Review(evidence, verdict, results_path, run.review_path, run.review_html_path)

@@ -77,8 +77,10 @@ def parse_thresholds(items) -> dict[str, str]:
 
 
 def _finish(result) -> None:
-    """Print the review path (stdout), the verdict (stderr), and exit with the verdict's code."""
-    click.echo(str(result.review_path))
+    """Print the review's paths on one line (stdout: review.md, then the HTML page to share), the verdict
+    (stderr), and exit with the verdict's code."""
+    html = f" (HTML: {result.html_path})" if result.html_path else ""
+    click.echo(f"{result.review_path}{html}")
     click.echo(f"Verdict: {result.verdict.status}", err=True)
     sys.exit(exit_code(result.verdict))
 
@@ -278,9 +280,10 @@ def _recompute(run_dir, gate_config, thresholds):
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @gate_options
 def report(run_dir, gate_config, thresholds) -> None:
-    """Recompute RUN_DIR's verdict, results.json, tables/ and review.md from the stored results (no engine).
+    """Recompute RUN_DIR's verdict, results.json, tables/, review.md and review.html from the stored results
+    (no engine).
 
-    Prints the review's path; exits with the verdict's code (0 PASS, 1 FAIL, 3 INCONCLUSIVE; 2 usage error)."""
+    Prints the review's path and its HTML page's; exits with the verdict's code (0 PASS, 1 FAIL, 3 INCONCLUSIVE; 2 usage error)."""
     _finish(_recompute(run_dir, gate_config, thresholds))
 
 
@@ -294,7 +297,7 @@ def gate(run_dir, gate_config, thresholds, as_json) -> None:
     """Judge a stored run (no engine): print the verdict and its reasons, exit with its code.
 
     0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error (bad run directory, thresholds file or --threshold).
-    results.json and review.md are rewritten with the verdict, except with --json."""
+    results.json, review.md and review.html are rewritten with the verdict, except with --json."""
     if as_json:
         import json
 
@@ -312,6 +315,7 @@ def gate(run_dir, gate_config, thresholds, as_json) -> None:
     _echo_verdict(result.verdict)
     click.echo(f"results: {result.results_path}")
     click.echo(f"review: {result.review_path}")
+    click.echo(f"html: {result.html_path}")
     sys.exit(exit_code(result.verdict))
 
 

@@ -18,6 +18,7 @@ that finds the disk full leaves the previous version and raises DiskFull. The la
     DIR/results.json            evidence + verdict (`kveval report` writes it; .json.gz in published reports)
     DIR/tables/*.csv, *.png     the evidence as tables and figures
     DIR/review.md               the rendered review
+    DIR/review.html             the same review as one self-contained page (figures inline), to share
 
 manifest, cell, results and kv_ranges files are validated against kveval.files.schema when read
 (and kveval's own documents when written), so a damaged or older file is named with its bad field.
@@ -147,6 +148,7 @@ class RunDir:
 
     RESULTS_FILE = "results.json"
     REVIEW_FILE = "review.md"
+    REVIEW_HTML_FILE = "review.html"
     TABLES_DIR = "tables"
     TASK_HEATMAP = "tasks_heatmap.png"   # review.md links figures by these relative names
     KV_RANGE_PLOT = "kv_range.png"
@@ -212,6 +214,10 @@ class RunDir:
     @property
     def review_path(self) -> Path:
         return self.path / self.REVIEW_FILE
+
+    @property
+    def review_html_path(self) -> Path:
+        return self.path / self.REVIEW_HTML_FILE
 
     @property
     def thresholds_path(self) -> Path:
