@@ -77,10 +77,11 @@ def parse_thresholds(items) -> dict[str, str]:
 
 
 def _finish(result) -> None:
-    """Print the review's paths on one line (stdout: review.md, then the HTML page to share), the verdict
+    """Print the review's path (stdout, alone: scripts read it), the HTML page to share and the verdict
     (stderr), and exit with the verdict's code."""
-    html = f" (HTML: {result.html_path})" if result.html_path else ""
-    click.echo(f"{result.review_path}{html}")
+    click.echo(str(result.review_path))
+    if result.html_path:
+        click.echo(f"HTML review: {result.html_path}", err=True)
     click.echo(f"Verdict: {result.verdict.status}", err=True)
     sys.exit(exit_code(result.verdict))
 
@@ -283,7 +284,7 @@ def report(run_dir, gate_config, thresholds) -> None:
     """Recompute RUN_DIR's verdict, results.json, tables/, review.md and review.html from the stored results
     (no engine).
 
-    Prints the review's path and its HTML page's; exits with the verdict's code (0 PASS, 1 FAIL, 3 INCONCLUSIVE; 2 usage error)."""
+    Prints the review's path (its HTML page's on stderr); exits with the verdict's code (0 PASS, 1 FAIL, 3 INCONCLUSIVE; 2 usage error)."""
     _finish(_recompute(run_dir, gate_config, thresholds))
 
 

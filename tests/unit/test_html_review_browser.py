@@ -53,7 +53,8 @@ def rendered(tmp_path, monkeypatch):
         outcome = CliRunner().invoke(cli, ["report", str(copy)])
         assert outcome.exit_code == exit_code, outcome.output
         page = RunDir(copy).review_html_path
-        assert outcome.stdout.strip() == f"{RunDir(copy).review_path} (HTML: {page})"
+        assert outcome.stdout.strip() == str(RunDir(copy).review_path)   # stdout: the review's path alone
+        assert f"HTML review: {page}" in outcome.stderr
         return page
 
     return render
