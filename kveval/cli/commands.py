@@ -376,11 +376,14 @@ def _short(value) -> str:
 @click.argument("run_b", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True,
               help="Print the comparison as JSON (per matched cell: verdict, KL, top-1, task accuracy with its "
-                   "interval, KV pool; speed; cells of one run only; `worse`) instead of markdown.")
+                   "interval, KV pool; speed; cells of one run only; `worse`; `recommendation` and "
+                   "`recommendation_changed`) instead of markdown.")
 def diff(run_a, run_b, as_json) -> None:
     """What changed from RUN_A to RUN_B, two runs of the same model (a vLLM upgrade, another GPU, another
     revision): verdict, divergence, task accuracy, KV pool and speed per cell (same KV spec and
-    max_model_len), each change judged against the runs' own noise. Reads results.json; writes nothing.
+    max_model_len), each change judged against the runs' own noise; and the recommendation (deploy
+    command, configuration, --max-model-len cap, exit code), a change of it reported, not judged worse.
+    Reads results.json; writes nothing.
 
     Exits 5 when B got worse (a cell's verdict rose: PASS < INCONCLUSIVE < FAIL, or its KL mean, top-1
     agreement or task accuracy changed beyond noise the harmful way), 0 when not, 2 on a usage error
