@@ -88,7 +88,8 @@ def decision_line(decision: schema.Decision) -> str:
     if decision.configuration is not None:
         which = f"`{decision.configuration}` up to --max-model-len {decision.max_model_len}"
     else:
-        which = "none tested passes" if decision.deployable != "INCONCLUSIVE" else "none has passed yet"
+        # FAIL: none passed, or what passed holds no more KV than `auto` (the deploy line says which)
+        which = "none to deploy" if decision.deployable != "INCONCLUSIVE" else "none has passed yet"
     return (f"Deployable FP8 configuration: **{decision.deployable}** ({which}) · exit code {decision.exit_code}: "
             f"{EXIT_MEANING[decision.exit_code]}")
 

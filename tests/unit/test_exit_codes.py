@@ -180,3 +180,17 @@ def test_a_run_level_doubt_keeps_the_asked_verdict_undecided():
 def test_an_unknown_require_is_refused():
     with pytest.raises(ValueError, match="--require"):
         exit_code_of(FAIL, PASS, "some")
+
+
+def test_an_asked_configuration_with_nothing_to_gain_still_exits_0_and_the_line_says_none_to_deploy():
+    # Every layer kept: it passes as asked, but holds no more KV than `auto`, so the deploy line keeps `auto`.
+    from kveval.render.verdict_section import decision_line
+
+    by_spec = {"fp8:keep=0,1,2": {8192: PASS}}
+    plain, deployable, code, any_code = _codes(by_spec, _deployment(), asked=("fp8:keep=0,1,2",))
+    assert (plain, deployable, code, any_code) == (PASS, FAIL, EXIT_PASS, EXIT_PASS)
+    decision = schema.Decision(asked=plain, asked_configurations=["fp8:keep=0,1,2"], deployable=deployable,
+                               configuration=None, passes_at=[], max_model_len=None, exit_code=code,
+                               exit_code_require_any=any_code)
+    assert decision_line(decision) == ("Deployable FP8 configuration: **FAIL** (none to deploy) · exit code 0: "
+                                       "deployable as asked")
