@@ -19,8 +19,8 @@ from kveval.gate.verdict import (EXIT_FOUND, EXIT_PASS, FAIL, INCONCLUSIVE, NOT_
 
 
 # What each code a run exits with says, in the review's words (README "Exit codes" says more).
-EXIT_MEANING = {0: "deployable as asked", EXIT_FOUND: "what was asked does not pass, a configuration kveval tested does "
-                "(0 with `kveval gate --require any`)", 1: "no tested FP8 configuration is deployable", 3: "undecided"}
+EXIT_MEANING = {0: "deployable as asked", EXIT_FOUND: "what was asked does not pass, this one does (0 with `kveval gate "
+                "--require any`)", 1: "no tested FP8 configuration is deployable", 3: "undecided"}
 
 
 def _run_undecided(verdict: Verdict) -> bool:
