@@ -43,10 +43,11 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(BIN)/kveval models --prepare
-	@# Exit codes 0 / 1 / 3 are the verdict (PASS / FAIL / INCONCLUSIVE): the review was written either way.
+	@# Exit codes 0 / 1 / 3 / 4 are the verdict (PASS / FAIL / INCONCLUSIVE / plain FP8 fails but a configuration
+	@# kveval tested passes): the review was written either way.
 	$(BIN)/kveval compare --kv fp8 auto --max-model-len 1024 --kv-cache-memory 40MiB --suite quick \
 		--tasks passkey niah_single --enforce-eager --out $(DEMO_OUT); rc=$$?; \
-		case $$rc in 0|1|3) echo "verdict exit code $$rc (0 PASS, 1 FAIL, 3 INCONCLUSIVE; see the review)";; *) exit $$rc;; esac
+		case $$rc in 0|1|3|4) echo "verdict exit code $$rc (0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 another configuration passes; see the review)";; *) exit $$rc;; esac
 
 # The whole picture on a CPU: 2048 starts only with FP8 on 40 MiB (judged against a quality reference),
 # and all six long-context tasks; about 35 minutes on 2 cores (README).
@@ -54,7 +55,7 @@ demo-full: $(STAMP)
 	$(BIN)/kveval models --prepare
 	$(BIN)/kveval compare --kv fp8 auto --max-model-len 1024 2048 --kv-cache-memory 40MiB \
 		--suite quick --enforce-eager --out $(DEMO_OUT)-full; rc=$$?; \
-		case $$rc in 0|1|3) echo "verdict exit code $$rc (0 PASS, 1 FAIL, 3 INCONCLUSIVE; see the review)";; *) exit $$rc;; esac
+		case $$rc in 0|1|3|4) echo "verdict exit code $$rc (0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 another configuration passes; see the review)";; *) exit $$rc;; esac
 
 # Two speeds (pyproject.toml's `engine` marker): the fast part (unit tests and end-to-end runs on the
 # fake engine) on two workers, then the engine part serially: it times CPU engines, so it must not

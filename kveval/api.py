@@ -16,6 +16,8 @@ from kveval.files import schema
 from kveval.files.rundir import DiskFull, RunDir, StoreError, cell_id, ensure_writable_dir, write_json_atomic
 from kveval.files.run_lock import live_writer
 from kveval.gate import EXIT_USAGE, GateConfigError, Thresholds, Verdict, exit_code, load_thresholds
+from kveval.gate.decision import exit_code_for as _decision_exit_code
+from kveval.gate.verdict import EXIT_FOUND, REQUIRE
 from kveval.inputs.kvspec import ATTENTION_TYPES as KEEP_ATTENTION_TYPES
 from kveval.inputs.model_config import ModelSource, load_tokenizer
 from kveval.inputs.models import (ModelError, ModelInfo, default_model_info, kveval_home, prepare_default_model,
@@ -30,7 +32,8 @@ from kveval.run.remedy import REMEDY_MODES
 __all__ = ["CompareOptions", "EXIT_USAGE", "KEEP_ATTENTION_TYPES", "KvevalError", "REMEDY_MODES", "RunInterrupted", "RunResult", "SUITES",
            "TASK_GROUP", "TASKS_BY_NAME", "Thresholds", "compare", "compare_options", "default_model",
            "exit_code", "file_schema", "gate", "generate_task_data", "judge", "kveval_home", "lm_eval_tasks_dir", "load_run",
-           "report", "resolve_thresholds", "run_in_progress", "EXIT_WORSE", "diff_runs", "diff_markdown"]
+           "report", "resolve_thresholds", "run_in_progress", "EXIT_WORSE", "diff_runs", "diff_markdown",
+           "EXIT_FOUND", "REQUIRE", "checked_require", "run_exit_code", "judge_decision"]
 
 
 @dataclass
@@ -43,6 +46,7 @@ class RunResult:
     evidence: schema.Evidence | None = None
     results_path: Path | None = None
     html_path: Path | None = None   # review.html: the review as one page to share
+    decision: schema.Decision | None = None   # the two answers and the exit code (run_exit_code)
 
     def cell(self, kv_spec: str, max_model_len: int) -> dict | None:
         return self.cells.get(cell_id(kv_spec, max_model_len))
@@ -150,6 +154,7 @@ def report(run_dir: str | Path, *, progress: Any = None, thresholds: Thresholds 
         raise KvevalError(str(error)) from None
     result.results_path, result.review_path, result.html_path = review.results_path, review.review_path, review.html_path
     result.evidence, result.verdict = review.evidence, review.verdict
+    result.decision = _decision(review.verdict, review.evidence, manifest)[1]
     if progress is not None:
         progress.note(f"Review written: {review.review_path} (HTML: {review.html_path})")
     return result
@@ -184,17 +189,47 @@ def judge(run_dir: str | Path, thresholds: Thresholds | None = None, *, gate_con
     return _judged(run_dir, thresholds, gate_config, gate_overrides)[3]
 
 
+def _decision(verdict: Verdict, evidence: schema.Evidence,
+              manifest: schema.Manifest) -> tuple[schema.Deployment, schema.Decision]:
+    from kveval.render.headline import decision_of, deployment_of
+
+    deployment = deployment_of(verdict, evidence, manifest)
+    return deployment, decision_of(verdict, evidence, manifest, deployment)
+
+
+def judge_decision(run_dir: str | Path, thresholds: Thresholds | None = None, *,
+                   gate_config: str | Path | None = None,
+                   gate_overrides: dict | None = None) -> tuple[Verdict, schema.Deployment, schema.Decision]:
+    """The verdict, the deploy answer and the decision (asked and deployable verdicts, exit code): the
+    review's first screen, typed, for a stored run; nothing written."""
+    _, manifest, evidence, verdict = _judged(run_dir, thresholds, gate_config, gate_overrides)
+    return (verdict, *_decision(verdict, evidence, manifest))
+
+
 def judge_deployment(run_dir: str | Path, thresholds: Thresholds | None = None, *,
                      gate_config: str | Path | None = None,
                      gate_overrides: dict | None = None) -> tuple[Verdict, schema.Deployment]:
     """The verdict and the deploy answer (the review's first screen, typed) for a stored run; nothing written."""
-    from kveval.render.headline import deployment_of
-
-    _, manifest, evidence, verdict = _judged(run_dir, thresholds, gate_config, gate_overrides)
-    return verdict, deployment_of(verdict, evidence, manifest)
+    verdict, deployment, _ = judge_decision(run_dir, thresholds, gate_config=gate_config, gate_overrides=gate_overrides)
+    return verdict, deployment
 
 
-EXIT_WORSE = 5   # `kveval diff`: run B got worse than run A (apart from 0-4 and 130, the other commands' codes)
+def checked_require(require: str) -> str:
+    """`kveval gate --require`'s word, checked (a KvevalError in one line for another)."""
+    word = str(require).strip().lower()
+    if word not in REQUIRE:
+        raise KvevalError(f"--require {require!r}: give plain (the configurations given with --kv pass at every "
+                          "tested length) or any (any tested FP8 configuration passes, up to its --max-model-len cap)")
+    return word
+
+
+def run_exit_code(decision: schema.Decision, require: str = "plain") -> int:
+    """The code a run exits with: 0 deployable as asked, 1 nothing FP8 deployable, 3 undecided, EXIT_FOUND (4)
+    what was asked does not pass but a configuration kveval tested does (0 with require="any")."""
+    return _decision_exit_code(decision, checked_require(require))
+
+
+EXIT_WORSE = 5   # `kveval diff`: run B got worse than run A (apart from 0-4, 70 and 130, the other commands' codes)
 
 
 def diff_runs(run_a: str | Path, run_b: str | Path):

@@ -32,6 +32,12 @@ How a change is judged (B against A):
 
 B got worse than A when some matched cell's verdict got worse, or its KL mean, top-1 agreement or
 task accuracy changed beyond noise in the harmful direction.
+
+The recommendation (issue 41) is compared as each run's results.json states it: the deploy command
+(`deployment.vllm_serve`: the line less the vLLM version it was verified on, which the runs table shows),
+the configuration, its --max-model-len cap, the lengths it passes at, and the exit code (`decision`, else
+the verdict's, for results written before it). A change is reported (`recommendation_changed`), not
+judged worse: the runs may have tried other configurations (a remedy, --search), so no cell may match.
 """
 from __future__ import annotations
 
@@ -187,6 +193,8 @@ class RunDiff(Model):
     throughput: list[ThroughputDiff]
     worse: bool
     worse_cells: list[str]
+    recommendation: list[Setting] = []     # deploy command, configuration, cap, passes at, exit code: A and B
+    recommendation_changed: bool = False
     rule: str = RULE
     notes: list[str] = []
 
@@ -287,6 +295,27 @@ def _settings(a: RunSide, b: RunSide, manifest_a: dict, manifest_b: dict) -> lis
     rows += [("noise floor KL mean", _sig(a.noise_kl_mean), _sig(b.noise_kl_mean)), ("created", a.created, b.created)]
     return [Setting(name=name, a=_text(va), b=_text(vb), changed=va != vb) for name, va, vb in rows
             if va is not None or vb is not None]
+
+
+def _exit_code(results: schema.Results) -> int | None:
+    """The code the run exited with: its decision's; for results written before it, the verdict's."""
+    if results.decision is not None:
+        return results.decision.exit_code
+    return results.verdict.exit_code if results.verdict is not None else None
+
+
+def _recommendation(results_a: schema.Results, results_b: schema.Results) -> list[Setting]:
+    """What each run says to deploy, and the code it exited with, side by side (stored answers, not re-judged)."""
+    def answer(results: schema.Results) -> dict[str, str | None]:
+        deployment = results.deployment
+        return {"deploy command": deployment.vllm_serve if deployment else None,
+                "configuration": (deployment.configuration or "none (keep auto)") if deployment else None,
+                "max-model-len cap": _text(deployment.max_model_len) if deployment else None,
+                "passes at": (_text(deployment.passes_at) or None) if deployment else None,
+                "exit code": _text(_exit_code(results))}
+    a, b = answer(results_a), answer(results_b)
+    return [Setting(name=name, a=a[name], b=b[name], changed=a[name] != b[name]) for name in a
+            if a[name] is not None or b[name] is not None]
 
 
 # --- per cell -------------------------------------------------------------------------------------
@@ -537,9 +566,11 @@ def compare_runs(path_a: str, manifest_a: dict, results_a: schema.Results,
     if differing_refs:
         notes.append(f"compared against other reference cells in A and B: {', '.join(differing_refs)}")
     worse_cells = [c.cell for c in cells if c.worse]
+    recommendation = _recommendation(results_a, results_b)
     return RunDiff(
         a=side_a, b=side_b, settings=_settings(side_a, side_b, manifest_a, manifest_b), kl_noise_threshold=kl_threshold,
         cells=cells, only_in_a=[OneSided(cell=c, verdict=v) for c, v in tested_a.items() if c not in tested_b],
         only_in_b=[OneSided(cell=c, verdict=v) for c, v in tested_b.items() if c not in tested_a],
         speed=_speed(results_a, results_b), throughput=_throughput(results_a, results_b),
-        worse=bool(worse_cells), worse_cells=worse_cells, notes=notes)
+        worse=bool(worse_cells), worse_cells=worse_cells, recommendation=recommendation,
+        recommendation_changed=any(row.changed for row in recommendation), notes=notes)

@@ -1,8 +1,10 @@
 """The `kveval` command: a thin click shell over kveval.api. User errors print one clean line.
 
-Exit codes (kveval.gate): 0 PASS, 1 FAIL, 2 usage error or unusable input, 3 INCONCLUSIVE;
-4 an internal error of kveval (never read as a verdict); 5 `kveval diff`: run B got worse than run A
-(kveval.api.EXIT_WORSE); 130 when a compare is interrupted.
+Exit codes (kveval.gate.decision): 0 deployable as asked (PASS), 1 no tested FP8 configuration is deployable
+(FAIL), 2 usage error or unusable input, 3 undecided (INCONCLUSIVE), 4 what was asked does not pass but a
+configuration kveval tested does (kveval.api.EXIT_FOUND; 0 with `gate --require any`); 5 `kveval diff`: run B
+got worse than run A (kveval.api.EXIT_WORSE); 70 an internal error of kveval (never read as a verdict); 130
+when a compare is interrupted.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from kveval import __version__
 from kveval.cli.options import (MultiValueOption, parse_float_list, parse_int_list, parse_json_object,
                                  parse_key_value, split_values)
 from kveval import defaults
-from kveval.api import EXIT_USAGE, REMEDY_MODES, SUITES, Thresholds, exit_code
+from kveval.api import EXIT_USAGE, REMEDY_MODES, SUITES, Thresholds, run_exit_code
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERRUPTED = 130
@@ -76,14 +78,24 @@ def parse_thresholds(items) -> dict[str, str]:
     return overrides
 
 
+def _decision_text(decision) -> str:
+    """The two answers in one line, as the review's verdict lines state them: "FAIL (fp8 as asked); deployable
+    FP8 configuration: PASS (fp8:keep=0,1 up to --max-model-len 8192)"."""
+    found = (f" ({decision.configuration} up to --max-model-len {decision.max_model_len})"
+             if decision.configuration else "")
+    asked = " ".join(decision.asked_configurations) or "nothing"
+    return f"{decision.asked} ({asked} as asked); deployable FP8 configuration: {decision.deployable}{found}"
+
+
 def _finish(result) -> None:
-    """Print the review's path (stdout, alone: scripts read it), the HTML page to share and the verdict
-    (stderr), and exit with the verdict's code."""
+    """Print the review's path (stdout, alone: scripts read it), the HTML page to share and the two verdicts
+    (stderr), and exit with the run's code."""
     click.echo(str(result.review_path))
     if result.html_path:
         click.echo(f"HTML review: {result.html_path}", err=True)
-    click.echo(f"Verdict: {result.verdict.status}", err=True)
-    sys.exit(exit_code(result.verdict))
+    code = run_exit_code(result.decision)
+    click.echo(f"Verdict: {_decision_text(result.decision)}; exit code {code}", err=True)
+    sys.exit(code)
 
 
 @click.group(context_settings=CONTEXT)
@@ -246,7 +258,10 @@ def compare_arguments(given: dict) -> dict:
 def compare(**given) -> None:
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell.
 
-    Exits 0 on PASS, 1 on FAIL, 3 on INCONCLUSIVE, 2 on a usage error, 130 when interrupted."""
+    Exits 0 when the configurations given with --kv pass (deployable as asked), 4 when they do not but a
+    configuration kveval tested passes (a remedy, a --search candidate, or the same one capped at a shorter
+    --max-model-len: see the review's deploy line), 1 when no tested FP8 configuration is deployable (FAIL),
+    3 when undecided (INCONCLUSIVE), 2 on a usage error, 130 when interrupted."""
     from kveval.api import KvevalError, RunInterrupted, compare as run_compare
 
     try:
@@ -284,7 +299,8 @@ def report(run_dir, gate_config, thresholds) -> None:
     """Recompute RUN_DIR's verdict, results.json, tables/, review.md and review.html from the stored results
     (no engine).
 
-    Prints the review's path (its HTML page's on stderr); exits with the verdict's code (0 PASS, 1 FAIL, 3 INCONCLUSIVE; 2 usage error)."""
+    Prints the review's path (its HTML page's on stderr); exits as `compare` does: 0 deployable as asked, 4 a configuration kveval tested
+    passes where the asked one does not, 1 nothing FP8 deployable, 3 undecided, 2 usage error."""
     _finish(_recompute(run_dir, gate_config, thresholds))
 
 
@@ -292,37 +308,56 @@ def report(run_dir, gate_config, thresholds) -> None:
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @gate_options
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the verdict as JSON (verdict, per-cell verdicts, reasons with stable codes) and write "
-                   "nothing into RUN_DIR.")
-def gate(run_dir, gate_config, thresholds, as_json) -> None:
+              help="Print the verdict as JSON (verdict, per-cell verdicts, reasons with stable codes, deployment, "
+                   "decision) and write nothing into RUN_DIR.")
+@click.option("--require", default="plain", show_default=True, metavar="plain|any",
+              help="What exits 0. plain: the configurations given with --kv pass at every tested length. any: any "
+                   "tested FP8 configuration passes (a remedy or --search candidate, or the asked one capped at a "
+                   "shorter --max-model-len): code 4 becomes 0; deploy the review's deploy line, whose "
+                   "--max-model-len cap may be under the longest length tested.")
+def gate(run_dir, gate_config, thresholds, as_json, require) -> None:
     """Judge a stored run (no engine): print the verdict and its reasons, exit with its code.
 
-    0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error (bad run directory, thresholds file or --threshold).
-    results.json, review.md and review.html are rewritten with the verdict, except with --json."""
+    0 deployable as asked, 4 what was asked does not pass but a configuration kveval tested does (0 with
+    --require any), 1 no tested FP8 configuration is deployable (FAIL), 3 undecided (INCONCLUSIVE), 2 usage
+    error (bad run directory, thresholds file, --threshold or --require). results.json, review.md and review.html
+    are rewritten with the verdict, except with --json."""
+    from kveval.api import KvevalError, checked_require
+
+    try:
+        require = checked_require(require)
+    except KvevalError as error:
+        raise UsageFailure(str(error)) from None
     if as_json:
         import json
 
-        from kveval.api import KvevalError, judge_deployment
+        from kveval.api import judge_decision
 
         try:
-            verdict, deployment = judge_deployment(run_dir, gate_config=gate_config,
-                                                   gate_overrides=parse_thresholds(thresholds))
+            verdict, deployment, decision = judge_decision(run_dir, gate_config=gate_config,
+                                                           gate_overrides=parse_thresholds(thresholds))
         except KvevalError as error:
             raise UsageFailure(str(error)) from None
-        click.echo(json.dumps({"verdict": verdict.status, **verdict.to_dict(), "deployment": deployment.model_dump(mode="json")},
-                              indent=1))
-        sys.exit(exit_code(verdict))
+        code = run_exit_code(decision, require)
+        click.echo(json.dumps({"verdict": verdict.status, **verdict.to_dict(code), "require": require,
+                               "deployment": deployment.model_dump(mode="json"),
+                               "decision": decision.model_dump(mode="json")}, indent=1))
+        sys.exit(code)
     result = _recompute(run_dir, gate_config, thresholds)
-    _echo_verdict(result.verdict)
+    code = run_exit_code(result.decision, require)
+    _echo_verdict(result.verdict, result.decision)
+    click.echo(f"exit code {code} (--require {require})")
     click.echo(f"results: {result.results_path}")
     click.echo(f"review: {result.review_path}")
     click.echo(f"html: {result.html_path}")
-    sys.exit(exit_code(result.verdict))
+    sys.exit(code)
 
 
-def _echo_verdict(verdict) -> None:
-    """Status first; then what decided it (for PASS: every passed check), then the notes."""
-    click.echo(verdict.status)
+def _echo_verdict(verdict, decision) -> None:
+    """Status first (the asked configurations', as the review's heading), the two answers; then what decided
+    it (for PASS: every passed check), then the notes."""
+    click.echo(decision.asked)
+    click.echo(f"- {_decision_text(decision)}")
     if verdict.status == "PASS":
         for check in verdict.checks:
             if check.passed:
@@ -346,11 +381,14 @@ def _short(value) -> str:
 @click.argument("run_b", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True,
               help="Print the comparison as JSON (per matched cell: verdict, KL, top-1, task accuracy with its "
-                   "interval, KV pool; speed; cells of one run only; `worse`) instead of markdown.")
+                   "interval, KV pool; speed; cells of one run only; `worse`; `recommendation` and "
+                   "`recommendation_changed`) instead of markdown.")
 def diff(run_a, run_b, as_json) -> None:
     """What changed from RUN_A to RUN_B, two runs of the same model (a vLLM upgrade, another GPU, another
     revision): verdict, divergence, task accuracy, KV pool and speed per cell (same KV spec and
-    max_model_len), each change judged against the runs' own noise. Reads results.json; writes nothing.
+    max_model_len), each change judged against the runs' own noise; and the recommendation (deploy
+    command, configuration, --max-model-len cap, exit code), a change of it reported, not judged worse.
+    Reads results.json; writes nothing.
 
     Exits 5 when B got worse (a cell's verdict rose: PASS < INCONCLUSIVE < FAIL, or its KL mean, top-1
     agreement or task accuracy changed beyond noise the harmful way), 0 when not, 2 on a usage error
@@ -456,7 +494,7 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
-EXIT_INTERNAL = 4
+EXIT_INTERNAL = 70   # sysexits' EX_SOFTWARE: 4 is a verdict's (EXIT_FOUND) since issue 41
 
 
 def main() -> None:
@@ -471,7 +509,7 @@ def main() -> None:
         import traceback
 
         traceback.print_exc()
-        click.echo("kveval: internal error (exit 4): the traceback above is a bug in kveval, not a verdict; "
+        click.echo(f"kveval: internal error (exit {EXIT_INTERNAL}): the traceback above is a bug in kveval, not a verdict; "
                    "measured cells are kept in the run directory", err=True)
         sys.exit(EXIT_INTERNAL)
 

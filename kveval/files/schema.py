@@ -1672,6 +1672,19 @@ class Deployment(FileModel):
     enforce_eager: bool
 
 
+class Decision(FileModel):
+    """gate/decision.decide: the run's two answers and the exit code they give (issue 41)."""
+
+    asked: Status                                 # the configurations given with --kv, at every tested length
+    asked_configurations: list[str]
+    deployable: Status                            # any tested FP8 configuration (asked, remedy, search) passes
+    configuration: Optional[str]                  # the one the deploy line names (Deployment.configuration)
+    passes_at: list[int]
+    max_model_len: Optional[int]                  # its cap: every tested length up to it passed
+    exit_code: int                                # --require plain: what compare, report and gate exit with
+    exit_code_require_any: int                    # `kveval gate --require any`
+
+
 class Results(FileModel):
     schema_version: int
     kveval_version: str
@@ -1680,6 +1693,7 @@ class Results(FileModel):
     verdict: Optional[VerdictRecord]              # None only when written without a verdict
     evidence: Evidence
     deployment: Optional[Deployment] = None       # absent before 2026-12-06 and when written without a verdict
+    decision: Optional[Decision] = None           # absent before issue 41's exit codes and without a verdict
 
 
 # --- kv_ranges.json (worker/kv_ranges.py; run/diagnosis.py writes {"error": ...} on failure) ------

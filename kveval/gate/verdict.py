@@ -9,6 +9,11 @@ EXIT_PASS = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
+EXIT_FOUND = 4   # the asked configuration FAILs or is undecided, but a configuration kveval tested passes (gate/decision.py)
+
+# `kveval gate --require`: what counts as deployable. plain: the configurations given with --kv, at every
+# tested length; any: any tested FP8 configuration, up to its --max-model-len cap (EXIT_FOUND becomes 0).
+REQUIRE = ("plain", "any")
 
 PASS, FAIL, INCONCLUSIVE, NOTE = "PASS", "FAIL", "INCONCLUSIVE", "NOTE"
 
@@ -53,8 +58,9 @@ class Verdict:
     defects: list[dict] = field(default_factory=list)    # {"cell", "message"}: engine-path defects, not FP8 damage
     attributed: dict[str, list[str]] = field(default_factory=dict)  # plain FP8 cell -> the layers its harm is attributed to
 
-    def to_dict(self) -> dict:
-        return {"status": self.status, "exit_code": exit_code(self),
+    def to_dict(self, code: int | None = None) -> dict:
+        """`code`: the run's exit code (Decision.exit_code) where known; else the status's."""
+        return {"status": self.status, "exit_code": exit_code(self) if code is None else code,
                 "cells": dict(self.cells), "profile": dict(self.profile),
                 "defects": [dict(d) for d in self.defects], "attributed": dict(self.attributed),
                 "reasons": [dataclasses.asdict(r) for r in self.reasons],
@@ -96,5 +102,12 @@ REASON_CODES = {
 }
 
 
+def status_exit_code(status: str) -> int:
+    """The code of a status alone (0 PASS, 1 FAIL, 3 INCONCLUSIVE); a run's code is gate/decision.py's."""
+    return {PASS: EXIT_PASS, FAIL: EXIT_FAIL, INCONCLUSIVE: EXIT_INCONCLUSIVE}[status]
+
+
 def exit_code(verdict: Verdict) -> int:
-    return {PASS: EXIT_PASS, FAIL: EXIT_FAIL, INCONCLUSIVE: EXIT_INCONCLUSIVE}[verdict.status]
+    """The code of the verdict's status over every tested cell, remedies included. A run exits with
+    `Decision.exit_code` (gate/decision.py), which tells a remedy that passes (EXIT_FOUND) from none."""
+    return status_exit_code(verdict.status)

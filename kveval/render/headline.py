@@ -6,6 +6,7 @@ from __future__ import annotations
 from kveval.analysis.cell_records import BASELINE_KV, stored_spec
 from kveval.files import schema
 from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS
+from kveval.gate.decision import asked_configurations, decide
 
 _WORDS = {PASS: "passes", FAIL: "fails", INCONCLUSIVE: "is inconclusive", NOT_STARTED: "did not start",
           "MISSING": "has no result"}
@@ -118,6 +119,14 @@ def deployment_of(verdict, evidence: schema.Evidence, manifest: schema.Manifest 
     """The deploy answer with the run's own engine settings: what the review, results.json and `gate --json` state."""
     return deployment(verdict, evidence, bool(manifest and manifest.options.enforce_eager),
                       manifest.versions.vllm if manifest is not None else None)
+
+
+def decision_of(verdict, evidence: schema.Evidence, manifest: schema.Manifest | None,
+                deployment: schema.Deployment | None = None) -> schema.Decision:
+    """The run's two answers (asked configurations, deployable configuration) and its exit code, as the
+    review's verdict lines, results.json, `gate --json` and every command's exit state them."""
+    deployment = deployment if deployment is not None else deployment_of(verdict, evidence, manifest)
+    return decide(verdict, evidence, deployment, asked_configurations(evidence, manifest))
 
 
 def _served_model(spec: str, evidence: schema.Evidence) -> str:

@@ -18,7 +18,7 @@ from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic, write_text_atomic
 from kveval.render.capacity_plots import capacity_plot, throughput_plot
 from kveval.render.divergence_plot import kl_position_plot
-from kveval.render.headline import deployment_of
+from kveval.render.headline import decision_of, deployment_of
 from kveval.render.kv_range_plot import kv_range_plot
 from kveval.render.plots import task_heatmap
 
@@ -122,14 +122,17 @@ def evidence_tables(evidence: schema.Evidence, verdict=None) -> dict[str, pd.Dat
 # --- writing -------------------------------------------------------------------------------------
 
 def results_document(evidence: schema.Evidence, verdict, manifest: schema.Manifest | None = None) -> dict:
+    deployment = deployment_of(verdict, evidence, manifest) if verdict is not None else None
+    decision = decision_of(verdict, evidence, manifest, deployment) if verdict is not None else None
     return json_safe({
         "schema_version": schema.RESULTS_VERSION,
         "kveval_version": __version__,
         "model": manifest.model.name if manifest is not None else None,
         "command": manifest.command if manifest is not None else None,
-        "verdict": verdict.to_dict() if verdict is not None else None,
+        # verdict.exit_code: the run's (the decision's), the code `compare` and `report` exited with
+        "verdict": verdict.to_dict(decision.exit_code) if verdict is not None else None,
         "evidence": schema.dump(evidence),
-        **({"deployment": schema.dump(deployment_of(verdict, evidence, manifest))} if verdict is not None else {}),
+        **({"deployment": schema.dump(deployment), "decision": schema.dump(decision)} if verdict is not None else {}),
     })
 
 

@@ -108,14 +108,29 @@ def _throughput_table(diff: RunDiff) -> pd.DataFrame:
     } for t in diff.throughput[:MAX_SPEED_ROWS]])
 
 
+def _changed_recommendation(diff: RunDiff) -> str:
+    names = [row.name for row in diff.recommendation if row.changed]
+    return f"**The recommendation changed** ({', '.join(names)})" if names else ""
+
+
 def _headline(diff: RunDiff) -> str:
+    changed = _changed_recommendation(diff)
     if diff.worse:
         return (f"**B got worse than A** in {len(diff.worse_cells)} of {len(diff.cells)} matched "
-                f"cell{'s' if len(diff.cells) != 1 else ''}: {', '.join(diff.worse_cells)}.")
+                f"cell{'s' if len(diff.cells) != 1 else ''}: {', '.join(diff.worse_cells)}."
+                + (f" {changed}." if changed else ""))
     if not diff.cells:
-        return "**No cell in common**: A and B tested no cell with the same KV spec and max_model_len."
-    return (f"**Nothing got worse** in {len(diff.cells)} matched cell{'s' if len(diff.cells) != 1 else ''} "
-            "(no verdict rose, no harmful change beyond noise).")
+        return ((f"{changed}; " if changed else "")
+                + "**No cell in common**: A and B tested no cell with the same KV spec and max_model_len.")
+    matched = f"{len(diff.cells)} matched cell{'s' if len(diff.cells) != 1 else ''}"
+    if changed:   # "Nothing got worse" alone would hide a new deploy line or exit code
+        return f"{changed}; no verdict of the {matched} rose and no change beyond noise is harmful."
+    return f"**Nothing got worse** in {matched} (no verdict rose, no harmful change beyond noise)."
+
+
+def _recommendation_lines(diff: RunDiff) -> list[str]:
+    """Each changed part of the recommendation, A → B (code spans: the commands are pasted)."""
+    return [bullet(f"{row.name}: `{row.a or '–'}` → `{row.b or '–'}`") for row in diff.recommendation if row.changed]
 
 
 def run_diff_markdown(diff: RunDiff) -> str:
@@ -125,7 +140,8 @@ def run_diff_markdown(diff: RunDiff) -> str:
     for cell in diff.cells:
         if cell.worse:
             out.append(bullet(f"{cell.cell}: " + "; ".join(cell.why_worse)))
-    if diff.worse:
+    out += _recommendation_lines(diff)
+    if diff.worse or diff.recommendation_changed:
         out.append("")
     out += ["## Cells", ""]
     out += [table(_cells_table(diff)) if diff.cells else "_(no cell in both runs)_", ""]

@@ -10,7 +10,8 @@ from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.gate import NOTE, PASS, Verdict
 from kveval.render.decision_table import decision_table
-from kveval.render.headline import deployment_of, headline
+from kveval.gate.decision import EXIT_MEANING
+from kveval.render.headline import decision_of, deployment_of, headline
 from kveval.render.markdown import bullet, fmt_share, fmt_sig
 
 
@@ -78,13 +79,32 @@ def _profile_line(verdict: Verdict) -> str:
             "with the scored sequences as the unit (docs/statistics.md).")
 
 
+def _asked(decision: schema.Decision) -> str:
+    return ", ".join(f"`{kv}`" for kv in decision.asked_configurations) or "nothing"
+
+
+def decision_line(decision: schema.Decision) -> str:
+    """The second verdict, under the heading's first: is any tested FP8 configuration deployable, and the exit code."""
+    if decision.configuration is not None:
+        which = f"`{decision.configuration}` up to --max-model-len {decision.max_model_len}"
+    else:
+        # FAIL: none passed, or what passed holds no more KV than `auto` (the deploy line says which)
+        which = "none to deploy" if decision.deployable != "INCONCLUSIVE" else "none has passed yet"
+    return (f"Deployable FP8 configuration: **{decision.deployable}** ({which}) · exit code {decision.exit_code}: "
+            f"{EXIT_MEANING[decision.exit_code]}")
+
+
 def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: schema.Manifest) -> str:
     model_dtype = manifest.model.dtype or "bf16"
-    out = [f"## Verdict: **{verdict.status}**", "", f"**{headline(verdict, evidence, model_dtype)}**", ""]
+    deployment = deployment_of(verdict, evidence, manifest)
+    decision = decision_of(verdict, evidence, manifest, deployment)
+    # The heading answers what was asked (--kv); the line under it whether anything tested is deployable.
+    out = [f"## Verdict: **{decision.asked}** ({_asked(decision)} as asked)", "", decision_line(decision), "",
+           f"**{headline(verdict, evidence, model_dtype)}**", ""]
     decisions = decision_table(verdict, evidence)
     if decisions:
         out += [decisions, ""]
-    out += [deployment_of(verdict, evidence, manifest).line, ""]
+    out += [deployment.line, ""]
     deciding = [r for r in verdict.reasons if r.level == verdict.status]
     if verdict.status == PASS:
         out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]

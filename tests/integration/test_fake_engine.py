@@ -112,3 +112,23 @@ def test_plain_fp8_passes_on_the_healthy_model_and_gate_exits_0(tmp_path, defaul
     assert "## Verdict: **PASS**" in review and "`vllm serve MODEL --kv-cache-dtype fp8 --max-model-len 1024`" in review
     gate = CliRunner().invoke(cli, ["gate", str(run.run_dir)])
     assert gate.exit_code == 0 and gate.output.startswith("PASS"), gate.output
+
+
+def test_plain_fail_with_a_passing_remedy_exits_4_from_compare_report_and_gate(run):
+    # Issue 41: the run's code tells "plain FP8 fails, the remedy kveval found passes" (4) from "nothing FP8 is
+    # deployable" (1); `compare` and `report` exit through the same decision (cli/commands._finish), `gate` too.
+    from kveval.api import run_exit_code
+
+    decision = run.decision
+    assert (decision.asked, decision.deployable, decision.configuration) == ("FAIL", "PASS", "fp8:keep=3,17")
+    assert decision.asked_configurations == ["fp8"] and decision.max_model_len == 1024
+    assert run_exit_code(decision) == decision.exit_code == 4 and run_exit_code(decision, "any") == 0
+    results = json.loads((run.run_dir / "results.json").read_text(encoding="utf-8"))
+    assert results["decision"] == decision.model_dump(mode="json") and results["verdict"]["exit_code"] == 4
+    review = (run.run_dir / "review.md").read_text(encoding="utf-8")
+    assert "## Verdict: **FAIL** (`fp8` as asked)" in review
+    assert "Deployable FP8 configuration: **PASS** (`fp8:keep=3,17` up to --max-model-len 1024) · exit code 4" in review
+    runner = CliRunner()
+    assert runner.invoke(cli, ["gate", "--json", str(run.run_dir)]).exit_code == 4
+    assert runner.invoke(cli, ["gate", "--require", "any", "--json", str(run.run_dir)]).exit_code == 0
+    assert runner.invoke(cli, ["report", str(run.run_dir)]).exit_code == 4

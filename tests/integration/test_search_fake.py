@@ -77,6 +77,22 @@ def test_a_scaled_cell_loads_the_calibrated_copy_and_the_review_deploys_it(scale
     assert "K limit (448 × scale)" in review and "| k_scale " in review
 
 
+def test_a_search_candidate_that_passes_where_plain_fp8_fails_exits_4(scales_heal):
+    # Issue 41: --search's candidates are not what was asked (--kv fp8 auto), so plain FP8 FAILs as asked and
+    # the candidate it found is the deployable one: exit 4, 0 under `kveval gate --require any`.
+    from click.testing import CliRunner
+
+    from kveval.api import run_exit_code
+    from kveval.cli.commands import cli
+
+    decision = scales_heal.decision
+    assert (decision.asked, decision.asked_configurations) == (FAIL, ["fp8"])
+    assert (decision.deployable, decision.configuration, decision.max_model_len) == (PASS, "fp8:scaled", 1024)
+    assert run_exit_code(decision) == 4 and run_exit_code(decision, "any") == 0
+    assert CliRunner().invoke(cli, ["gate", "--json", str(scales_heal.run_dir)]).exit_code == 4
+    assert CliRunner().invoke(cli, ["gate", "--json", "--require", "any", str(scales_heal.run_dir)]).exit_code == 0
+
+
 def test_the_ladder_puts_capacity_first_and_keeps_the_worst_layers_first():
     specs = [spec.text for spec in ladder(None)]
     assert specs == ["fp8", "fp8:scaled", "fp8:scaled=head"]

@@ -240,8 +240,9 @@ def test_parse_key_value_rejects(bad: str) -> None:
         parse_key_value([bad])
 
 
-def test_a_crash_of_kveval_exits_4_never_the_fail_code(monkeypatch, capsys):
-    # Python's own exit code for an uncaught exception is 1, which a CI gate would read as FAIL.
+def test_a_crash_of_kveval_exits_70_never_a_verdict_code(monkeypatch, capsys):
+    # Python's own exit code for an uncaught exception is 1, which a CI gate would read as FAIL; 4 is a
+    # verdict's since issue 41 (a configuration kveval tested passes), so a crash has sysexits' EX_SOFTWARE.
     from kveval.cli import commands
 
     def broken(**_):
@@ -251,5 +252,6 @@ def test_a_crash_of_kveval_exits_4_never_the_fail_code(monkeypatch, capsys):
     monkeypatch.setattr(commands.signal, "signal", lambda *args: None)  # keep pytest's own SIGTERM handling
     with pytest.raises(SystemExit) as stopped:
         commands.main()
-    assert stopped.value.code == commands.EXIT_INTERNAL == 4
-    assert "internal error" in capsys.readouterr().err
+    assert stopped.value.code == commands.EXIT_INTERNAL == 70
+    assert stopped.value.code not in (0, 1, 2, 3, 4, 5)
+    assert "internal error (exit 70)" in capsys.readouterr().err

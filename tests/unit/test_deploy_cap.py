@@ -33,14 +33,14 @@ def test_gate_json_and_results_carry_the_reviews_deployment(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(source, run)
     outcome = CliRunner().invoke(cli, ["gate", "--json", str(run)])
-    assert outcome.exit_code == 1, outcome.output
+    assert outcome.exit_code == 4, outcome.output   # plain FP8 fails, the remedy passes (issue 41's EXIT_FOUND)
     deployment = json.loads(outcome.output)["deployment"]
     assert deployment["configuration"] == "fp8:keep=0,1" and deployment["max_model_len"] == 8192
     assert deployment["vllm_serve"] == ("vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 0 1 "
                                         "--max-model-len 8192 --attention-backend TRITON_ATTN")
     assert deployment["vllm_version"] == "0.26.0" and deployment["pool_ratio"] == pytest.approx(838_848 / 449_376)
     assert deployment["line"] in (source / "review.md").read_text(encoding="utf-8")
-    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 1
+    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 4
     from kveval.files.rundir import RunDir, read_json
 
     assert read_json(RunDir(run).results_path)["deployment"] == deployment

@@ -200,7 +200,9 @@ def test_review_leads_with_the_verdict_and_escapes_the_excerpt(run_dir):
     review = _flat((path / "review.md").read_text())
     lines = review.splitlines()
     assert lines[0] == "# kveval review — m"
-    assert lines[2] == "## Verdict: **PASS**"
+    assert lines[2] == "## Verdict: **PASS** (`fp8` as asked)"
+    assert lines[4] == ("Deployable FP8 configuration: **PASS** (`fp8` up to --max-model-len 1024) · exit code 0: "
+                        "deployable as asked")
     order = [review.index(h) for h in ("## Verdict", "## Run", "## Start-up", "## Output diff vs `auto`",
                                        "## Degeneration", "## Teacher-forced divergence")]
     assert order == sorted(order)

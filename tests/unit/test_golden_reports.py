@@ -42,7 +42,7 @@ def _rendered_copy(source: Path, tmp_path: Path) -> Path:
     shutil.copytree(source, copy)
     (copy / "review.md").unlink()
     outcome = CliRunner().invoke(cli, ["report", str(copy)])
-    assert outcome.exit_code in (0, 1, 3), outcome.output  # a verdict, not an error
+    assert outcome.exit_code in (0, 1, 3, 4), outcome.output  # a verdict, not an error
     return copy
 
 
@@ -92,6 +92,17 @@ def _without_decision_table(review: str) -> str:
     verdicts += [f"| {cell:<{width}} | {status:<{status_width}} |" for cell, status in rows]
     at = next(i for i, line in enumerate(lines) if line.startswith("Divergence budgets:")) - 1
     lines[at:at] = ["", "Per tested cell:", "", *verdicts]
+    return "\n".join(lines)
+
+
+def _without_decision_lines(review: str) -> str:
+    """The review less issue 41's second answer: the heading's "(`fp8` as asked)" and the line under it
+    (deployable configuration and exit code), as the old review had the heading alone."""
+    lines = review.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("## Verdict: "))
+    lines[at] = re.sub(r" \(.* as asked\)$", "", lines[at])
+    assert lines[at + 2].startswith("Deployable FP8 configuration: ") and lines[at + 3] == ""
+    del lines[at + 2:at + 4]
     return "\n".join(lines)
 
 
@@ -176,7 +187,8 @@ def test_the_old_cpu_demo_re_renders_the_same_review_from_its_cells(tmp_path):
     assert LOG_LINE_START + "[fp8-1024](cells/fp8-1024.log)" in rendered
     old = (source / "review.md").read_text(encoding="utf-8")
     assert _with_old_gate_lines(_without_decision_table(_without_baseline_column(_without_added_lines(
-        _with_old_pool_lines(_with_old_degeneration_wording(_without_timing_section(rendered)))))), old) == old
+        _with_old_pool_lines(_with_old_degeneration_wording(_without_timing_section(
+            _without_decision_lines(rendered))))))), old) == old
     for table in sorted((source / "tables").glob("*.csv")):
         # speed.csv gains the noise columns, degeneration_summary.csv the paired test's baseline-only
         # count, degeneration_findings.csv the baseline's output (INTENDED_DIFFERENCES.md)
@@ -247,6 +259,11 @@ def test_results_differ_from_before_only_as_listed(tmp_path):
     deployment = now.pop("deployment")
     assert deployment["line"] in (copy / "review.md").read_text(encoding="utf-8")
     assert deployment["configuration"] is None and deployment["vllm_serve"] == "vllm serve MODEL --kv-cache-dtype auto"
+    # Issue 41's exit codes: the run's two answers and its code; the old demo's verdict code is unchanged.
+    decision = now.pop("decision")
+    assert (decision["asked"], decision["deployable"], decision["configuration"]) == (before["verdict"]["status"],
+                                                                                     "INCONCLUSIVE", None)
+    assert decision["exit_code"] == decision["exit_code_require_any"] == now["verdict"]["exit_code"] == 3
     assert now == before
 
 

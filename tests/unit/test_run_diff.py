@@ -130,6 +130,63 @@ def test_the_same_run_twice_changes_nothing():
     assert {c["cell"] for c in document["cells"]} == {"fp8-2048", "fp8-8192"}
 
 
+# --- the recommendation (issue 41) -----------------------------------------------------------------
+
+H100_SMOLLM2 = REPORTS / "h100-smollm2-8192"    # fp8 PASS at 8192: deploys fp8, exit 0
+H100_QWEN = REPORTS / "h100-qwen2.5-coder-1.5b-8192"   # fp8 FAIL, fp8:keep=0,1 PASS: deploys the remedy
+
+
+def test_a_changed_recommendation_is_reported_not_nothing_got_worse():
+    # SmolLM2 on the H200 (fp8 undecided: keep auto, exit 3) and on the H100 (fp8 passes at 8192, exit 0): no
+    # matched cell got worse, but what to deploy changed, which "Nothing got worse" alone used to hide.
+    result = run_cli(REPORTS / "h200-smollm2", H100_SMOLLM2)
+    assert result.exit_code == 0, result.output   # reported, not judged worse
+    assert "Nothing got worse" not in result.output
+    assert ("**The recommendation changed** (deploy command, configuration, max-model-len cap, passes at, exit code); "
+            "no verdict of the 1 matched cell rose") in result.output
+    assert ("- deploy command: `vllm serve MODEL --kv-cache-dtype auto` → `vllm serve MODEL --kv-cache-dtype fp8 "
+            "--max-model-len 8192`") in result.output
+    assert "- configuration: `none (keep auto)` → `fp8`" in result.output
+    assert "- max-model-len cap: `–` → `8192`" in result.output and "- exit code: `3` → `0`" in result.output
+    document = json.loads(run_cli("--json", REPORTS / "h200-smollm2", H100_SMOLLM2).output)
+    assert document["recommendation_changed"] is True and document["worse"] is False
+    rows = {row["name"]: (row["a"], row["b"], row["changed"]) for row in document["recommendation"]}
+    assert rows["configuration"] == ("none (keep auto)", "fp8", True)
+    assert rows["max-model-len cap"] == (None, "8192", True) and rows["exit code"] == ("3", "0", True)
+
+
+def test_the_same_recommendation_is_no_change():
+    diff = diff_runs(H100_QWEN, H100_QWEN)
+    assert not diff.recommendation_changed and not any(row.changed for row in diff.recommendation)
+    assert {row.name: row.b for row in diff.recommendation}["configuration"] == "fp8:keep=0,1"
+    assert "**Nothing got worse** in 2 matched cells" in diff_markdown(diff)
+
+
+def test_a_lower_cap_and_a_new_exit_code_are_changes(tmp_path):
+    # Both runs re-judged by this kveval (results.json gets its decision: plain FAIL, remedy PASS, exit 4);
+    # then B's remedy passes only up to 2048 and plain FP8 is undecided rather than failed.
+    a, b = copy_run(H100_QWEN, tmp_path / "a"), copy_run(H100_QWEN, tmp_path / "b")
+    for run in (a, b):
+        assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 4
+
+    def capped(results):
+        deployment = results["deployment"]
+        deployment["vllm_serve"] = deployment["vllm_serve"].replace("--max-model-len 8192", "--max-model-len 2048")
+        deployment["max_model_len"] = results["decision"]["max_model_len"] = 2048
+        results["decision"]["exit_code"] = 3
+
+    edit(b, "results.json", capped)
+    diff = diff_runs(a, b)
+    assert diff.recommendation_changed and not diff.worse
+    changed = {row.name: (row.a, row.b) for row in diff.recommendation if row.changed}
+    assert changed == {"deploy command": (diff.recommendation[0].a, diff.recommendation[0].b),
+                       "max-model-len cap": ("8192", "2048"), "exit code": ("4", "3")}
+    assert "--max-model-len 2048" in changed["deploy command"][1]
+    text = diff_markdown(diff)
+    assert "Nothing got worse" not in text and "- exit code: `4` → `3`" in text
+    assert "**The recommendation changed** (deploy command, max-model-len cap, exit code)" in text
+
+
 # --- constructed pairs ----------------------------------------------------------------------------
 
 @pytest.fixture
