@@ -19,7 +19,7 @@
 #   qwen-search    --search on the Qwen GGUF at 8192 (issue 20)
 #   smollm2-search --search on SmolLM2 at 8192 (issue 20)
 #   planted-search --search on the planted SmolLM2 at 2048 (issue 20)
-#   hybrid         the tiny Qwen3-Next hybrid (scripts/make_tiny_hybrid.py) at 2048 and 8192 on 2 GiB (issue 38)
+#   hybrid         the tiny Qwen3-Next hybrid (scripts/make_tiny_hybrid.py) at 2048 and 4096 (its limit) on 2 GiB (issue 38)
 #   gemma-8192     Gemma-3-270M GGUF (/tmp/gemma-3-270m-q4_k_m.gguf, joined from its PyPI chunks), fp8 and auto at 8192
 # WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background).
 # STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time.
@@ -95,7 +95,7 @@ for job in $what; do
       # 2 GiB KV budget, so the review's predicted pool (capacity_model.state_pool) can be checked against vLLM's.
       python3 scripts/make_tiny_hybrid.py /tmp/tiny-hybrid "\$KVEVAL_HOME/models/SmolLM2-135M-Instruct" \
         > /tmp/runs/hybrid-gpu.log 2>&1 &&
-      python3 -m kveval compare --model /tmp/tiny-hybrid --kv fp8 auto --max-model-len 2048 8192 --kv-cache-memory 2GiB \
+      python3 -m kveval compare --model /tmp/tiny-hybrid --kv fp8 auto --max-model-len 2048 4096 --kv-cache-memory 2GiB \
         --gpu-memory-utilization 0.15 --phases generation --suite quick --no-diagnose --remedy off \
         --out /tmp/runs/hybrid-gpu $stall >> /tmp/runs/hybrid-gpu.log 2>&1 ;;
     qwen-search)
