@@ -6,7 +6,7 @@ parsed by markdown-it-py (CommonMark plus tables) with raw HTML off, so anything
 from a user or a log (model names, vLLM messages, model output) reaches the page as text, never as markup.
 
 Stable hooks for readers and tests: #verdict (the verdict heading, also .verdict-pass / -fail /
--inconclusive), #headline (the sentence under it), #deploy (the deploy line), table.decision (the
+-inconclusive), #decision (the deployable-configuration line under it), #headline (the sentence under it), #deploy (the deploy line), table.decision (the
 first table). The deploy line is moved up to sit under the headline, so that the three fit the first
 screen however many cells the decision table lists; the rest keeps review.md's order.
 """
@@ -23,6 +23,7 @@ from markdown_it.token import Token
 
 VERDICT_PREFIX = "Verdict:"
 DEPLOY_PREFIX = "Deploy"
+DECISION_PREFIX = "Deployable FP8 configuration:"   # render/verdict_section.py: the second answer, not the deploy line
 VERDICT_CLASSES = {"PASS": "verdict-pass", "FAIL": "verdict-fail", "INCONCLUSIVE": "verdict-inconclusive"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The one piece of raw HTML the review writes itself: a long table folded by render/markdown.folded.
@@ -122,9 +123,9 @@ def _block_text(tokens: list[Token], open_index: int) -> str:
 
 
 def _verdict_status(text: str) -> str | None:
-    """PASS / FAIL / INCONCLUSIVE from the heading's text `Verdict: **FAIL**`; None when unknown."""
-    word = text[len(VERDICT_PREFIX):].strip().strip("*").strip()
-    return word if word in VERDICT_CLASSES else None
+    """PASS / FAIL / INCONCLUSIVE from the heading's text `Verdict: **FAIL** (`fp8` as asked)`; None when unknown."""
+    words = text[len(VERDICT_PREFIX):].replace("*", " ").split()
+    return words[0] if words and words[0] in VERDICT_CLASSES else None
 
 
 def _mark_hooks(tokens: list[Token]) -> None:
@@ -143,6 +144,10 @@ def _mark_hooks(tokens: list[Token]) -> None:
     table = next((i for i in range(verdict + 3, section_end) if tokens[i].type == "table_open"), None)
     if table is not None:
         tokens[table].attrSet("class", "decision")
+    decision = next((i for i in paragraphs if _block_text(tokens, i).startswith(DECISION_PREFIX)), None)
+    if decision is not None:
+        tokens[decision].attrSet("id", "decision")
+        paragraphs.remove(decision)
     if not paragraphs:
         return
     headline = paragraphs[0]

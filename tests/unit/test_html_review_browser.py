@@ -14,12 +14,12 @@ from click.testing import CliRunner
 
 from kveval.cli.commands import cli
 from kveval.files.rundir import RunDir, read_json
-from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS
+from kveval.gate.verdict import EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_PASS
 from tests.support.browser import VIEWPORT, start_chromium
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 PUBLISHED = [("PASS", "h100-smollm2-8192", EXIT_PASS),
-             ("FAIL", "h100-qwen2.5-coder-1.5b-8192", EXIT_FAIL),      # deploys its remedy, fp8:keep=0,1
+             ("FAIL", "h100-qwen2.5-coder-1.5b-8192", EXIT_FOUND),     # deploys its remedy, fp8:keep=0,1
              ("INCONCLUSIVE", "cpu-demo", EXIT_INCONCLUSIVE)]
 
 pytestmark = pytest.mark.browser
@@ -90,7 +90,8 @@ def test_verdict_and_deploy_line_are_on_the_first_screen(status, name, exit_code
     verdict = browser.find_element(By.ID, "verdict")
     headline = browser.find_element(By.ID, "headline")
     deploy = browser.find_element(By.ID, "deploy")
-    assert verdict.text == f"Verdict: {status}"
+    decision = browser.find_element(By.ID, "decision")     # the deployable configuration's answer, under the verdict
+    assert verdict.text.startswith(f"Verdict: {status} (")
     assert f"verdict-{status.lower()}" in verdict.get_attribute("class").split()
     # The deploy element is the run's own deploy answer (results.json), shown as text, not markdown.
     deployment = read_json(RunDir(page.parent).results_path)["deployment"]
@@ -98,7 +99,7 @@ def test_verdict_and_deploy_line_are_on_the_first_screen(status, name, exit_code
     if status == "FAIL":
         assert "--kv-cache-dtype-skip-layers 0 1" in deploy.text   # the remedy, not plain FP8
     assert browser.execute_script("return window.scrollY") == 0
-    for element in (verdict, headline, deploy):
+    for element in (verdict, decision, headline, deploy):
         _inside_viewport(browser, element)
     # Wide tables scroll in their own box: the page itself is never wider than the window.
     assert browser.execute_script("return document.documentElement.scrollWidth <= "
