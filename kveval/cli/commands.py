@@ -141,6 +141,7 @@ def compare_arguments(given: dict) -> dict:
     tasks = options.pop("tasks")
     options["gpus"] = tuple(options["gpus"]) or None
     # Not given: the suite's levels (click hands an empty tuple for a multi-value option left out).
+    options["slo"] = split_values(options["slo"]) if options.get("slo") else None
     options["concurrency"] = parse_int_list(options["concurrency"], "--concurrency") if options.get("concurrency") else None
     options.update(
         kv=split_values(options["kv"]),
@@ -200,6 +201,19 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--concurrency", cls=MultiValueOption, default=None, metavar="N...",
               help="Throughput sweep: requests submitted at once per level (default: suite's, e.g. 1 4 16 64; "
                    "each cell also runs its own maximum concurrency).")
+@click.option("--repeat-target", type=float, default=None, metavar="SHARE",
+              help="Repeat each throughput level and speed workload until the 95 % interval of its median is within "
+                   "this share of it (default 0.05: ±5 %), within --repeat-budget.")
+@click.option("--repeat-budget", type=float, default=None, metavar="SECONDS",
+              help="Seconds per cell and speed phase (speed, throughput) for those repeats (default: suite's, 60 and "
+                   "180; quick 15 and 30); 0: the first run of each level only.")
+@click.option("--prefer", type=click.Choice(list(defaults.PREFERENCES)), default=defaults.PREFER, show_default=True,
+              help="Which passing configuration to deploy: the one holding the most KV (capacity), the best output "
+                   "tok/s against auto (throughput) or the least TTFT against auto (latency).")
+@click.option("--slo", cls=MultiValueOption, default=None, metavar="METRIC_pNN=VALUE...",
+              help="Service-level objectives in vLLM bench's terms, e.g. --slo ttft_p99=2s tpot_p99=100ms: the deploy "
+                   "answer is the passing configuration with the most goodput (requests/s at the highest concurrency "
+                   "level meeting every objective).")
 @click.option("--cell-timeout", type=float, default=defaults.CELL_TIMEOUT_S, show_default=True,
               help="Seconds before a cell is stopped.")
 @click.option("--stall-timeout", type=float, default=defaults.STALL_TIMEOUT_S, show_default=True,
@@ -305,8 +319,9 @@ def gate(run_dir, gate_config, thresholds, as_json) -> None:
                                                    gate_overrides=parse_thresholds(thresholds))
         except KvevalError as error:
             raise UsageFailure(str(error)) from None
-        click.echo(json.dumps({"verdict": verdict.status, **verdict.to_dict(), "deployment": deployment.model_dump(mode="json")},
-                              indent=1))
+        # exclude_unset: the keys results.json holds (a run before issue 41 has no cost to state).
+        answer = deployment.model_dump(mode="json", exclude_unset=True)
+        click.echo(json.dumps({"verdict": verdict.status, **verdict.to_dict(), "deployment": answer}, indent=1))
         sys.exit(exit_code(verdict))
     result = _recompute(run_dir, gate_config, thresholds)
     _echo_verdict(result.verdict)

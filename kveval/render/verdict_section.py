@@ -10,7 +10,7 @@ from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.gate import NOTE, PASS, Verdict
 from kveval.render.decision_table import decision_table
-from kveval.render.headline import deployment_of, headline
+from kveval.render.headline import deployment_lines, deployment_of, headline
 from kveval.render.markdown import bullet, fmt_share, fmt_sig
 
 
@@ -78,13 +78,19 @@ def _profile_line(verdict: Verdict) -> str:
             "with the scored sequences as the unit (docs/statistics.md).")
 
 
+def _joined(lines: list[str]) -> list[str]:
+    """The deploy line and the short lines under it, as one markdown paragraph with hard line breaks (a
+    backslash ends each line but the last)."""
+    return [line + ("\\" if index < len(lines) - 1 else "") for index, line in enumerate(lines)]
+
+
 def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: schema.Manifest) -> str:
     model_dtype = manifest.model.dtype or "bf16"
     out = [f"## Verdict: **{verdict.status}**", "", f"**{headline(verdict, evidence, model_dtype)}**", ""]
     decisions = decision_table(verdict, evidence)
     if decisions:
         out += [decisions, ""]
-    out += [deployment_of(verdict, evidence, manifest).line, ""]
+    out += [*_joined(deployment_lines(deployment_of(verdict, evidence, manifest))), ""]
     deciding = [r for r in verdict.reasons if r.level == verdict.status]
     if verdict.status == PASS:
         out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]
