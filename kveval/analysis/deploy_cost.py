@@ -43,18 +43,22 @@ def ttft_costs(spec: str, max_model_len: int, rows: list[schema.SpeedRow] | None
             ratio = 1.0 + delta / 100.0
         if ratio is None:
             continue
-        tokens = f", {int(row.prompt_tokens):,} tokens" if row.prompt_tokens is not None else ""
-        out.append(schema.CostRatio(figure="ttft", where=f"{row.workload}{tokens}", ratio=ratio,
+        tokens = f"the {int(row.prompt_tokens):,}-token prompt ({row.workload})" if row.prompt_tokens else row.workload
+        out.append(schema.CostRatio(figure="ttft", where=tokens, ratio=ratio,
+                                    prompt_tokens=int(row.prompt_tokens) if row.prompt_tokens is not None else None,
                                     low=_number(row.ttft_ratio_low), high=_number(row.ttft_ratio_high),
                                     confidence=_number(row.ttft_ratio_confidence)))
     return out
 
 
-def _interval(cost: schema.CostRatio, show) -> str:
+def _interval(cost: schema.CostRatio, percent: bool = False) -> str:
+    """" (0.85–0.95)" or " (+150 to +200 %)", with the interval's coverage where few repeats leave it under 95 %."""
     if cost.low is None or cost.high is None:
         return ""
-    coverage = "" if (cost.confidence or 0) >= CONFIDENCE - 1e-9 else f", {100 * (cost.confidence or 0):.0f} %"
-    return f" ({show(cost.low)}–{show(cost.high)}{coverage})"
+    coverage = "" if (cost.confidence or 0) >= CONFIDENCE - 1e-9 else f", {100 * (cost.confidence or 0):.0f} % coverage"
+    if percent:
+        return f" ({100 * (cost.low - 1):+.0f} to {100 * (cost.high - 1):+.0f} %{coverage})"
+    return f" ({cost.low:.2f}–{cost.high:.2f}{coverage})"
 
 
 def _times(value: float) -> str:
@@ -66,14 +70,15 @@ def _percent(value: float) -> str:
 
 
 def cost_line(cost_max_model_len: int, throughput: list[schema.CostRatio], ttft: list[schema.CostRatio]) -> str:
-    """One line: output tok/s × auto at every level, and the worst TTFT change (the largest ratio)."""
+    """One line: output tok/s × auto at every level, and the TTFT change on the longest prompt (where the KV
+    cache's dtype weighs most; a short prompt's few milliseconds of TTFT move with anything)."""
     parts = []
     if throughput:
-        parts.append("output tok/s " + ", ".join(f"{_times(c.ratio)}{_interval(c, _times)} at {c.concurrency}"
+        parts.append("output tok/s " + ", ".join(f"{_times(c.ratio)}{_interval(c)} at {c.concurrency}"
                                                  for c in throughput) + " concurrent")
     if ttft:
-        worst = max(ttft, key=lambda c: c.ratio)
-        parts.append(f"TTFT {_percent(worst.ratio)}{_interval(worst, _percent)} on {worst.where} (its worst workload)")
+        longest = max(ttft, key=lambda c: c.prompt_tokens or 0)
+        parts.append(f"TTFT {_percent(longest.ratio)}{_interval(longest, percent=True)} on {longest.where}")
     intervals = any(c.low is not None for c in throughput + ttft)
     source = "95 % intervals over the repeats" if intervals else "single runs, no interval"
     return f"Cost against `{BASELINE_KV}` at {cost_max_model_len:,}: " + "; ".join(parts) + f" ({source})."

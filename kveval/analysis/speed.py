@@ -41,7 +41,7 @@ def speed_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> p
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    if "_ttft_runs" in table:
+    if "repeat_ttft_s" in table:
         table = _with_ratios(table, baseline_kv)
     base = table[table.kv_spec == baseline_kv].set_index(["workload", "max_model_len"])
     for column, delta in (("ttft_ms", "ttft_delta_pct"), ("decode_tok_s", "decode_delta_pct")):
@@ -87,14 +87,14 @@ def _ms(seconds):
     return None if seconds is None else 1000.0 * seconds
 
 
-_RATIOS = (("ttft", "_ttft_runs"), ("decode", "_decode_runs"))
+_RATIOS = (("ttft", "repeat_ttft_s"), ("decode", "repeat_decode_tok_s"))
 
 
 def _repeat_figures(entry) -> dict:
     ttft = [run.ttft_s for run in entry.runs]
     interval = median_interval(ttft)
     return {"ttft_ms_low": _ms(interval.low), "ttft_ms_high": _ms(interval.high),
-            "_ttft_runs": ttft, "_decode_runs": [run.decode_tok_s for run in entry.runs]}
+            "repeat_ttft_s": ttft, "repeat_decode_tok_s": [run.decode_tok_s for run in entry.runs]}
 
 
 def _with_ratios(table: pd.DataFrame, baseline_kv: str) -> pd.DataFrame:

@@ -1701,6 +1701,7 @@ class CostRatio(FileModel):
     figure: Literal["output_tok_s", "ttft"]
     where: str                      # "concurrency 256" or the speed workload ("ctx_pct, 7,000 tokens")
     concurrency: Optional[int] = None
+    prompt_tokens: Optional[int] = None   # TTFT: the workload's prompt
     ratio: Number                   # configuration / auto (Hodges-Lehmann over the repeats)
     low: Optional[Number] = None    # its interval (None: one run each side)
     high: Optional[Number] = None
