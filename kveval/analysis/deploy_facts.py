@@ -39,13 +39,18 @@ def concurrent_requests(kv: str, length: int, evidence: schema.Evidence) -> tupl
     if held is None or held <= seqs:
         return at_once, seqs, None
     baseline, _ = _cell_figures(BASELINE_KV, length, evidence)
-    line = (f"Requests at once: the pool holds {held:.0f} of {length:,} tokens, but vLLM admits at most {seqs} "
-            "(max_num_seqs)")
+    line = (f"Requests at once: the pool holds {_count(held)} requests of {length:,} tokens, but vLLM admits at most "
+            f"{seqs} (max_num_seqs)")
     if baseline is not None and baseline >= seqs:
-        line += f", as many as `{BASELINE_KV}` ({baseline:.0f} in its pool): the extra KV buys no concurrency here"
-    elif baseline is not None:
-        line += f" against {baseline:.0f} for `{BASELINE_KV}`"
-    return at_once, seqs, line + " unless --max-num-seqs is raised."
+        return at_once, seqs, (line + f", as many as `{BASELINE_KV}` (its pool holds {_count(baseline)}): the extra KV "
+                               "buys no concurrency at this length unless --max-num-seqs is raised.")
+    if baseline is not None:
+        line += f"; `{BASELINE_KV}`'s pool holds {_count(baseline)}"
+    return at_once, seqs, line + ": raise --max-num-seqs to serve more."
+
+
+def _count(requests: float) -> str:
+    return f"{requests:,.1f}" if requests < 100 else f"{requests:,.0f}"
 
 
 def search_note(kv: str, evidence: schema.Evidence) -> str | None:

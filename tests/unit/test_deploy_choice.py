@@ -106,9 +106,12 @@ def test_requests_at_once_are_capped_by_max_num_seqs():
                 "max_concurrency": 300.0, "max_num_seqs": 256}]
     held, seqs, line = concurrent_requests("fp8", 8192, _evidence(startup=startup))
     assert (held, seqs) == (256, 256)
-    assert line == ("Requests at once: the pool holds 600 of 8,192 tokens, but vLLM admits at most 256 (max_num_seqs), "
-                    "as many as `auto` (300 in its pool): the extra KV buys no concurrency here unless --max-num-seqs "
-                    "is raised.")
+    assert line == ("Requests at once: the pool holds 600 requests of 8,192 tokens, but vLLM admits at most 256 "
+                    "(max_num_seqs), as many as `auto` (its pool holds 300): the extra KV buys no concurrency at this "
+                    "length unless --max-num-seqs is raised.")
+    startup[1]["max_concurrency"] = 99.5
+    assert concurrent_requests("fp8", 8192, _evidence(startup=startup))[2].endswith(
+        "(max_num_seqs); `auto`'s pool holds 99.5: raise --max-num-seqs to serve more.")
     answer = deployment(VERDICT, _evidence(startup=startup))
     assert answer.max_num_seqs == 256 and answer.concurrent_requests == 256 and answer.notes == [line]
     assert concurrent_requests("fp8", 8192, _evidence()) == (None, None, None)   # before issue 41: not recorded
@@ -161,3 +164,13 @@ def test_a_published_run_without_repeats_states_its_cost_and_what_search_adds(tm
     assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 1
     review = (run / "review.md").read_text(encoding="utf-8")
     assert answer["line"] + "\\\n" + answer["cost"]["line"] + "\\\n" + answer["notes"][0] in review
+
+
+def test_tables_do_not_promise_more_requests_than_max_num_seqs():
+    from kveval.render.requests_at_once import capped, max_num_seqs_of
+
+    startup = [{"cell": "fp8-8192", "kv_spec": "fp8", "max_model_len": 8192, "started": True, "max_concurrency": 600.0,
+                "max_num_seqs": 256}]
+    evidence = _evidence(startup=startup)
+    assert max_num_seqs_of(evidence, "fp8-8192") == 256 and max_num_seqs_of(evidence, "auto-8192") is None
+    assert capped(600.0, 256) == ", 256 at once (max_num_seqs)" and capped(3.5, 256) == "" and capped(600.0, None) == ""
