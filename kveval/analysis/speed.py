@@ -64,10 +64,17 @@ MIN_RUNS_FOR_NOISE = 2
 
 def _against_noise(row, column: str, base: pd.DataFrame, baseline_kv: str) -> str | None:
     """"beyond" when the measured ranges of cell and baseline do not overlap, "within" when they do,
-    "too few runs" below MIN_RUNS_FOR_NOISE on either side; None where there is no baseline."""
+    "too few runs" below MIN_RUNS_FOR_NOISE on either side; None where there is no baseline. With repeats
+    (issue 41) the ratio's interval decides instead: "beyond" when it excludes 1 at 95 %."""
     key = (row.workload, row.max_model_len)
     if row.kv_spec == baseline_kv or key not in base.index:
         return None
+    figure = "ttft" if column == "ttft_ms" else "decode"
+    low, high, confidence = (row.get(f"{figure}_ratio_{part}") for part in ("low", "high", "confidence"))
+    if not any(v is None or pd.isna(v) for v in (low, high, confidence)):
+        if confidence < 0.95 - 1e-9:
+            return "too few runs"
+        return "beyond" if low > 1.0 or high < 1.0 else "within"
     reference = base.loc[key]
     low, high = row[f"{column}_min"], row[f"{column}_max"]
     ref_low, ref_high = reference[f"{column}_min"], reference[f"{column}_max"]

@@ -83,5 +83,7 @@ def _speed_note(measured: pd.DataFrame) -> str:
     if beyond.empty:
         return ("No speed difference against the baseline exceeds the run-to-run spread: FP8 is neither shown faster "
                 "nor slower here.")
-    return ("Differences beyond the run-to-run spread (the measured ranges do not overlap): "
+    how = ("the ratio's 95 % interval excludes 1" if "ttft_ratio" in measured and measured.ttft_ratio.notna().any()
+           else "the measured ranges do not overlap")
+    return (f"Differences beyond the run-to-run spread ({how}): "
             + "; ".join(f"{r.cell} {r.workload}" for r in beyond.itertuples()) + ".")

@@ -219,3 +219,14 @@ def test_the_review_shows_repeats_and_intervals_and_max_num_seqs():
     assert "× auto 95 % CI" in review and "| 1.90–2.10×" in review
     assert ("- **fp8-1024**: ahead of `auto` at concurrency 4 (its pool holds 8.0 requests of max_model_len; "
             "vLLM admits 4 at once (max_num_seqs)).") in review
+
+
+def test_with_repeats_the_ratios_interval_says_whether_a_speed_change_is_beyond_noise():
+    from kveval.analysis.speed import speed_table
+
+    auto = [0.10, 0.11, 0.09, 0.10, 0.105, 0.095]
+    table = speed_table({"auto-1024": _speed_cell("auto", auto), "fp8-1024": _speed_cell("fp8", [1.5 * t for t in auto]),
+                         "fp8:keep=0-1024": _speed_cell("fp8:keep=0", [1.01 * t for t in auto])}).set_index("cell")
+    assert table.loc["fp8-1024"].ttft_vs_noise == "beyond" and table.loc["fp8:keep=0-1024"].ttft_vs_noise == "within"
+    few = speed_table({"auto-1024": _speed_cell("auto", auto[:2]), "fp8-1024": _speed_cell("fp8", auto[:2])})
+    assert few.set_index("cell").loc["fp8-1024"].ttft_vs_noise == "too few runs"    # 2 a side: 67 % coverage
