@@ -80,7 +80,7 @@ def cost_line(cost_max_model_len: int, throughput: list[schema.CostRatio], ttft:
         longest = max(ttft, key=lambda c: c.prompt_tokens or 0)
         parts.append(f"TTFT {_percent(longest.ratio)}{_interval(longest, percent=True)} on {longest.where}")
     intervals = any(c.low is not None for c in throughput + ttft)
-    source = "95 % intervals over the repeats" if intervals else "single runs, no interval"
+    source = "intervals over the repeats, 95 % unless a coverage is given" if intervals else "single runs, no interval"
     return f"Cost against `{BASELINE_KV}` at {cost_max_model_len:,}: " + "; ".join(parts) + f" ({source})."
 
 

@@ -123,15 +123,23 @@ class ThroughputFinding(NamedTuple):
     max_concurrency: float | None     # requests of max_model_len its pool holds (its first compared row's)
     max_num_seqs: int | None = None   # the engine's cap on requests at once (issue 41; None before)
     by_interval: bool = False         # told by the ratio's interval (repeats), not the ±10 % rule
+    too_few: list[int] = []           # levels whose ratio interval has under 95 % coverage: not told either way
 
 
 def _side(row: ThroughputRow) -> int:
-    """+1 ahead, -1 behind, 0 neither: by the ratio's interval where it has one at 95 %, else by ±10 %."""
+    """+1 ahead, -1 behind, 0 neither: by the ratio's interval where it has one at 95 %, else by ±10 % (runs
+    before repeats); a level with repeats whose interval falls short of 95 % is neither (_too_few)."""
     low, high, confidence = row.vs_baseline_low, row.vs_baseline_high, row.vs_baseline_confidence
-    if low is not None and high is not None and (confidence or 0) >= 0.95 - 1e-9:
+    if low is not None and high is not None:
+        if (confidence or 0) < 0.95 - 1e-9:
+            return 0
         return 1 if low > 1.0 else -1 if high < 1.0 else 0
     ratio = row.output_tok_s_vs_baseline
     return 1 if ratio > AHEAD_RATIO else -1 if ratio < BEHIND_RATIO else 0
+
+
+def _too_few(row: ThroughputRow) -> bool:
+    return row.vs_baseline_low is not None and (row.vs_baseline_confidence or 0) < 0.95 - 1e-9
 
 
 def throughput_findings(rows: list[ThroughputRow]) -> list[ThroughputFinding]:
@@ -144,5 +152,6 @@ def throughput_findings(rows: list[ThroughputRow]) -> list[ThroughputFinding]:
     return [ThroughputFinding(cell, [int(r.concurrency) for r in mine if _side(r) > 0],
                               [int(r.concurrency) for r in mine if _side(r) < 0], mine[0].max_concurrency,
                               int(mine[0].max_num_seqs) if mine[0].max_num_seqs else None,
-                              any(r.vs_baseline_low is not None for r in mine))
+                              any(r.vs_baseline_low is not None for r in mine),
+                              [int(r.concurrency) for r in mine if _too_few(r)])
             for cell, mine in compared.items()]

@@ -206,7 +206,7 @@ def compare_arguments(given: dict) -> dict:
                    "this share of it (default 0.05: ±5 %), within --repeat-budget.")
 @click.option("--repeat-budget", type=float, default=None, metavar="SECONDS",
               help="Seconds per cell and speed phase (speed, throughput) for those repeats (default: suite's, 60 and "
-                   "180; quick 15 and 30); 0: the first run of each level only.")
+                   "180; quick 30 and 60); 0: the first run of each level only.")
 @click.option("--prefer", type=click.Choice(list(defaults.PREFERENCES)), default=defaults.PREFER, show_default=True,
               help="Which passing configuration to deploy: the one holding the most KV (capacity), the best output "
                    "tok/s against auto (throughput) or the least TTFT against auto (latency).")

@@ -70,7 +70,7 @@ SUITES: dict[str, Suite] = {
         max_tokens_scale=0.25, speed_runs=2, speed_warmup=1, speed_workloads=("short", "ctx_1k"), speed_max_tokens=32,
         scoring_documents=8, scoring_doc_fractions=(0.55, 0.65), task_fractions=(0.25, 0.5), task_depths=(0.5,), task_samples=1,
         throughput_levels=(1, 4), throughput_prompt_share=0.125, throughput_max_tokens=16,
-        speed_repeat_budget_s=15.0, throughput_repeat_budget_s=30.0,
+        speed_repeat_budget_s=30.0, throughput_repeat_budget_s=60.0,
         description="one prompt per workload, answers a quarter as long (64/128 tokens), 1 warm-up + 2 speed runs on the "
                     "short and ~1K prompts (32 tokens), 6 long-context tasks at 25/50 % of max_model_len, depth 50 %: "
                     "minutes on a 2-core CPU",

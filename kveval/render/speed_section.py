@@ -80,6 +80,10 @@ def _speed_note(measured: pd.DataFrame) -> str:
     if "decode_vs_noise" not in measured or measured.decode_vs_noise.isna().all():
         return ""  # runs before issue 10, or nothing compared against a baseline
     beyond = measured[(measured.decode_vs_noise == "beyond") | (measured.ttft_vs_noise == "beyond")]
+    too_few = measured[(measured.decode_vs_noise == "too few runs") | (measured.ttft_vs_noise == "too few runs")]
+    if beyond.empty and not too_few.empty:
+        return ("No speed difference against the baseline is shown beyond noise, but some rows had too few runs to "
+                "tell (a longer --repeat-budget gives more).")
     if beyond.empty:
         return ("No speed difference against the baseline exceeds the run-to-run spread: FP8 is neither shown faster "
                 "nor slower here.")

@@ -77,6 +77,9 @@ def _findings_lines(findings: list[ThroughputFinding]) -> list[str]:
             parts.append(f"ahead of `{BASELINE_KV}` at concurrency {', '.join(map(str, finding.ahead))}")
         if finding.behind:
             parts.append(f"behind at {', '.join(map(str, finding.behind))}")
+        if finding.too_few:
+            parts.append(f"too few runs to tell at {', '.join(map(str, finding.too_few))} (interval under 95 %: "
+                         "raise --repeat-budget)")
         seqs = f"; vLLM admits {fmt_int(finding.max_num_seqs)} at once (max_num_seqs)" if finding.max_num_seqs else ""
         within = (f"not told apart from `{BASELINE_KV}` at any level" if finding.by_interval
                   else f"within 10 % of `{BASELINE_KV}` at every level")

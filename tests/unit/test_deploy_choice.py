@@ -65,7 +65,8 @@ def test_cost_states_every_level_and_the_longest_prompts_ttft_with_intervals():
     cost = deployment_cost("fp8", 8192, _evidence())
     assert [(c.concurrency, c.ratio, c.low, c.high) for c in cost.throughput] == [(1, 0.9, 0.85, 0.95), (64, 0.6, 0.55, 0.65)]
     assert cost.line == ("Cost against `auto` at 8,192: output tok/s 0.90× (0.85–0.95) at 1, 0.60× (0.55–0.65) at 64 "
-                         "concurrent; TTFT +177 % on the 7,372-token prompt (ctx_90pct) (95 % intervals over the repeats).")
+                         "concurrent; TTFT +177 % on the 7,372-token prompt (ctx_90pct) (intervals over the repeats, "
+                         "95 % unless a coverage is given).")
     old = deployment_cost("fp8:keep=0", 8192, _evidence(throughput=[]))   # a run before repeats: Δ % only
     assert old.ttft[0].ratio == pytest.approx(1.1) and old.line.endswith("(single runs, no interval).")
     assert deployment_cost("fp8", 2048, _evidence()) is None

@@ -230,3 +230,17 @@ def test_with_repeats_the_ratios_interval_says_whether_a_speed_change_is_beyond_
     assert table.loc["fp8-1024"].ttft_vs_noise == "beyond" and table.loc["fp8:keep=0-1024"].ttft_vs_noise == "within"
     few = speed_table({"auto-1024": _speed_cell("auto", auto[:2]), "fp8-1024": _speed_cell("fp8", auto[:2])})
     assert few.set_index("cell").loc["fp8-1024"].ttft_vs_noise == "too few runs"    # 2 a side: 67 % coverage
+
+
+def test_a_level_whose_ratio_interval_is_short_of_95_percent_is_not_called_ahead_or_behind():
+    from kveval.analysis.throughput import throughput_findings
+    from kveval.files import schema
+
+    auto = [_run(1, w, k) for k, w in enumerate([4.0, 4.1, 3.9])] + [_run(4, w, k) for k, w in enumerate([4.0] * 6)]
+    fp8 = [_run(1, 40.0, 0)] + [_run(4, w, k) for k, w in enumerate([8.0, 8.1, 7.9, 8.2, 7.8, 8.0])]
+    table = throughput_table({"auto-1024": _cell("auto", auto), "fp8-1024": _cell("fp8", fp8)})
+    rows = [schema.ThroughputRow.model_validate({k: (None if v != v else v) for k, v in row.items()})
+            for row in table.to_dict("records")]
+    finding = throughput_findings(rows)[0]
+    # Level 1: one fp8 run against 3 (75 % coverage) at 0.1×: too few runs, not "behind" by the old ±10 % rule.
+    assert (finding.ahead, finding.behind, finding.too_few) == ([], [4], [1]) and finding.by_interval

@@ -90,10 +90,10 @@ def run(engine, cell) -> dict:
             cell.emit(event="step", phase="throughput", done=index, total=len(levels), item=item)
             outcome = _one_run(engine, prompt, max_tokens, level)
             phase["runs"].append({"concurrency": level, **outcome, "repeat": len(rates)})
-            cell.checkpoint()
             if not outcome["accepted"]:
                 break
             rates.append(_output_rate(outcome))
+        cell.checkpoint()   # once per level: a cell file can be tens of MB, repeats come seconds apart
         if phase["runs"] and not phase["runs"][-1]["accepted"]:
             break  # a refusal or error at one level repeats at every larger one
     cell.emit(event="step", phase="throughput", done=len(levels), total=len(levels))
