@@ -43,8 +43,10 @@ def _throughput(evidence: schema.Evidence, cell: str) -> str:
     if not rows:
         return "–"
     top = max(rows, key=lambda row: row.concurrency or 0)
-    interval = (f" ({top.vs_baseline_low:.2f}–{top.vs_baseline_high:.2f})"
-                if top.vs_baseline_low is not None and top.vs_baseline_high is not None else "")   # issue 41's repeats
+    interval = ""
+    if top.vs_baseline_low is not None and top.vs_baseline_high is not None:   # issue 41's repeats
+        short = f", {100 * top.vs_baseline_confidence:.0f} %" if (top.vs_baseline_confidence or 0) < 0.95 - 1e-9 else ""
+        interval = f" ({top.vs_baseline_low:.2f}–{top.vs_baseline_high:.2f}{short})"
     return f"{top.output_tok_s_vs_baseline:.2f}×{interval} at {fmt_int(top.concurrency)} concurrent"
 
 

@@ -217,6 +217,7 @@ def test_the_review_shows_repeats_and_intervals_and_max_num_seqs():
     review = review_of(manifest_for(cells), [], cells)
     assert "Each level ran until the 95 % interval of its median output tok/s" in review
     assert "× auto 95 % CI" in review and "| 1.90–2.10×" in review
+    assert "| 2.00× (1.90–2.10) at 4 concurrent |" in review      # the decision table's throughput column
     assert ("- **fp8-1024**: ahead of `auto` at concurrency 4 (its pool holds 8.0 requests of max_model_len; "
             "vLLM admits 4 at once (max_num_seqs)).") in review
 
