@@ -72,7 +72,8 @@ def choose(candidates: list[str], capacity_key: Callable[[str], tuple], cap_of: 
         return Choice(None)
     by_preference = _ordered(candidates, capacity_key, cap_of, evidence, prefer)
     if not targets:
-        return Choice(by_preference[0])
+        return Choice(by_preference[0], notes=_preference_note(by_preference[0], candidates, capacity_key, cap_of,
+                                                               evidence, prefer))
     rates = {spec: goodput(spec, cap_of(spec), evidence.throughput, targets) for spec in candidates}
     slo_text = " ".join(t.text for t in targets)
     meeting = [spec for spec in by_preference if rates[spec].requests_per_s]
@@ -91,6 +92,23 @@ def choose(candidates: list[str], capacity_key: Callable[[str], tuple], cap_of: 
         notes.append(f"`{BASELINE_KV}` meets it with more goodput ({baseline.requests_per_s:.2f} requests/s at "
                      f"concurrency {baseline.concurrency}): under this SLO FP8 buys capacity, not goodput.")
     return Choice(chosen, [rates[spec] for spec in candidates], notes)
+
+
+_FIGURE = {"throughput": ("output tok/s", throughput_score), "latency": ("TTFT", latency_score)}
+
+
+def _preference_note(chosen: str, candidates: list[str], capacity_key: Callable[[str], tuple],
+                     cap_of: Callable[[str], int], evidence: schema.Evidence, prefer: str) -> list[str]:
+    """One line where the preference picked another configuration than the most KV would have."""
+    roomiest = max(candidates, key=capacity_key)
+    if prefer not in _FIGURE or chosen == roomiest:
+        return []
+    figure, score = _FIGURE[prefer]
+    mine, theirs = score(chosen, cap_of(chosen), evidence), score(roomiest, cap_of(roomiest), evidence)
+    if mine is None or theirs is None:
+        return []
+    return [f"Chosen by --prefer {prefer}: {figure} {mine:.2f}× `{BASELINE_KV}` (geometric mean over what was "
+            f"measured) against {theirs:.2f}× for `{roomiest}`, which holds more KV."]
 
 
 def _ordered(candidates: list[str], capacity_key: Callable[[str], tuple], cap_of: Callable[[str], int],

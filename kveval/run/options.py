@@ -222,3 +222,11 @@ def _check_speed_choice(options: CompareOptions) -> None:
         parse_slo(options.slo)
     except SloError as error:
         raise KvevalError(str(error)) from None
+    # A choice by a figure no phase measures would silently fall back to capacity: said now instead.
+    needs = {"throughput": "throughput", "latency": "speed"}.get(options.prefer)
+    if needs and needs not in options.phases:
+        raise KvevalError(f"--prefer {options.prefer} ranks configurations by the {needs} phase's figures, and --phases "
+                          f"{' '.join(options.phases)} leaves it out; add {needs} to --phases")
+    if options.slo and "throughput" not in options.phases:
+        raise KvevalError(f"--slo is checked on the throughput phase's concurrency levels, and --phases "
+                          f"{' '.join(options.phases)} leaves it out; add throughput to --phases")

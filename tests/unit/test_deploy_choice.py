@@ -76,7 +76,10 @@ def test_the_default_keeps_todays_rule_and_a_preference_can_weigh_the_cost():
     evidence = _evidence()
     capacity = deployment(VERDICT, evidence)
     assert capacity.configuration == "fp8" and capacity.cost is not None and capacity.preference is None
-    assert deployment(VERDICT, evidence, prefer="throughput").configuration == "fp8:keep=0"
+    throughput = deployment(VERDICT, evidence, prefer="throughput")
+    assert throughput.configuration == "fp8:keep=0" and throughput.notes[:1] == [
+        "Chosen by --prefer throughput: output tok/s 0.97× `auto` (geometric mean over what was measured) against "
+        "0.73× for `fp8`, which holds more KV."]
     latency = deployment(VERDICT, evidence, prefer="latency")
     assert latency.configuration == "fp8:keep=0" and latency.preference == "latency"
     # No figure for the preference: the capacity order.
@@ -142,6 +145,8 @@ def test_slo_terms(terms, message):
     (["--slo", "ttft_p95=2s"], "percentile p95 is not one kveval measures"),
     (["--repeat-target", "2"], "--repeat-target 2: give the relative half-width"),
     (["--repeat-budget", "-1"], "--repeat-budget -1"),
+    (["--prefer", "latency", "--phases", "generation", "scoring"], "--prefer latency ranks configurations by the speed"),
+    (["--slo", "ttft_p99=2s", "--phases", "generation", "speed"], "--slo is checked on the throughput phase's"),
 ])
 def test_bad_values_are_one_line_before_any_engine(arguments, words, tmp_path):
     from kveval.cli.commands import cli
