@@ -180,3 +180,20 @@ def test_tables_do_not_promise_more_requests_than_max_num_seqs():
     evidence = _evidence(startup=startup)
     assert max_num_seqs_of(evidence, "fp8-8192") == 256 and max_num_seqs_of(evidence, "auto-8192") is None
     assert capped(600.0, 256) == ", 256 at once (max_num_seqs)" and capped(3.5, 256) == "" and capped(600.0, None) == ""
+
+
+def test_the_runs_own_choice_is_read_from_its_manifest_and_a_resume_may_change_it():
+    from types import SimpleNamespace
+
+    from kveval.render.headline import deployment_of
+    from kveval.run.resume import _settings_fingerprint
+
+    def manifest(**options):
+        return SimpleNamespace(options=SimpleNamespace(enforce_eager=False, **options),
+                               versions=SimpleNamespace(vllm="0.32.0"))
+
+    assert deployment_of(VERDICT, _evidence(), manifest(prefer=None, slo=None)).configuration == "fp8"
+    assert deployment_of(VERDICT, _evidence(), manifest(prefer="throughput", slo=None)).configuration == "fp8:keep=0"
+    assert deployment_of(VERDICT, _evidence(), manifest(prefer=None, slo=["ttft_p99=2s"])).slo == ["ttft_p99=2s"]
+    written = {"model": {}, "options": {"kv": ["fp8", "auto"], "prefer": "latency", "slo": ["ttft_p99=2s"]}}
+    assert _settings_fingerprint(written)["options"] == {"kv": ["fp8", "auto"]}   # how to choose, not what to measure
