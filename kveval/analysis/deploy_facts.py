@@ -40,7 +40,7 @@ def concurrent_requests(kv: str, length: int, evidence: schema.Evidence) -> tupl
         return at_once, seqs, None
     baseline, _ = _cell_figures(BASELINE_KV, length, evidence)
     line = (f"Requests at once: the pool holds {_count(held)} requests of {length:,} tokens, but vLLM admits at most "
-            f"{seqs} (max_num_seqs)")
+            f"{seqs} (max_num_seqs, as the cells ran)")
     if baseline is not None and baseline >= seqs:
         return at_once, seqs, (line + f", as many as `{BASELINE_KV}` (its pool holds {_count(baseline)}): the extra KV "
                                "buys no concurrency at this length unless --max-num-seqs is raised.")

@@ -19,7 +19,8 @@ from kveval.files.rundir import read_json
 from kveval.worker.repeats import RepeatPlan
 
 # The sweep's largest level: vLLM's max_num_seqs on a CPU and on small GPUs (more cannot run at once there);
-# a GPU engine's own may be larger (1024 on an H100), but levels past 256 cost minutes per repeat.
+# a GPU engine's own may be larger (recent vLLM defaults to 1024 on 70 GiB+ GPUs), but levels past 256 cost
+# minutes per repeat.
 MAX_LEVEL = 256
 
 
