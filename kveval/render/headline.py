@@ -120,10 +120,11 @@ def deployment(verdict, evidence: schema.Evidence, enforce_eager: bool = False,
     return schema.Deployment(**{**common, "line": f"Deploy (passes at {_lengths(passes_at)}{verified}): `{command}`",
                                 "configuration": spec, "vllm_serve": command, "max_model_len": cap, "passes_at": passes_at,
                                 "pool_ratio": pool_ratio(evidence.pools, spec, passes_at)[0],
-                                "attention_backend": backend, **_issue_41_fields(spec, cap, evidence, prefer, slo, choice)})
+                                "attention_backend": backend,
+                                **_cost_and_choice(spec, cap, evidence, prefer, slo, choice)})
 
 
-def _issue_41_fields(spec: str, cap: int, evidence: schema.Evidence, prefer: str, slo: list[str] | None,
+def _cost_and_choice(spec: str, cap: int, evidence: schema.Evidence, prefer: str, slo: list[str] | None,
                      choice) -> dict:
     """The cost, the choice and the requests at once, each only where known (a Deployment of a run before
     issue 41 keeps its keys where nothing was measured)."""
@@ -153,9 +154,10 @@ def deployment_of(verdict, evidence: schema.Evidence, manifest: schema.Manifest 
     """The deploy answer with the run's own engine settings and choice (--prefer, --slo): what the review,
     results.json and `gate --json` state."""
     options = manifest.options if manifest is not None else None
+    prefer = (options.prefer if options is not None else None) or "capacity"   # absent: the default, capacity
     return deployment(verdict, evidence, bool(options and options.enforce_eager),
-                      manifest.versions.vllm if manifest is not None else None,
-                      (options.prefer if options is not None else None) or "capacity", options.slo if options else None)
+                      manifest.versions.vllm if manifest is not None else None, prefer,
+                      options.slo if options is not None else None)
 
 
 def deployment_lines(deploy: schema.Deployment) -> list[str]:

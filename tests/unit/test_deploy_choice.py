@@ -111,8 +111,8 @@ def test_requests_at_once_are_capped_by_max_num_seqs():
     held, seqs, line = concurrent_requests("fp8", 8192, _evidence(startup=startup))
     assert (held, seqs) == (256, 256)
     assert line == ("Requests at once: the pool holds 600 requests of 8,192 tokens, but vLLM admits at most 256 "
-                    "(max_num_seqs, as the cells ran), as many as `auto` (its pool holds 300): the extra KV buys no concurrency at this "
-                    "length unless --max-num-seqs is raised.")
+                    "(max_num_seqs, as the cells ran), as many as `auto` (its pool holds 300): the extra KV buys no "
+                    "concurrency at this length unless --max-num-seqs is raised.")
     answer = deployment(VERDICT, _evidence(startup=startup))
     assert answer.max_num_seqs == 256 and answer.concurrent_requests == 256 and answer.notes == [line]
     startup[1]["max_concurrency"] = 99.5
