@@ -13,6 +13,10 @@ CELL_TIMEOUT_S = 3600.0                               # a cell is stopped after 
 # A started cell whose engine reports no progress (no finished step) for this long is stopped as stalled:
 # on the H200 a kept-layer remedy cell once hung in scoring for over 5 minutes where plain FP8 took 4 s.
 STALL_TIMEOUT_S = 600.0
+# How the deploy answer ranks passing configurations (analysis/deploy_choice.py): the most KV (capacity),
+# the best output tok/s against `auto` (throughput) or the least TTFT against it (latency).
+PREFERENCES: tuple[str, ...] = ("capacity", "throughput", "latency")
+PREFER = "capacity"
 REMEDY = "auto"                                       # kveval.run.remedy.REMEDY_MODES
 DIAGNOSE = True                                       # per-layer K/V range pass for FP8 runs
 TASK_LENGTHS: tuple[float, ...] = (0.25, 0.5, 0.9)    # task prompt sizes as shares of max_model_len

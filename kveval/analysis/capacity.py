@@ -32,6 +32,8 @@ def startup_table(cells: dict[str, CellLike]) -> pd.DataFrame:
             # Only where a cell crashed (rows of runs without a crash keep their old keys).
             **({"crash_advice": crash.advice} if crash and crash.advice else {}),
             **({"crash_cause": crash.cause} if crash and crash.cause == "stalled" else {}),
+            # Only where the engine reported it (issue 41): rows of older runs keep their keys.
+            **({"max_num_seqs": capacity.max_num_seqs} if capacity and capacity.max_num_seqs is not None else {}),
         })
     return pd.DataFrame(rows)
 

@@ -156,6 +156,7 @@ def compare_arguments(given: dict) -> dict:
     tasks = options.pop("tasks")
     options["gpus"] = tuple(options["gpus"]) or None
     # Not given: the suite's levels (click hands an empty tuple for a multi-value option left out).
+    options["slo"] = split_values(options["slo"]) if options.get("slo") else None
     options["concurrency"] = parse_int_list(options["concurrency"], "--concurrency") if options.get("concurrency") else None
     options.update(
         kv=split_values(options["kv"]),
@@ -215,6 +216,19 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--concurrency", cls=MultiValueOption, default=None, metavar="N...",
               help="Throughput sweep: requests submitted at once per level (default: suite's, e.g. 1 4 16 64; "
                    "each cell also runs its own maximum concurrency).")
+@click.option("--repeat-target", type=float, default=None, metavar="SHARE",
+              help="Repeat each throughput level and speed workload until the 95 % interval of its median is within "
+                   "this share of it (default 0.05: ±5 %), within --repeat-budget.")
+@click.option("--repeat-budget", type=float, default=None, metavar="SECONDS",
+              help="Seconds per cell and speed phase (speed, throughput) for those repeats (default: suite's, 60 and "
+                   "180; quick 30 and 60); 0: the first run of each level only.")
+@click.option("--prefer", type=click.Choice(list(defaults.PREFERENCES)), default=defaults.PREFER, show_default=True,
+              help="Which passing configuration to deploy: the one holding the most KV (capacity), the best output "
+                   "tok/s against auto (throughput) or the least TTFT against auto (latency).")
+@click.option("--slo", cls=MultiValueOption, default=None, metavar="METRIC_pNN=VALUE...",
+              help="Service-level objectives in vLLM bench's terms, e.g. --slo ttft_p99=2s tpot_p99=100ms: the deploy "
+                   "answer is the passing configuration with the most goodput (requests/s at the highest concurrency "
+                   "level meeting every objective).")
 @click.option("--cell-timeout", type=float, default=defaults.CELL_TIMEOUT_S, show_default=True,
               help="Seconds before a cell is stopped.")
 @click.option("--stall-timeout", type=float, default=defaults.STALL_TIMEOUT_S, show_default=True,
@@ -340,7 +354,7 @@ def gate(run_dir, gate_config, thresholds, as_json, require) -> None:
             raise UsageFailure(str(error)) from None
         code = run_exit_code(decision, require)
         click.echo(json.dumps({"verdict": verdict.status, **verdict.to_dict(code), "require": require,
-                               "deployment": deployment.model_dump(mode="json"),
+                               "deployment": deployment.model_dump(mode="json", exclude_unset=True),
                                "decision": decision.model_dump(mode="json")}, indent=1))
         sys.exit(code)
     result = _recompute(run_dir, gate_config, thresholds)

@@ -28,6 +28,11 @@ class SpeedOptions(_Message):
     warmup: int
     workloads: Optional[list[str]]     # the workloads timed (None: one per workload kind)
     max_tokens: Optional[int]          # cap on each timed generation (None: the prompt's own)
+    # Repeats beyond `runs` until the medians' intervals are tight (worker/repeats.py, issue 41); the
+    # defaults are a spec file's from before: `runs` runs, no more.
+    repeat_max: int = 0                # most measured runs per workload (0: `runs`)
+    repeat_target: float = 0.05        # relative half-width of the median's 95 % interval
+    repeat_budget_s: float = 0.0       # seconds of the phase for repeats beyond the first run of each workload
 
 
 class TasksOptions(_Message):
@@ -43,6 +48,11 @@ class ThroughputOptions(_Message):
     levels: list[int]                  # concurrent requests per step of the sweep
     prompt_share: float                # prompt length as a share of max_model_len
     max_tokens: int
+    # Repeats per level (worker/repeats.py, issue 41); the defaults are a spec file's from before: one run.
+    repeats: int = 1                   # runs per level while the phase's repeat time lasts
+    repeat_max: int = 1                # most runs per level
+    repeat_target: float = 0.05        # relative half-width of the median output tok/s's 95 % interval
+    repeat_budget_s: float = 0.0       # seconds of the phase for repeats beyond the first run of each level
 
 
 class PhaseOptions(_Message):

@@ -193,6 +193,8 @@ class Options(ManifestModel):
     executor: Optional[Literal["local", "ray"]] = None   # --executor (run/options.EXECUTORS); absent before issue 12
     # --chat-template-kwargs (issue 38), as given (open, as engine_args); written only when given
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    prefer: Optional[str] = None             # --prefer when not capacity (issue 41); absent: capacity
+    slo: Optional[list[str]] = None          # --slo targets, normalized (inputs/slo.py); absent: none
 
 
 class PromptFormat(ManifestModel):
@@ -448,6 +450,7 @@ class Capacity(CellModel):
     cache_dtype: str
     max_num_batched_tokens: Optional[int] = None     # recorded from issue 10 on
     hybrid_kv_cache_manager: Optional[bool] = None   # ditto; None: this vLLM has no such setting
+    max_num_seqs: Optional[int] = None               # vLLM's scheduler cap on requests at once (issue 41)
 
 
 class LoggedCapacity(CellModel):
@@ -713,6 +716,7 @@ class ThroughputRun(CellModel):
     wall_seconds: Optional[Number] = None
     requests: Optional[list[ThroughputRequest]] = None
     preemptions: Optional[int] = None    # the engine counter's growth over the level
+    repeat: Optional[int] = None         # 0, 1, ...: the level's repeat (issue 41); absent: one run per level
 
 
 class PhaseEfficiency(CellModel):
@@ -783,6 +787,9 @@ class SpeedPhase(Phase):
     warmup_runs: Optional[int] = None
     measured_runs: Optional[int] = None
     workloads: Optional[list[SpeedWorkload]] = None
+    repeat_max: Optional[int] = None              # runs per workload at most (issue 41); absent: measured_runs
+    repeat_target: Optional[Number] = None        # relative half-width of the medians' 95 % intervals sought
+    repeat_budget_s: Optional[Number] = None      # seconds of the phase for repeats
     _needs: ClassVar[tuple[str, ...]] = ("concurrency", "warmup_runs", "measured_runs", "workloads")
 
 
@@ -793,6 +800,11 @@ class ThroughputPhase(Phase):
     levels: Optional[list[int]] = None
     max_concurrency: Optional[Number] = None          # the cell's own, from its capacity
     runs: Optional[list[ThroughputRun]] = None        # per level: concurrency, wall_seconds, requests' timing
+    max_num_seqs: Optional[int] = None                # the engine's scheduler cap (issue 41); absent before
+    repeats: Optional[int] = None                     # runs per level sought, at most repeat_max (issue 41)
+    repeat_max: Optional[int] = None
+    repeat_target: Optional[Number] = None
+    repeat_budget_s: Optional[Number] = None
     _needs: ClassVar[tuple[str, ...]] = ("prompt_tokens", "max_tokens", "levels", "runs")
 
 
@@ -1453,6 +1465,7 @@ class StartupRow(FileModel):
     crash: Optional[str]
     crash_advice: Optional[str] = None         # only where a crashed cell has advice
     crash_cause: Optional[str] = None          # only "stalled"
+    max_num_seqs: Optional[Number] = None      # the engine's cap on requests at once, where recorded (issue 41)
 
 
 class PhaseTiming(FileModel):
@@ -1527,6 +1540,18 @@ class SpeedRow(FileModel):
     decode_delta_pct: Optional[Number]
     ttft_vs_noise: Optional[Literal["beyond", "within", "too few runs"]] = None   # absent before issue 10
     decode_vs_noise: Optional[Literal["beyond", "within", "too few runs"]] = None
+    # Issue 41 (analysis/repeat_interval.py): the median's 95 % order-statistic interval, and the ratio to the
+    # baseline (Hodges-Lehmann) with its interval and that interval's real coverage; absent before.
+    ttft_ms_low: Optional[Number] = None
+    ttft_ms_high: Optional[Number] = None
+    ttft_ratio: Optional[Number] = None
+    ttft_ratio_low: Optional[Number] = None
+    ttft_ratio_high: Optional[Number] = None
+    ttft_ratio_confidence: Optional[Number] = None
+    decode_ratio: Optional[Number] = None
+    decode_ratio_low: Optional[Number] = None
+    decode_ratio_high: Optional[Number] = None
+    decode_ratio_confidence: Optional[Number] = None
 
 
 class ThroughputRow(FileModel):
@@ -1551,6 +1576,18 @@ class ThroughputRow(FileModel):
     error: Optional[str]
     output_tok_s_vs_baseline: Optional[Number]   # None for the baseline, or without a baseline run
     max_concurrency: Optional[Number]
+    # Issue 41, absent before: the level's repeats (output tok/s of each, the row's figure their median, its
+    # 95 % order-statistic interval), the ratio's interval (analysis/repeat_interval.ratio_interval) with its
+    # real coverage, and the engine's max_num_seqs.
+    repeats: Optional[int] = None
+    output_tok_s_repeats: Optional[list[Number]] = None
+    output_tok_s_low: Optional[Number] = None
+    output_tok_s_high: Optional[Number] = None
+    output_tok_s_confidence: Optional[Number] = None
+    vs_baseline_low: Optional[Number] = None
+    vs_baseline_high: Optional[Number] = None
+    vs_baseline_confidence: Optional[Number] = None
+    max_num_seqs: Optional[Number] = None
 
 
 class CapacityRow(FileModel):
@@ -1658,6 +1695,36 @@ class Evidence(FileModel):
     search: Optional[SearchRecord] = None                       # the manifest's, with --search (issue 20)
 
 
+class CostRatio(FileModel):
+    """analysis/deploy_cost: one figure of the deployed configuration against `auto` at one point."""
+
+    figure: Literal["output_tok_s", "ttft"]
+    where: str                      # "concurrency 256" or the speed workload ("ctx_pct, 7,000 tokens")
+    concurrency: Optional[int] = None
+    prompt_tokens: Optional[int] = None   # TTFT: the workload's prompt
+    ratio: Number                   # configuration / auto (Hodges-Lehmann over the repeats)
+    low: Optional[Number] = None    # its interval (None: one run each side)
+    high: Optional[Number] = None
+    confidence: Optional[Number] = None   # the interval's real coverage
+
+
+class DeploymentCost(FileModel):
+    """The deployed configuration's throughput and TTFT against `auto` at the deployed max_model_len."""
+
+    max_model_len: int
+    throughput: list[CostRatio]     # output tok/s × auto per concurrency level measured
+    ttft: list[CostRatio]           # TTFT × auto per speed workload (concurrency 1)
+    line: str                       # the review's cost line, word for word
+
+
+class Goodput(FileModel):
+    """analysis/deploy_choice: a passing configuration's goodput under --slo at the deployed length."""
+
+    configuration: str
+    concurrency: Optional[int]      # the highest level measured that meets every objective (None: none does)
+    requests_per_s: Optional[Number]
+
+
 class Deployment(FileModel):
     """render/headline.deployment: the configuration to deploy, as the review's first screen states it (issue 41)."""
 
@@ -1670,6 +1737,15 @@ class Deployment(FileModel):
     vllm_version: Optional[str]                   # the vLLM it was verified on
     attention_backend: Optional[str]              # the backend its cells were moved to, when not the default
     enforce_eager: bool
+    # Issue 41, absent before: what the configuration costs against `auto` (analysis/deploy_cost.py), how it
+    # was chosen, and the requests vLLM runs at once with it.
+    cost: Optional[DeploymentCost] = None
+    preference: Optional[str] = None              # capacity | throughput | latency
+    slo: Optional[list[str]] = None               # the --slo targets it was chosen by
+    goodput: Optional[list[Goodput]] = None       # per passing configuration, with an SLO
+    max_num_seqs: Optional[int] = None            # the engine's cap on requests at once
+    concurrent_requests: Optional[Number] = None  # requests of max_model_len at once: min(pool's, max_num_seqs)
+    notes: list[str] = []                         # one line each: the SLO's outcome, what --search would add
 
 
 class Decision(FileModel):

@@ -42,6 +42,14 @@ class Suite:
     throughput_levels: tuple[int, ...] = (1, 4, 16, 64)
     throughput_prompt_share: float = 0.5
     throughput_max_tokens: int = 64
+    # Repeats of each throughput level and speed workload (issue 41, worker/repeats.py): at least
+    # `throughput_repeats` per level (`speed_runs` per workload), then more until the median's 95 % interval
+    # is within `repeat_target` of it, at most `repeat_max`, while the phase's repeat time per cell lasts.
+    throughput_repeats: int = 3
+    repeat_max: int = 20
+    repeat_target: float = 0.05
+    speed_repeat_budget_s: float = 60.0
+    throughput_repeat_budget_s: float = 180.0
     # The engine-efficiency reference (worker/efficiency.py): the run's first cell replays up to this
     # many of each phase's accepted requests as one batched call after the phase. All of them in every
     # built-in workload, so the reference batch is the phase's own: a smaller one runs slower per token
@@ -62,6 +70,7 @@ SUITES: dict[str, Suite] = {
         max_tokens_scale=0.25, speed_runs=2, speed_warmup=1, speed_workloads=("short", "ctx_1k"), speed_max_tokens=32,
         scoring_documents=8, scoring_doc_fractions=(0.55, 0.65), task_fractions=(0.25, 0.5), task_depths=(0.5,), task_samples=1,
         throughput_levels=(1, 4), throughput_prompt_share=0.125, throughput_max_tokens=16,
+        speed_repeat_budget_s=30.0, throughput_repeat_budget_s=60.0,
         description="one prompt per workload, answers a quarter as long (64/128 tokens), 1 warm-up + 2 speed runs on the "
                     "short and ~1K prompts (32 tokens), 6 long-context tasks at 25/50 % of max_model_len, depth 50 %: "
                     "minutes on a 2-core CPU",

@@ -10,6 +10,7 @@ from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.gate import Verdict
 from kveval.render.markdown import fmt_int, fmt_share, fmt_sig, table
+from kveval.render.requests_at_once import capped, max_num_seqs_of
 
 
 def _baseline_pool(evidence: schema.Evidence, length: int) -> int | None:
@@ -21,7 +22,7 @@ def _baseline_pool(evidence: schema.Evidence, length: int) -> int | None:
     return None
 
 
-def _pool(evidence: schema.Evidence, facts: schema.EvidenceCell) -> str:
+def _pool(evidence: schema.Evidence, facts: schema.EvidenceCell, cell: str) -> str:
     if facts.missing:
         return "no result"
     if not facts.started:
@@ -32,7 +33,8 @@ def _pool(evidence: schema.Evidence, facts: schema.EvidenceCell) -> str:
     requests = pool / facts.max_model_len
     base = _baseline_pool(evidence, facts.max_model_len)
     ratio = f" = {pool / base:.2f}× {evidence.baseline_kv}" if base else ""
-    return f"{fmt_int(pool)} tokens{ratio}; {requests:,.1f} requests of {facts.max_model_len:,}"
+    at_once = capped(requests, max_num_seqs_of(evidence, cell))
+    return f"{fmt_int(pool)} tokens{ratio}; {requests:,.1f} requests of {facts.max_model_len:,}{at_once}"
 
 
 def _throughput(evidence: schema.Evidence, cell: str) -> str:
@@ -41,7 +43,11 @@ def _throughput(evidence: schema.Evidence, cell: str) -> str:
     if not rows:
         return "–"
     top = max(rows, key=lambda row: row.concurrency or 0)
-    return f"{top.output_tok_s_vs_baseline:.2f}× at {fmt_int(top.concurrency)} concurrent"
+    interval = ""
+    if top.vs_baseline_low is not None and top.vs_baseline_high is not None:   # issue 41's repeats
+        short = f", {100 * top.vs_baseline_confidence:.0f} %" if (top.vs_baseline_confidence or 0) < 0.95 - 1e-9 else ""
+        interval = f" ({top.vs_baseline_low:.2f}–{top.vs_baseline_high:.2f}{short})"
+    return f"{top.output_tok_s_vs_baseline:.2f}×{interval} at {fmt_int(top.concurrency)} concurrent"
 
 
 def _check(verdict: Verdict, cell: str, name: str):
@@ -79,7 +85,7 @@ def decision_table(verdict: Verdict, evidence: schema.Evidence) -> str:
         facts = evidence.cells.get(cell)
         if facts is None or facts.kv_spec == BASELINE_KV:
             continue
-        rows.append({"cell": cell, "verdict": f"**{status}**", "KV pool (× auto)": _pool(evidence, facts),
+        rows.append({"cell": cell, "verdict": f"**{status}**", "KV pool (× auto)": _pool(evidence, facts, cell),
                      "throughput × auto": _throughput(evidence, cell),
                      "task accuracy auto → cell": _tasks(evidence, verdict, cell),
                      "divergence": _divergence(verdict, cell)})

@@ -4,9 +4,13 @@ bfloat16 passes at 8192 and 32768 and holds 1.9× the `auto` pool". Pure: verdic
 from __future__ import annotations
 
 from kveval.analysis.cell_records import BASELINE_KV, stored_spec
+from kveval.analysis.deploy_choice import choose
+from kveval.analysis.deploy_cost import deployment_cost
+from kveval.analysis.deploy_facts import concurrent_requests, search_note
 from kveval.files import schema
 from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS
 from kveval.gate.decision import asked_configurations, decide
+from kveval.inputs.slo import parse_slo
 
 _WORDS = {PASS: "passes", FAIL: "fails", INCONCLUSIVE: "is inconclusive", NOT_STARTED: "did not start",
           "MISSING": "has no result"}
@@ -53,17 +57,24 @@ def longest_passing(statuses: dict[str, list[int]]) -> int | None:
     return cap
 
 
+def _candidates(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence) -> list[str]:
+    """The passing specs with more KV than `auto`, passing from their shortest tested length up."""
+    no_gain = set(_no_gain(by_spec, evidence))
+    return [kv for kv, statuses in by_spec.items()
+            if statuses.get(PASS) and kv not in no_gain and longest_passing(statuses) is not None]
+
+
+def _capacity_key(kv: str, by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence) -> tuple:
+    """Larger pool first; among equal pools fewer kept layers, then the checkpoint's own scales over a calibrated copy."""
+    spec = stored_spec(kv)
+    return (pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0, -len(spec.keep), not spec.scaled)
+
+
 def _deployable(by_spec: dict[str, dict[str, list[int]]], evidence: schema.Evidence) -> str | None:
     """The passing spec that holds the most KV (largest pool ratio to `auto`), if any passes with more than `auto`
     from its shortest tested length up."""
-    no_gain = set(_no_gain(by_spec, evidence))
-    passing = [kv for kv, statuses in by_spec.items()
-               if statuses.get(PASS) and kv not in no_gain and longest_passing(statuses) is not None]
-    if not passing:
-        return None
-    ratio = lambda kv: pool_ratio(evidence.pools, kv, by_spec[kv][PASS])[0] or 0.0  # noqa: E731
-    # Among equal pools: fewer kept layers, then the checkpoint's own scales over a calibrated copy.
-    return max(passing, key=lambda kv: (ratio(kv), -len(stored_spec(kv).keep), not stored_spec(kv).scaled))
+    passing = _candidates(by_spec, evidence)
+    return max(passing, key=lambda kv: _capacity_key(kv, by_spec, evidence)) if passing else None
 
 
 def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, list[int]]]:
@@ -78,13 +89,16 @@ def _specs_by_status(verdict, evidence: schema.Evidence) -> dict[str, dict[str, 
 
 
 def deployment(verdict, evidence: schema.Evidence, enforce_eager: bool = False,
-               vllm_version: str | None = None) -> schema.Deployment:
-    """The configuration to deploy as vLLM's own flags: the passing one that holds the most KV, capped at the
-    longest max_model_len up to which every tested length passed, with the engine settings its cells ran with
-    that differ from vLLM's defaults (eager mode, the attention backend); where none passes, the cache the
-    model already runs with (`auto`), and why."""
+               vllm_version: str | None = None, prefer: str = "capacity", slo: list[str] | None = None) -> schema.Deployment:
+    """The configuration to deploy as vLLM's own flags: among the passing ones, the one `prefer` and `slo` pick
+    (analysis/deploy_choice: by default the one that holds the most KV), capped at the longest max_model_len up
+    to which every tested length passed, with the engine settings its cells ran with that differ from vLLM's
+    defaults (eager mode, the attention backend), and what it costs against `auto` (analysis/deploy_cost);
+    where none passes, the cache the model already runs with (`auto`), and why."""
     by_spec = _specs_by_status(verdict, evidence)
-    spec = _deployable(by_spec, evidence)
+    choice = choose(_candidates(by_spec, evidence), lambda kv: _capacity_key(kv, by_spec, evidence),
+                    lambda kv: longest_passing(by_spec[kv]), evidence, prefer, parse_slo(slo))
+    spec = choice.configuration
     keep = f"vllm serve MODEL --kv-cache-dtype {BASELINE_KV}"
     common = {"vllm_version": vllm_version, "enforce_eager": enforce_eager, "attention_backend": None,
               "max_model_len": None, "passes_at": [], "pool_ratio": None, "configuration": None, "vllm_serve": keep}
@@ -107,7 +121,29 @@ def deployment(verdict, evidence: schema.Evidence, enforce_eager: bool = False,
     return schema.Deployment(**{**common, "line": f"Deploy (passes at {_lengths(passes_at)}{verified}): `{command}`",
                                 "configuration": spec, "vllm_serve": command, "max_model_len": cap, "passes_at": passes_at,
                                 "pool_ratio": pool_ratio(evidence.pools, spec, passes_at)[0],
-                                "attention_backend": backend})
+                                "attention_backend": backend,
+                                **_cost_and_choice(spec, cap, evidence, prefer, slo, choice)})
+
+
+def _cost_and_choice(spec: str, cap: int, evidence: schema.Evidence, prefer: str, slo: list[str] | None,
+                     choice) -> dict:
+    """The cost, the choice and the requests at once, each only where known (a Deployment of a run before
+    issue 41 keeps its keys where nothing was measured)."""
+    fields: dict = {}
+    cost = deployment_cost(spec, cap, evidence)
+    if cost is not None:
+        fields["cost"] = cost
+    if prefer != "capacity" or slo:
+        fields["preference"] = prefer
+    if slo:
+        fields.update(slo=list(slo), goodput=choice.goodput)
+    held, seqs, note = concurrent_requests(spec, cap, evidence)
+    if seqs is not None:
+        fields.update(max_num_seqs=seqs, concurrent_requests=held)
+    notes = [*choice.notes, *([note] if note else []), *([n] if (n := search_note(spec, evidence)) else [])]
+    if notes:
+        fields["notes"] = notes
+    return fields
 
 
 def deploy_line(verdict, evidence: schema.Evidence, enforce_eager: bool = False, vllm_version: str | None = None) -> str:
@@ -116,9 +152,18 @@ def deploy_line(verdict, evidence: schema.Evidence, enforce_eager: bool = False,
 
 
 def deployment_of(verdict, evidence: schema.Evidence, manifest: schema.Manifest | None) -> schema.Deployment:
-    """The deploy answer with the run's own engine settings: what the review, results.json and `gate --json` state."""
-    return deployment(verdict, evidence, bool(manifest and manifest.options.enforce_eager),
-                      manifest.versions.vllm if manifest is not None else None)
+    """The deploy answer with the run's own engine settings and choice (--prefer, --slo): what the review,
+    results.json and `gate --json` state."""
+    options = manifest.options if manifest is not None else None
+    prefer = (options.prefer if options is not None else None) or "capacity"   # absent: the default, capacity
+    return deployment(verdict, evidence, bool(options and options.enforce_eager),
+                      manifest.versions.vllm if manifest is not None else None, prefer,
+                      options.slo if options is not None else None)
+
+
+def deployment_lines(deploy: schema.Deployment) -> list[str]:
+    """The deploy line, then its cost and notes, one short line each (the review's first screen)."""
+    return [deploy.line, *([deploy.cost.line] if deploy.cost is not None else []), *deploy.notes]
 
 
 def decision_of(verdict, evidence: schema.Evidence, manifest: schema.Manifest | None,

@@ -10,6 +10,7 @@ from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.gate import Verdict
 from kveval.render.markdown import fmt_float, fmt_int, table
+from kveval.render.requests_at_once import capped, max_num_seqs_of
 
 
 def recommendation_section(evidence: schema.Evidence, verdict: Verdict, manifest: schema.Manifest) -> str:
@@ -35,6 +36,7 @@ def recommendation_section(evidence: schema.Evidence, verdict: Verdict, manifest
         else:
             longest = f"≥ {fmt_int(max(started))} (largest that started; not predicted)" if started else "none of the lengths run"
         held = ", ".join(f"{fmt_int(r.max_model_len)}: {fmt_float(concurrency.get(r.cell), 1)}×"
+                         f"{capped(concurrency[r.cell], max_num_seqs_of(evidence, r.cell))}"
                          for r in mine if r.started and concurrency.get(r.cell)) or "—"
         judged = ", ".join(f"{verdict.cells[r.cell]} at {fmt_int(r.max_model_len)}" for r in mine
                            if r.cell in verdict.cells)

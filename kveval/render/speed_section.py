@@ -32,17 +32,42 @@ def speed_section(evidence: schema.Evidence) -> str:
         "decode range": [f"{fmt_float(a, 1)}–{fmt_float(b, 1)}"
                          for a, b in zip(measured.decode_tok_s_min, measured.decode_tok_s_max)],
         f"Δ decode vs {BASELINE_KV}": _deltas(measured, "decode_delta_pct", "decode_vs_noise"),
+        **_ratio_columns(measured),
     })
     eager = evidence.speed_settings.enforce_eager
     return "\n".join([
         "## Speed (concurrency 1)", "",
         "TTFT and decode tok/s from vLLM's per-request stats; each run decodes the same number of new tokens "
         "in every cell (ignore_eos; fewer than asked only where the prompt nearly fills max_model_len). "
-        "Median over the measured runs after warm-up; Δ is against the `auto` cell at the same max_model_len.",
+        "Median over the measured runs after warm-up; Δ is against the `auto` cell at the same max_model_len."
+        + (" Runs repeat until the medians' 95 % intervals are tight or the cell's repeat time is spent; × auto "
+           "is the Hodges-Lehmann ratio with its distribution-free interval (docs/statistics.md)."
+           if "ttft_ratio" in measured else ""),
         "" if eager is None else f"enforce_eager: {eager}.",
         "", long_table(view, f"{len(view)} rows: each workload in each cell"),
         *(["", note] if (note := _speed_note(measured)) else []),
     ])
+
+
+def _ratio(value, low, high, confidence) -> str:
+    if not fmt_float(value):
+        return ""
+    text = f"{fmt_float(value, 2)}×"
+    if fmt_float(low) and fmt_float(high):
+        short = f", {100 * confidence:.0f} %" if fmt_float(confidence) and confidence < 0.95 - 1e-9 else ""
+        text += f" ({fmt_float(low, 2)}–{fmt_float(high, 2)}{short})"
+    return text
+
+
+def _ratio_columns(measured: pd.DataFrame) -> dict:
+    """Issue 41's runs: TTFT and decode tok/s × auto with their intervals; older runs show none."""
+    if "ttft_ratio" not in measured:
+        return {}
+    return {f"TTFT × {BASELINE_KV} (95 % CI)": [_ratio(*values) for values in zip(
+                measured.ttft_ratio, measured.ttft_ratio_low, measured.ttft_ratio_high, measured.ttft_ratio_confidence)],
+            f"decode × {BASELINE_KV} (95 % CI)": [_ratio(*values) for values in zip(
+                measured.decode_ratio, measured.decode_ratio_low, measured.decode_ratio_high,
+                measured.decode_ratio_confidence)]}
 
 
 def _deltas(measured: pd.DataFrame, delta: str, noise: str) -> list[str]:
@@ -55,8 +80,14 @@ def _speed_note(measured: pd.DataFrame) -> str:
     if "decode_vs_noise" not in measured or measured.decode_vs_noise.isna().all():
         return ""  # runs before issue 10, or nothing compared against a baseline
     beyond = measured[(measured.decode_vs_noise == "beyond") | (measured.ttft_vs_noise == "beyond")]
+    too_few = measured[(measured.decode_vs_noise == "too few runs") | (measured.ttft_vs_noise == "too few runs")]
+    if beyond.empty and not too_few.empty:
+        return ("No speed difference against the baseline is shown beyond noise, but some rows had too few runs to "
+                "tell (a longer --repeat-budget gives more).")
     if beyond.empty:
         return ("No speed difference against the baseline exceeds the run-to-run spread: FP8 is neither shown faster "
                 "nor slower here.")
-    return ("Differences beyond the run-to-run spread (the measured ranges do not overlap): "
+    how = ("the ratio's 95 % interval excludes 1" if "ttft_ratio" in measured and measured.ttft_ratio.notna().any()
+           else "the measured ranges do not overlap")
+    return (f"Differences beyond the run-to-run spread ({how}): "
             + "; ".join(f"{r.cell} {r.workload}" for r in beyond.itertuples()) + ".")

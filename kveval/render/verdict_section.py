@@ -11,7 +11,7 @@ from kveval.files import schema
 from kveval.gate import NOTE, PASS, Verdict
 from kveval.render.decision_table import decision_table
 from kveval.gate.decision import EXIT_MEANING
-from kveval.render.headline import decision_of, deployment_of, headline
+from kveval.render.headline import decision_of, deployment_lines, deployment_of, headline
 from kveval.render.markdown import bullet, fmt_share, fmt_sig
 
 
@@ -94,6 +94,12 @@ def decision_line(decision: schema.Decision) -> str:
             f"{EXIT_MEANING[decision.exit_code]}")
 
 
+def _joined(lines: list[str]) -> list[str]:
+    """The deploy line and the short lines under it, as one markdown paragraph with hard line breaks (a
+    backslash ends each line but the last)."""
+    return [line + ("\\" if index < len(lines) - 1 else "") for index, line in enumerate(lines)]
+
+
 def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: schema.Manifest) -> str:
     model_dtype = manifest.model.dtype or "bf16"
     deployment = deployment_of(verdict, evidence, manifest)
@@ -104,7 +110,7 @@ def verdict_section(verdict: Verdict, evidence: schema.Evidence, manifest: schem
     decisions = decision_table(verdict, evidence)
     if decisions:
         out += [decisions, ""]
-    out += [deployment.line, ""]
+    out += [*_joined(deployment_lines(deployment)), ""]
     deciding = [r for r in verdict.reasons if r.level == verdict.status]
     if verdict.status == PASS:
         out += ["Every required check passed:", "", *(_passed_lines(verdict) or ["- (no check was needed)"])]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kveval import defaults
 from kveval.errors import KvevalError, RunInterrupted
 from kveval.files import schema
 from kveval.files.cell_spec import PhaseOptions, ScoringOptions, SpeedOptions, TasksOptions, ThroughputOptions
@@ -31,6 +32,7 @@ from kveval.inputs.models import ModelError, ModelInfo, kveval_home, resolve_mod
 from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workloads
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
 from kveval.inputs.task_selection import TaskSelectionError, TaskShape, check_lm_eval_names, task_shape, write_run_task_data
+from kveval.inputs.slo import parse_slo
 from kveval.inputs.units import parse_size
 from kveval.inputs.weights_quantization import range_pass_obstacle
 from kveval.inputs.workloads import (PromptFileError, PromptSpec, build_workloads, load_user_prompts,
@@ -159,6 +161,15 @@ def _prompts(options: CompareOptions, suite: Suite, tokenizer, model_limit: int 
     return scale_max_tokens(prompts, suite.max_tokens_scale)
 
 
+def _repeat_target(options: CompareOptions, suite: Suite) -> float:
+    return options.repeat_target if options.repeat_target is not None else suite.repeat_target
+
+
+def _repeat_budget(options: CompareOptions, suite_seconds: float) -> float:
+    """--repeat-budget (seconds per cell and phase; 0: no repeats beyond the minimum's first run), else the suite's."""
+    return float(options.repeat_budget) if options.repeat_budget is not None else suite_seconds
+
+
 def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSpec],
                    task_names: list[str]) -> PhaseOptions:
     """Every phase setting, from the suite and the user's options: the phases have no defaults of their own."""
@@ -167,11 +178,16 @@ def _phase_options(options: CompareOptions, suite: Suite, prompts: list[PromptSp
         speed=SpeedOptions(runs=options.speed_runs or suite.speed_runs,
                            warmup=options.speed_warmup if options.speed_warmup is not None else suite.speed_warmup,
                            workloads=speed_workloads(prompts, suite.speed_workloads),
-                           max_tokens=options.speed_max_tokens or suite.speed_max_tokens),
+                           max_tokens=options.speed_max_tokens or suite.speed_max_tokens,
+                           repeat_max=max(suite.repeat_max, options.speed_runs or suite.speed_runs),
+                           repeat_target=_repeat_target(options, suite),
+                           repeat_budget_s=_repeat_budget(options, suite.speed_repeat_budget_s)),
         tasks=TasksOptions(tasks=task_names, limit=options.task_limit,
                            chat_template_kwargs=options.chat_template_kwargs),
         throughput=ThroughputOptions(levels=_levels(options, suite), prompt_share=suite.throughput_prompt_share,
-                                     max_tokens=suite.throughput_max_tokens),
+                                     max_tokens=suite.throughput_max_tokens, repeats=suite.throughput_repeats,
+                                     repeat_max=suite.repeat_max, repeat_target=_repeat_target(options, suite),
+                                     repeat_budget_s=_repeat_budget(options, suite.throughput_repeat_budget_s)),
         efficiency_sample=0)   # only the run's first cell measures it (plan_cells)
 
 
@@ -203,6 +219,9 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
             "budget": parse_budget(options.budget).to_dict(),
             # Only when given: a run without them stays the manifest (and the resume fingerprint) it was before.
             **({"chat_template_kwargs": options.chat_template_kwargs} if options.chat_template_kwargs else {}),
+            # How the deploy answer is chosen (issue 41): only when not the default, as above.
+            **({"prefer": options.prefer} if options.prefer != defaults.PREFER else {}),
+            **({"slo": [target.text for target in parse_slo(options.slo)]} if options.slo else {}),
         },
         "prompt_ids": [p.id for p in prompts],
         "prompt_format": prompt_format(tokenizer),

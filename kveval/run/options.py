@@ -11,6 +11,7 @@ from kveval import defaults
 from kveval.errors import KvevalError
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
+from kveval.inputs.slo import SloError, parse_slo
 from kveval.run.remedy import REMEDY_MODES
 
 
@@ -55,6 +56,11 @@ class CompareOptions:
     budget: str | int | None = None             # task rounds until decided: samples per cell and/or time (inputs/budget.py)
     baseline_added: bool = False                # --kv named no `auto`: normalized() added it (the run says so)
     search: bool = False                        # --search (or --kv search): run/search.py's ladder until one passes
+    # Issue 41: speed repeats, and how the deploy answer weighs capacity against its cost.
+    repeat_target: float | None = None          # relative half-width of a median's 95 % interval (suite's when None)
+    repeat_budget: float | None = None          # seconds of repeats per cell and speed phase (suite's when None)
+    prefer: str = defaults.PREFER               # capacity | throughput | latency (analysis/deploy_choice.py)
+    slo: Sequence[str] | None = None            # e.g. ("ttft_p99=2s",): inputs/slo.py
 
     @property
     def kv_specs(self) -> tuple[KVSpec, ...]:
@@ -190,6 +196,7 @@ def validate_options(options: CompareOptions) -> None:
         raise KvevalError("--ray-address is for --executor ray")
     if options.speed_warmup is not None and options.speed_warmup < 0:
         raise KvevalError("--speed-warmup must be 0 or more")
+    _check_speed_choice(options)
     try:
         parse_budget(options.budget)
     except ValueError as error:
@@ -199,3 +206,27 @@ def validate_options(options: CompareOptions) -> None:
         # nothing could be judged.
         raise KvevalError(f"--kv {' '.join(options.kv)}: no `auto` baseline to judge against; add it "
                           f"(--kv {' '.join(options.kv)} auto)")
+
+
+def _check_speed_choice(options: CompareOptions) -> None:
+    """Issue 41's options: repeats of the speed phases and the deploy preference, checked before any engine."""
+    if options.repeat_target is not None and not 0 < options.repeat_target < 1:
+        raise KvevalError(f"--repeat-target {options.repeat_target:g}: give the relative half-width of a median's 95 % "
+                          "interval at which repeats stop, between 0 and 1 (e.g. 0.05 for ±5 %)")
+    if options.repeat_budget is not None and options.repeat_budget < 0:
+        raise KvevalError(f"--repeat-budget {options.repeat_budget:g}: give the seconds of repeats per cell and speed "
+                          "phase, 0 or more (0: one run per level and the speed runs only)")
+    if options.prefer not in defaults.PREFERENCES:
+        raise KvevalError(f"--prefer {options.prefer!r}: choose one of {', '.join(defaults.PREFERENCES)}")
+    try:
+        parse_slo(options.slo)
+    except SloError as error:
+        raise KvevalError(str(error)) from None
+    # A choice by a figure no phase measures would silently fall back to capacity: said now instead.
+    needs = {"throughput": "throughput", "latency": "speed"}.get(options.prefer)
+    if needs and needs not in options.phases:
+        raise KvevalError(f"--prefer {options.prefer} ranks configurations by the {needs} phase's figures, and --phases "
+                          f"{' '.join(options.phases)} leaves it out; add {needs} to --phases")
+    if options.slo and "throughput" not in options.phases:
+        raise KvevalError(f"--slo is checked on the throughput phase's concurrency levels, and --phases "
+                          f"{' '.join(options.phases)} leaves it out; add throughput to --phases")

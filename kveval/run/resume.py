@@ -37,7 +37,8 @@ def redo_reason(previous: schema.CellResult, *, retry_failed: bool, budget_given
 
 # Options that change how a run is carried out, not what it measures: a resume may change them.
 # `budget` is checked apart (_shrunk_budget): a larger --budget on the same run extends its design.
-_NOT_FINGERPRINTED = ("cell_timeout_s", "stall_timeout_s", "gpus", "executor", "budget")
+# prefer, slo: how the deploy answer is chosen from the measurements, not what is measured.
+_NOT_FINGERPRINTED = ("cell_timeout_s", "stall_timeout_s", "gpus", "executor", "budget", "prefer", "slo")
 
 
 _IDENTITY_KEYS = ("revision", "weights")   # inputs/model_identity.py; absent in runs of older kveval builds

@@ -109,6 +109,8 @@ class Engine:
             "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None),
             "hybrid_kv_cache_manager": (None if getattr(scheduler, "disable_hybrid_kv_cache_manager", None) is None
                                         else not scheduler.disable_hybrid_kv_cache_manager),
+            # The scheduler's cap on requests at once: no pool size admits more (issue 41).
+            "max_num_seqs": getattr(scheduler, "max_num_seqs", None),
         }
 
     def info(self) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from kveval.worker.batching import submit_in_batches
 from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings
 
 _BLOCK = 16
+_MAX_NUM_SEQS = 256         # vLLM's default for the LLM class on a CPU
 _DEFAULT_KV_BYTES = 1 << 30
 _FIRST_TOKEN = 200          # generated tokens come from ordinary vocabulary, clear of special tokens
 _SPAN = 4000
@@ -194,7 +195,8 @@ class Engine:
                 "max_concurrency": self.pool_tokens / self.settings.max_model_len,
                 "num_blocks": int(self.pool_tokens // _BLOCK), "block_size": _BLOCK,
                 "cache_dtype": self.settings.kv_cache_dtype, "max_num_batched_tokens": None,
-                "hybrid_kv_cache_manager": None}
+                "hybrid_kv_cache_manager": None,
+                "max_num_seqs": int(self.settings.extra.get("max_num_seqs", _MAX_NUM_SEQS))}
 
     def info(self) -> dict[str, Any]:
         return {"vllm_version": "fake", "platform": "fake", "attention_backend": "FAKE",

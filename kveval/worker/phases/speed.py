@@ -2,11 +2,14 @@
 
 One representative prompt per workload (its first), decoded to exactly its max_tokens
 (ignore_eos) so every cell times the same amount of work. The prefix cache is off in every cell
-(engine.py), so repeated runs really prefill.
+(engine.py), so repeated runs really prefill. After the `runs` measured runs a workload runs again until
+the medians of TTFT and decode tok/s are pinned down (worker/repeats.py), within the phase's repeat time.
 """
 from __future__ import annotations
 
 import statistics
+
+from kveval.worker.repeats import RepeatPlan
 
 
 def _summary(values: list[float]) -> dict:
@@ -38,18 +41,23 @@ def run(engine, cell) -> dict:
     options = cell.options.speed
     runs, warmup, max_tokens_cap = options.runs, options.warmup, options.max_tokens
     prompts = _representatives(cell, options.workloads)
+    plan = RepeatPlan(guaranteed=runs, minimum=runs, maximum=max(runs, options.repeat_max),
+                      target=options.repeat_target, budget_s=options.repeat_budget_s, items=len(prompts))
     results = []
     for index, prompt in enumerate(prompts):
         cell.emit(event="step", phase="speed", done=index, total=len(prompts), item=prompt.workload)
         max_tokens = min(prompt.max_tokens, max_tokens_cap) if max_tokens_cap else prompt.max_tokens
         entry = {"workload": prompt.workload, "prompt_id": prompt.id, "prompt_tokens": len(prompt.token_ids),
                  "max_tokens": max_tokens, "runs": []}
-        for attempt in range(warmup + runs):
+        attempt = 0
+        while attempt < warmup or plan.more(index, [[r["ttft_s"] for r in entry["runs"]],
+                                                    [r["decode_tok_s"] for r in entry["runs"]]]):
             outcome = engine.generate(list(prompt.token_ids), max_tokens, ignore_eos=True)
+            attempt += 1
             if not outcome["accepted"]:
                 entry["rejection"] = outcome["rejection"] or outcome["error"]
                 break
-            if attempt < warmup:
+            if attempt <= warmup:
                 continue
             entry["runs"].append({
                 **outcome["timing"],
@@ -62,4 +70,6 @@ def run(engine, cell) -> dict:
         entry["throughput_tok_s"] = _summary([r["throughput_tok_s"] for r in entry["runs"]])
         results.append(entry)
     cell.emit(event="step", phase="speed", done=len(prompts), total=len(prompts))
-    return {"concurrency": 1, "warmup_runs": warmup, "measured_runs": runs, "workloads": results}
+    return {"concurrency": 1, "warmup_runs": warmup, "measured_runs": runs, "workloads": results,
+            "repeat_max": plan.maximum, "repeat_target": options.repeat_target,
+            "repeat_budget_s": options.repeat_budget_s}

@@ -5,7 +5,9 @@ phase measures what that buys. At each level N, N copies of one long prompt (a s
 max_model_len, from the run's scoring document) are submitted together, each decoding exactly
 `max_tokens` (ignore_eos). vLLM runs as many at once as its KV pool and max_num_seqs allow and
 queues the rest, so past the cell's own maximum concurrency requests/s flattens and TTFT grows.
-The levels are the suite's, plus the cell's reported maximum concurrency. One run per level.
+The levels are the suite's, plus the cell's reported maximum concurrency, none above vLLM's max_num_seqs.
+Each level runs `repeats` times or more, until the median output tok/s is pinned down (worker/repeats.py),
+within the phase's repeat time; each repeat is its own entry of `runs` (with `repeat`).
 """
 from __future__ import annotations
 
@@ -14,8 +16,12 @@ from typing import Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from kveval.files.rundir import read_json
+from kveval.worker.repeats import RepeatPlan
 
-MAX_LEVEL = 256   # vLLM's default max_num_seqs: more cannot run at once anyway
+# The sweep's largest level: vLLM's max_num_seqs on a CPU and on small GPUs (more cannot run at once there);
+# a GPU engine's own may be larger (recent vLLM defaults to 1024 on 70 GiB+ GPUs), but levels past 256 cost
+# minutes per repeat.
+MAX_LEVEL = 256
 
 
 class _Capacity(BaseModel):
@@ -24,6 +30,7 @@ class _Capacity(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     max_concurrency: Optional[Union[int, float]] = None   # int stays int: it is stored as given
+    max_num_seqs: Optional[int] = None
 
 
 class _Facts(BaseModel):
@@ -34,11 +41,13 @@ class _Facts(BaseModel):
     capacity: Optional[_Capacity] = None
 
 
-def levels_for(levels: list[int], max_concurrency: float | None) -> list[int]:
-    """The suite's levels and the cell's own maximum (whole requests), ascending, at most MAX_LEVEL."""
-    chosen = {int(level) for level in levels if 0 < int(level) <= MAX_LEVEL}
+def levels_for(levels: list[int], max_concurrency: float | None, max_num_seqs: int | None = None) -> list[int]:
+    """The suite's levels and the cell's own maximum (whole requests), ascending, at most MAX_LEVEL and at most
+    the engine's max_num_seqs (a level above it would only queue)."""
+    top = min(MAX_LEVEL, max_num_seqs) if max_num_seqs else MAX_LEVEL
+    chosen = {int(level) for level in levels if 0 < int(level) <= top}
     if max_concurrency and max_concurrency >= 1:
-        chosen.add(min(int(max_concurrency), MAX_LEVEL))
+        chosen.add(min(int(max_concurrency), top))
     return sorted(chosen)
 
 
@@ -63,24 +72,46 @@ def run(engine, cell) -> dict:
     options = cell.options.throughput
     max_tokens, share = options.max_tokens, options.prompt_share
     capacity = _Facts.model_validate(cell.facts).capacity or _Capacity()
-    levels = levels_for(options.levels, capacity.max_concurrency)
+    levels = levels_for(options.levels, capacity.max_concurrency, capacity.max_num_seqs)
     prompt = long_prompt(cell, share, max_tokens)
     phase = {"prompt_tokens": len(prompt) if prompt else 0, "max_tokens": max_tokens, "prompt_share": share,
-             "levels": levels, "max_concurrency": capacity.max_concurrency, "runs": []}
+             "levels": levels, "max_concurrency": capacity.max_concurrency, "runs": [],
+             "max_num_seqs": capacity.max_num_seqs, "repeats": options.repeats, "repeat_max": options.repeat_max,
+             "repeat_target": options.repeat_target, "repeat_budget_s": options.repeat_budget_s}
     if prompt is None:
         phase["error"] = f"no prompt fits: max_model_len {cell.max_model_len} leaves no room for {max_tokens} tokens"
         return phase
     engine.generate_concurrent(prompt, max_tokens, 1)  # warm-up: first-call costs stay out of level 1
+    plan = RepeatPlan(guaranteed=1, minimum=options.repeats, maximum=max(1, options.repeat_max),
+                      target=options.repeat_target, budget_s=options.repeat_budget_s, items=len(levels))
     for index, level in enumerate(levels):
-        cell.emit(event="step", phase="throughput", done=index, total=len(levels), item=f"concurrency {level}")
-        before = engine.preemptions_total()
-        outcome = engine.generate_concurrent(prompt, max_tokens, level)
-        after = engine.preemptions_total()
-        # The engine-wide counter's growth over this level: requests vLLM preempted to make room.
-        outcome["preemptions"] = after - before if before is not None and after is not None else None
-        phase["runs"].append({"concurrency": level, **outcome})
-        cell.checkpoint()
-        if not outcome["accepted"]:
+        rates: list[float] = []
+        while plan.more(index, [rates]):
+            item = f"concurrency {level}" + (f", repeat {len(rates) + 1}" if rates else "")
+            cell.emit(event="step", phase="throughput", done=index, total=len(levels), item=item)
+            outcome = _one_run(engine, prompt, max_tokens, level)
+            phase["runs"].append({"concurrency": level, **outcome, "repeat": len(rates)})
+            if not outcome["accepted"]:
+                break
+            rates.append(_output_rate(outcome))
+        cell.checkpoint()   # once per level: a cell file can be tens of MB, repeats come seconds apart
+        if phase["runs"] and not phase["runs"][-1]["accepted"]:
             break  # a refusal or error at one level repeats at every larger one
     cell.emit(event="step", phase="throughput", done=len(levels), total=len(levels))
     return phase
+
+
+def _one_run(engine, prompt: list[int], max_tokens: int, level: int) -> dict:
+    before = engine.preemptions_total()
+    outcome = engine.generate_concurrent(prompt, max_tokens, level)
+    after = engine.preemptions_total()
+    # The engine-wide counter's growth over this run: requests vLLM preempted to make room.
+    outcome["preemptions"] = after - before if before is not None and after is not None else None
+    return outcome
+
+
+def _output_rate(outcome: dict) -> float | None:
+    """Output tokens/s of one run (what analysis/throughput's rows report)."""
+    wall = outcome.get("wall_seconds")
+    tokens = sum(r.get("output_tokens") or 0 for r in outcome.get("requests") or [])
+    return tokens / wall if wall else None
