@@ -167,7 +167,7 @@ def test_a_published_run_without_repeats_states_its_cost_and_what_search_adds(tm
                                       "0.64× at 64 concurrent; TTFT +172 % on the 7,372-token prompt (ctx_90pct) "
                                       "(single runs, no interval).")
     assert answer["notes"][0].startswith("`--search` would add")
-    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 1
+    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 4   # plain FP8 fails, the remedy passes (gate.verdict.EXIT_FOUND)
     review = (run / "review.md").read_text(encoding="utf-8")
     assert answer["line"] + "\\\n" + answer["cost"]["line"] + "\\\n" + answer["notes"][0] in review
 
