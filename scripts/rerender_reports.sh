@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-render every published report (reports/*/ with a manifest.json, archive/ left out) with this checkout's
+# Re-render every published report (each directory under reports/ with a manifest.json, archive/ left out) with this checkout's
 # kveval: each is copied to a scratch directory, re-judged from its stored evidence by `kveval report`, and its
 # review.md, results.json.gz and the tables it already published are copied back; figures are kept as they were
 # (KVEVAL_NO_PLOTS=1). Then tests/unit/test_golden_reports.py must pass. Usage: bash scripts/rerender_reports.sh
@@ -8,11 +8,11 @@ cd "$(git rev-parse --show-toplevel)"
 kveval=${KVEVAL:-.venv/bin/kveval}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-for manifest in reports/*/manifest.json; do
-  dir=$(dirname "$manifest"); name=$(basename "$dir"); copy="$scratch/$name"
+find reports -name manifest.json -not -path 'reports/archive/*' | sort | while read -r manifest; do
+  dir=$(dirname "$manifest"); name=${dir#reports/}; copy="$scratch/${name//\//__}"
   cp -r "$dir" "$copy"; rm -f "$copy/review.md"
-  rc=0; KVEVAL_NO_PLOTS=1 "$kveval" report "$copy" > /dev/null 2> "$scratch/$name.err" || rc=$?
-  case $rc in 0|1|3|4) ;; *) echo "$name: kveval report exit $rc"; cat "$scratch/$name.err"; exit 1;; esac
+  rc=0; KVEVAL_NO_PLOTS=1 "$kveval" report "$copy" > /dev/null 2> "$copy.err" || rc=$?
+  case $rc in 0|1|3|4) ;; *) echo "$name: kveval report exit $rc"; cat "$copy.err"; exit 1;; esac
   cp "$copy/review.md" "$dir/review.md"
   if [ -f "$copy/results.json" ]; then gzip -n -9 -c "$copy/results.json" > "$dir/results.json.gz"
   else cp "$copy/results.json.gz" "$dir/results.json.gz"; fi   # kveval keeps a published results.json.gz packed
