@@ -44,4 +44,5 @@ def fp8_auto_matrix(tmp_path_factory, default_model_dir):
         tasks=("passkey",), progress=Quiet(),  # the tasks phase in the default order; test_tasks_engine covers it
         diagnose=False,  # the K/V range pass is covered by test_kv_ranges_model and test_remedy_engine (CI time)
         budget="0",  # one look: task rounds are unit-tested (test_task_rounds) and were run by hand (make demo)
+        repeat_budget=0,  # one timed run per level, as speed_runs=1: repeats are tested in test_speed_repeats (CI time)
     )
