@@ -12,6 +12,9 @@ the shape of the timing distribution (run-to-run timings are skewed and have out
   (Bauer 1972, *JASA* 67:687; Hollander, Wolfe & Chicken 2014, *Nonparametric Statistical Methods*,
   3rd ed., §4.3). The two cells' repeats come from two engine processes, so they are unpaired. Exact and
   deterministic (no resampling): a review re-rendered from stored evidence gives the same interval.
+
+Only the standard library: every cell process imports this (worker/repeats.py), and scipy.stats would add
+~1.1 s to each cell's imports on the 2-core CPU (and, at import, inspects whatever module is named `torch`).
 """
 from __future__ import annotations
 
@@ -19,7 +22,6 @@ import math
 from functools import lru_cache
 from typing import NamedTuple, Sequence
 
-from scipy.stats import binom, norm
 
 CONFIDENCE = 0.95
 
@@ -60,10 +62,22 @@ def median_interval(values: Sequence[float | None], confidence: float = CONFIDEN
     if n == 1:
         return Interval(median, None, None, None, 1)
     k = 1
-    while k + 1 <= n // 2 and 1.0 - 2.0 * float(binom.cdf(k, n, 0.5)) >= confidence:
+    while k + 1 <= n // 2 and 1.0 - 2.0 * _binom_half_cdf(k, n) >= confidence:
         k += 1   # k+1 still covers: take the narrower pair of order statistics
-    coverage = 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
+    coverage = 1.0 - 2.0 * _binom_half_cdf(k - 1, n)
     return Interval(median, xs[k - 1], xs[n - k], coverage, n)
+
+
+def _binom_half_cdf(k: int, n: int) -> float:
+    """P(Binom(n, 1/2) <= k), exact: the integer count of outcomes over 2^n."""
+    if k < 0:
+        return 0.0
+    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / (1 << n)
+
+
+def _normal_cdf(z: float) -> float:
+    """The standard normal distribution function."""
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
 @lru_cache(maxsize=None)
@@ -90,7 +104,7 @@ def _u_cdf(k: int, m: int, n: int) -> float:
         counts = _u_counts(m, n)
         return sum(counts[:k + 1]) / math.comb(m + n, m)
     mean, sd = m * n / 2.0, math.sqrt(m * n * (m + n + 1) / 12.0)
-    return float(norm.cdf((k + 0.5 - mean) / sd))
+    return _normal_cdf((k + 0.5 - mean) / sd)
 
 
 def ratio_interval(tested: Sequence[float | None], baseline: Sequence[float | None],

@@ -60,11 +60,15 @@ class DevicePool:
         self._changed = threading.Condition()
 
     def take(self, count: int, stop: threading.Event | None = None) -> list[str] | None:
-        """`count` devices, or None when `stop` was set while waiting."""
+        """`count` devices, or None when `stop` is set (before or while waiting). Checked again after every
+        wake-up: a cell that fails sets `stop` and then frees its device, and that device must not go to a
+        cell that would start after the stop."""
         with self._changed:
-            while len(self._free) < count:
+            while True:
                 if stop is not None and stop.is_set():
                     return None
+                if len(self._free) >= count:
+                    break
                 self._changed.wait(timeout=0.2)
             self._free.sort(key=self._order.__getitem__)
             taken, self._free = self._free[:count], self._free[count:]

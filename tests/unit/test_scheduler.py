@@ -96,3 +96,17 @@ def test_the_pool_hands_out_the_lowest_free_devices_and_can_be_stopped():
     assert pool.take(2, stop) is None          # only "2" is free
     pool.give(["0"])
     assert pool.take(2) == ["0", "2"]
+
+
+def test_a_device_freed_after_the_stop_goes_to_no_waiting_cell():
+    # A failing cell sets `stop`, then frees its device: the cell waiting for one must not start.
+    pool, stop, got = DevicePool(["0"]), threading.Event(), []
+    assert pool.take(1) == ["0"]
+    waiting = threading.Thread(target=lambda: got.append(pool.take(1, stop)))
+    waiting.start()
+    time.sleep(0.1)   # it waits in take
+    stop.set()
+    pool.give(["0"])
+    waiting.join(5)
+    assert got == [None]
+    assert pool.take(1, stop) is None            # a free device, but stopped

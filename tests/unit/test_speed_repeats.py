@@ -245,3 +245,15 @@ def test_a_level_whose_ratio_interval_is_short_of_95_percent_is_not_called_ahead
     finding = throughput_findings(rows)[0]
     # Level 1: one fp8 run against 3 (75 % coverage) at 0.1×: too few runs, not "behind" by the old ±10 % rule.
     assert (finding.ahead, finding.behind, finding.too_few) == ([], [4], [1]) and finding.by_interval
+
+
+def test_a_cell_process_imports_no_scipy():
+    # Every cell process imports the repeats' intervals: scipy.stats would add ~1 s to each on the 2-core CPU,
+    # and at import it inspects whatever module is named `torch` (a fork server with tests/support/bad_fork's
+    # stand-in died of it before its probe fork, so it never said "unsafe").
+    import subprocess
+    import sys
+    code = ("import sys, kveval.worker.cell_main, kveval.worker.phases, kveval.worker.fake_engine; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
