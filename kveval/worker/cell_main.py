@@ -90,7 +90,7 @@ def run_cell(spec: CellSpec) -> dict:
     emit = _Events(Path(spec.events_path))
     settings = engine_module.EngineSettings(**spec.engine)
     facts: dict = {
-        "schema_version": CELL_VERSION,   # first, as in every cell file kveval writes (files/schema.py)
+        "schema_version": CELL_VERSION,   # first, as in every cell file kveval writes (files/schema/cell.py)
         "cell": spec.cell_id,
         # The KV spec as the user named it (e.g. fp8:keep=0): what the cell id says it is.
         "kv_spec": spec.kv_spec,

@@ -3,7 +3,7 @@ dict leaves out with an empty, valid value (empty lists and dicts, None, 0, "") 
 with `schema.parse(schema.Evidence, ...)`, so the gate and the run's planners get the `schema.Evidence`
 that `build_evidence` gives, holding only what the test chose.
 
-The filling follows the models in kveval/files/schema.py (required fields only: an optional field left
+The filling follows the models in kveval/files/schema/ (required fields only: an optional field left
 out stays absent, as in a stored file), so a model that gains a required field needs no change here."""
 from __future__ import annotations
 
