@@ -30,7 +30,8 @@ def recommendation_section(evidence: schema.Evidence, verdict: Verdict, manifest
         if predicted and not started:
             longest = f"{fmt_int(predicted)} predicted, but it started at none of the lengths run"
         elif predicted and limit and predicted > limit:
-            longest = f"{fmt_int(limit)} (the model's limit; predicted to hold {fmt_int(predicted)} on this budget)"
+            # The pool it is predicted to hold is stated once, in the capacity section (issue 41).
+            longest = f"{fmt_int(limit)} (the model's limit; predicted to fit this budget)"
         elif predicted:
             longest = f"{fmt_int(predicted)} (predicted)"
         else:

@@ -1,14 +1,11 @@
-"""The review's remedy section: what `--remedy` kept in the model dtype and why, and the KV capacity
-per configuration. Pure: evidence in, markdown out.
+"""The review's remedy section: what `--remedy` kept in the model dtype and why (each configuration's pool is
+stated in Start-up and KV pool). Pure: evidence in, markdown out.
 """
 from __future__ import annotations
 
-import pandas as pd
-
-from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
 from kveval.inputs.kvspec import keep_spec
-from kveval.render.markdown import bullet, fmt_float, fmt_int, table
+from kveval.render.markdown import bullet
 
 
 def remedy_section(evidence: schema.Evidence) -> str:
@@ -20,15 +17,9 @@ def remedy_section(evidence: schema.Evidence) -> str:
                             "outlier layers that peak near it, and judges that configuration with the same gate.", ""]
     out += [bullet(note) for note in remedy.notes]
     out += _outliers_untried(remedy.notes, evidence)
-    pools = [row for row in evidence.pools if row.kv_spec]
-    if pools:
-        rows = [{"max_model_len": row.max_model_len, "KV configuration": row.kv_spec,
-                 "KV pool tokens": fmt_int(row.pool_tokens or row.fallback_tokens),
-                 f"{BASELINE_KV} pool tokens": fmt_int(row.baseline_pool_tokens or row.baseline_fallback_tokens),
-                 f"× {BASELINE_KV}": fmt_float(row.ratio if row.ratio is not None else row.fallback_ratio, 2)}
-                for row in pools]
-        out += ["", "KV capacity per configuration (a cell that did not start shows vLLM's estimate):", "",
-                table(pd.DataFrame(rows))]
+    if any(row.kv_spec for row in evidence.pools):
+        # Each pool is stated once below the first screen (issue 41): in Start-up and KV pool.
+        out += ["", "Each configuration's KV pool against `auto`: the decision table above and Start-up and KV pool."]
     return "\n".join(out)
 
 

@@ -32,11 +32,10 @@ def startup_section(evidence: schema.Evidence) -> str:
         return "\n".join(out + ["_No cell has a result yet._"])
     pools = rows_frame(evidence.pools)
     if not pools.empty:
+        # Ratios only: each cell's pool in tokens is in the per-cell table below (each figure stated once, issue 41).
         view = pd.DataFrame({
             "max_model_len": pools.max_model_len.map(fmt_int),
             "KV dtype": pools.kv_spec.fillna(""),
-            f"{BASELINE_KV} pool tokens": pools.baseline_pool_tokens.map(fmt_int),
-            "pool tokens": pools.pool_tokens.map(fmt_int),
             f"ratio vs {BASELINE_KV}": pools.ratio.map(lambda r: f"{r:.2f}×" if r is not None and not pd.isna(r) else ""),
             "did not start": pools.not_started,
         })
