@@ -20,6 +20,9 @@
 #   smollm2-search --search on SmolLM2 at 8192 (issue 20)
 #   planted-search --search on the planted SmolLM2 at 2048 (issue 20)
 #   hybrid         the tiny Qwen3-Next hybrid (scripts/make_tiny_hybrid.py) at 2048 and 4096 (its limit) on 2 GiB (issue 38)
+#   gemma-quant    FP8-dynamic and W4A16 (g64) copies of Gemma-3-270M made with llm-compressor (scripts/make_quantized.py,
+#                  the toolkit unpacked in /tmp/llmc), then /tmp/gemma-quant.ready (issue 38)
+#   quant-fp8-dynamic, quant-w4a16  kveval compare on that copy at 2048, default settings but RUN_ARGS (issue 38)
 #   gemma-8192     Gemma-3-270M GGUF (/tmp/gemma-3-270m-q4_k_m.gguf, joined from its PyPI chunks), fp8 and auto at 8192
 # WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background).
 # STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time.
@@ -90,6 +93,16 @@ for job in $what; do
       while [ ! -f /tmp/gemma-3-270m-q4_k_m.gguf ]; do sleep 3; done
       python3 -m kveval compare --model /tmp/gemma-3-270m-q4_k_m.gguf --kv fp8 auto --max-model-len 8192 \\
         --out /tmp/runs/gemma-8192 $stall $run_args > /tmp/runs/gemma-8192.log 2>&1 ;;
+    gemma-quant)
+      while [ ! -f /tmp/gemma-3-270m-q4_k_m.gguf ]; do sleep 3; done
+      base=\$(python3 -c "from pathlib import Path; from kveval.inputs.models import resolve_gguf; print(resolve_gguf(Path('/tmp/gemma-3-270m-q4_k_m.gguf'), progress=lambda *a: None).path)") &&
+      for kind in fp8-dynamic w4a16; do
+        PYTHONPATH=/tmp/llmc:\$PYTHONPATH python3 scripts/make_quantized.py \$kind /tmp/gemma-\$kind "\$base" || exit 1
+      done > /tmp/runs/gemma-quant.log 2>&1 && touch /tmp/gemma-quant.ready ;;
+    quant-*)
+      while [ ! -f /tmp/gemma-quant.ready ]; do sleep 3; done
+      python3 -m kveval compare --model /tmp/gemma-\${job#quant-} --kv fp8 auto --max-model-len 2048 \\
+        --out /tmp/runs/gemma-\${job#quant-} $stall $run_args > /tmp/runs/gemma-\${job#quant-}.log 2>&1 ;;
     hybrid)
       # Issue 38 on a GPU: the tiny random-weight Qwen3-Next (3 Gated DeltaNet layers + 1 full attention) on a fixed
       # 2 GiB KV budget, so the review's predicted pool (capacity_model.state_pool) can be checked against vLLM's.
