@@ -88,6 +88,8 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     # Before any engine starts: a bad thresholds file must not cost a run.
     thresholds = resolve_thresholds(None, options.gate_config, options.gate_overrides)
     show = progress if progress is not None else ConsoleProgress()
+    for dropped, kept in options.merged_kv:
+        show.note(f"--kv {dropped} is the same cache as {kept} in vLLM (FP8 e4m3 on every platform): run once, as {kept}")
     if options.baseline_added:
         show.note(f"--kv {' '.join(options.kv[:-1])}: no `auto` baseline given, so kveval added it "
                   f"(--kv {' '.join(options.kv)}): every verdict is judged against `auto` at the same length")

@@ -20,6 +20,11 @@ _DTYPE = re.compile(r"^[A-Za-z0-9_]+$")
 ATTENTION_TYPES = ("sliding_window",)  # the names vLLM 0.26-0.32 match in kv_cache_dtype_skip_layers
 
 
+# Names vLLM gives one cache: every vLLM kernel (CUDA, ROCm, CPU) reads "fp8" as e4m3 (csrc's
+# Fp8KVCacheDataType: "fp8" and "fp8_e4m3" -> kFp8E4M3), so the two spellings are one configuration.
+SAME_CACHE = {"fp8_e4m3": "fp8"}
+
+
 class KVSpecError(ValueError):
     """A --kv value that is not a KV-cache configuration."""
 
@@ -41,6 +46,11 @@ class KVSpec:
         if self.keep:
             options.append(f"keep={','.join(self.keep)}")
         return f"{self.dtype}:{','.join(options)}" if options else self.dtype
+
+    @property
+    def cache(self) -> "KVSpec":
+        """The configuration vLLM runs for this spec, under one spelling (fp8_e4m3 -> fp8)."""
+        return KVSpec(SAME_CACHE.get(self.dtype, self.dtype), self.keep, self.scaled)
 
     @property
     def unscaled(self) -> "KVSpec":

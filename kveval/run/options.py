@@ -55,6 +55,7 @@ class CompareOptions:
     ray_address: str | None = None              # --executor ray: the cluster (None: $RAY_ADDRESS, else local)
     budget: str | int | None = None             # task rounds until decided: samples per cell and/or time (inputs/budget.py)
     baseline_added: bool = False                # --kv named no `auto`: normalized() added it (the run says so)
+    merged_kv: tuple[tuple[str, str], ...] = ()  # (dropped, kept): two --kv spellings of one vLLM cache, run once
     search: bool = False                        # --search (or --kv search): run/search.py's ladder until one passes
     # Issue 41: speed repeats, and how the deploy answer weighs capacity against its cost.
     repeat_target: float | None = None          # relative half-width of a median's 95 % interval (suite's when None)
@@ -132,6 +133,7 @@ def normalized(options: CompareOptions) -> CompareOptions:
     if search:   # the ladder starts at plain fp8; `--kv search` alone means `--search --kv fp8 auto`
         kv = tuple(k for k in kv if k != SEARCH_WORD) or (SEARCH_START,)
         kv = kv if SEARCH_START in kv else (SEARCH_START, *kv)
+    kv, merged = _one_per_cache(kv)
     try:  # an unreadable spec is validate_options' to report; no baseline is added for it
         add = bool(kv) and not any(parse_kv(text).dtype == "auto" for text in kv)
     except KVSpecError:
@@ -140,7 +142,24 @@ def normalized(options: CompareOptions) -> CompareOptions:
     if isinstance(template_kwargs, Mapping):   # {} is none given; another mapping is a dict like a parsed one
         template_kwargs = dict(template_kwargs) or None
     return dataclasses.replace(options, kv=kv + (("auto",) if add else ()), baseline_added=add, search=search,
-                               chat_template_kwargs=template_kwargs)
+                               chat_template_kwargs=template_kwargs, merged_kv=options.merged_kv + merged)
+
+
+def _one_per_cache(kv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """--kv fp8 fp8_e4m3 names one vLLM cache twice: keep the first spelling, and say which went."""
+    kept: dict[KVSpec, str] = {}
+    merged = []
+    for text in kv:
+        try:
+            cache = parse_kv(text).cache
+        except KVSpecError:
+            kept[text] = text   # validate_options says what is wrong with it
+            continue
+        if cache in kept:
+            merged.append((text, kept[cache]))
+        else:
+            kept[cache] = text
+    return tuple(kept.values()), tuple(merged)
 
 
 def validate_options(options: CompareOptions) -> None:

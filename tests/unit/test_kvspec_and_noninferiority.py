@@ -88,3 +88,22 @@ def test_bound_refuses_a_zero_baseline():
 
 def test_sliding_window_is_a_keep_name():
     assert parse_kv("fp8:keep=sliding_window,0").keep == ("0", "sliding_window")
+
+
+def test_two_spellings_of_one_vllm_cache_run_once():
+    # vLLM reads "fp8" as e4m3 everywhere: --kv fp8 fp8_e4m3 is one configuration, run once under the first
+    # spelling, and the run says which spelling went; e5m2 is another cache and stays.
+    from kveval.run.options import CompareOptions, normalized
+
+    options = normalized(CompareOptions(kv=("fp8_e4m3", "FP8", "fp8_e5m2", "fp8:keep=0", "fp8_e4m3:keep=0", "auto")))
+    assert options.kv == ("fp8_e4m3", "fp8_e5m2", "fp8:keep=0", "auto")
+    assert options.merged_kv == (("fp8", "fp8_e4m3"), ("fp8_e4m3:keep=0", "fp8:keep=0"))
+    assert parse_kv("fp8_e4m3:scaled").cache == parse_kv("fp8:scaled")
+    assert parse_kv("fp8_e5m2").cache != parse_kv("fp8").cache
+
+
+def test_search_keeps_its_plain_fp8_start_when_the_user_spelled_it_e4m3():
+    from kveval.run.options import CompareOptions, normalized
+
+    options = normalized(CompareOptions(kv=("fp8_e4m3", "auto"), search=True))
+    assert options.kv == ("fp8", "auto") and options.merged_kv == (("fp8_e4m3", "fp8"),)
