@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kveval.errors import KvevalError
 from kveval.inputs.layer_kinds import layer_kinds
+from kveval.inputs.thinking_template import thinking_facts
 from kveval.inputs.weights_quantization import WeightsQuantization, weights_quantization
 
 
@@ -51,7 +52,8 @@ def prompt_format(tokenizer) -> dict:
     bos = getattr(tokenizer, "bos_token_id", None)
     return {"chat_template": bool(getattr(tokenizer, "chat_template", None)),
             "bos_token": getattr(tokenizer, "bos_token", None),
-            "adds_bos": bool(bos is not None and probe and probe[0] == bos)}
+            "adds_bos": bool(bos is not None and probe and probe[0] == bos),
+            **thinking_facts(tokenizer)}
 
 
 class ModelFacts(BaseModel):

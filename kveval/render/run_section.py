@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from kveval.analysis.thinking import count_thinking, thinking_line
 from kveval.files import schema
 from kveval.render.markdown import escape_cell, fmt_int
 
@@ -25,6 +26,7 @@ def run_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
            if manifest.model.weights_quantization else ""),
         _prompt_format_line(manifest.prompt_format),
         _template_kwargs_line(options.chat_template_kwargs, manifest.prompt_format),
+        _thinking_line(manifest, evidence),
         _kv_scales_line(manifest),
         f"- **Cells:** {planned} planned (KV dtype {', '.join(options.kv)} × max_model_len "
         f"{', '.join(str(x) for x in options.max_model_len)}); {started} started"
@@ -135,6 +137,17 @@ def _template_kwargs_line(kwargs: dict | None, fmt: schema.PromptFormat) -> str 
     shown = json.dumps(kwargs, ensure_ascii=False).replace("`", "")   # one line: JSON escapes its newlines
     return (f"- **Chat-template arguments:** `{shown}` "
             "(--chat-template-kwargs)" + ("" if fmt.chat_template else ": no effect, the model has no chat template"))
+
+
+def _thinking_line(manifest: schema.Manifest, evidence: schema.Evidence) -> str | None:
+    """Said only when most task answers came back empty or inside <think> (analysis/thinking.py)."""
+    if not isinstance(evidence.tasks, schema.TaskEvidence):   # {}: no cell ran tasks
+        return None
+    fmt = manifest.prompt_format
+    counted = count_thinking((row.response for row in evidence.tasks.sample_rows if row.accepted),
+                             bool(fmt.opens_thinking))
+    given = bool(fmt.thinking_switch and fmt.thinking_switch in (manifest.options.chat_template_kwargs or {}))
+    return thinking_line(counted, fmt.thinking_switch, given)
 
 
 def _prompt_format_line(fmt: schema.PromptFormat) -> str | None:

@@ -233,6 +233,16 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
     }
 
 
+def _note_thinking_switch(fmt: dict, template_kwargs: dict | None, show) -> None:
+    """Before any engine: a thinking template left at its default may spend the short task answers inside
+    <think> (the review counts them afterwards: analysis/thinking.py)."""
+    switch = fmt.get("thinking_switch")
+    if switch and switch not in (template_kwargs or {}):
+        opened = " and its generation prompt opens <think>" if fmt.get("opens_thinking") else ""
+        show.note(f"the chat template has a thinking switch ({switch}), left at its default{opened}: if task answers "
+                  f"come back inside <think>, rerun with --chat-template-kwargs '{{\"{switch}\": false}}'")
+
+
 def set_up_run(options: CompareOptions, show) -> RunSetup:
     """Resolve the model and every input, plan the cells, and write the run's input files. The first cell's
     process (or the fork server it comes from) starts importing now, beside the set-up."""
@@ -378,6 +388,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         manifest = _manifest(options, suite, shape, model, tokenizer, facts, prompts, documents, phase_options,
                              kv_scales, baseline_dtype, plans, hardware)
         manifest["model"]["kv_layout"] = layout
+        _note_thinking_switch(manifest["prompt_format"], options.chat_template_kwargs, show)
         if facts.weights_quantization is not None:   # served as they are: the review names them
             manifest["model"]["weights_quantization"] = facts.weights_quantization.label
         if checkpoints:

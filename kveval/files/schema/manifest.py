@@ -98,6 +98,8 @@ class PromptFormat(ManifestModel):
     chat_template: bool
     bos_token: Optional[str]
     adds_bos: bool
+    thinking_switch: Optional[str] = None   # a thinking template's variable (enable_thinking), issue 38
+    opens_thinking: Optional[bool] = None   # its generation prompt leaves <think> open (as the run rendered it)
 
 
 class KvScales(ManifestModel):
