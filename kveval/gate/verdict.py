@@ -97,6 +97,7 @@ REASON_CODES = {
     "no_tested_cell_started": "no tested cell started",
     "no_baseline": "no baseline cell started",
     "noise_floor_widens_budget": "NOTE: the baseline's noise floor widens the KL budget",
+    "uncalibrated_backend": "NOTE: no budget was calibrated on this attention backend and device (issue 38)",
     "quality_reference": "NOTE: judged against a quality-only baseline",
     "search_corrected": "NOTE: --search tests each candidate at alpha / its ladder's length",
 }

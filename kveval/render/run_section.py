@@ -44,11 +44,32 @@ def run_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
         f"{hardware.memory_gib} GiB"
         + (f"; GPUs: {escape_cell('; '.join(hardware.gpus), None)}" if hardware.gpus else "; no GPU")
         + (f"; CPU flags: {' '.join(hardware.cpu_flags)}" if not hardware.gpus else ""),
+        _devices_line(evidence),
         _remote_code_line(options),
         _rounds_line(manifest.task_rounds),
         f"- **Created:** {manifest.created}",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def _devices_line(evidence: schema.Evidence) -> str | None:
+    """Each cell's device, compute capability and attention backend as vLLM's platform layer named them
+    (issue 38), one group per distinct set; None for cells from before, which did not ask."""
+    groups: dict[tuple, list[str]] = {}
+    for name, cell in evidence.cells.items():
+        if cell.platform is None:
+            continue
+        key = (cell.platform, cell.device, cell.capability, cell.backend, cell.calibrated)
+        groups.setdefault(key, []).append(name)
+    if not groups:
+        return None
+    parts = []
+    for (platform, device, capability, backend, calibrated), cells in groups.items():
+        on = f"{escape_cell(device, None) if device else 'unnamed device'} ({platform}"
+        on += f" {capability})" if capability else ")"
+        parts.append(f"{', '.join(cells)}: {on}, {backend or 'backend unknown'}"
+                     + (", **budget uncalibrated**" if calibrated is False else ""))
+    return "- **Devices** (vLLM's platform layer): " + "; ".join(parts)
 
 
 def _engine_departures(engine: schema.PlannedEngine, options: schema.Options) -> tuple[str, ...]:

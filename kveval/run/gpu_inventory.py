@@ -40,8 +40,14 @@ def gpu_inventory() -> tuple[list[str], GpuVendor | None]:
 
 @functools.lru_cache(maxsize=1)
 def gpu_vendor() -> GpuVendor | None:
-    """The vendor of this host's GPUs, probed once per process: cells' device variables ask it often."""
-    return gpu_inventory()[1]
+    """The vendor of this host's GPUs, probed once per process: cells' device variables ask it often.
+    Where no smi tool lists them, vLLM's platform layer names it (run/host_platform.py)."""
+    from kveval.run.host_platform import VENDORS, host_platform
+
+    vendor = gpu_inventory()[1]
+    if vendor is None:
+        vendor = VENDORS.get((host_platform() or {}).get("platform"))
+    return vendor  # type: ignore[return-value]
 
 
 def _command_output(command: list[str], timeout: float = _SMI_TIMEOUT_S) -> str | None:

@@ -115,7 +115,7 @@ def run_cell(spec: CellSpec) -> dict:
         facts = not_started_record(
             facts["cell"], facts["kv_spec"], facts["max_model_len"], failure, log,
             engine_settings=facts["engine_settings"], startup_seconds=time.perf_counter() - began,
-            info={"vllm_version": engine_module.vllm_version(), "platform": engine_module.platform_name()})
+            info={"vllm_version": engine_module.vllm_version(), **engine_module.platform_facts()})
         write_json_atomic(result_path, facts, compact=True)
         emit(event="outcome", started=False, reason=failure.reason)
         return facts

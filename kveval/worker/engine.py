@@ -26,6 +26,7 @@ try:  # moved between releases
 except ImportError:  # pragma: no cover
     from vllm.inputs.data import TokensPrompt  # type: ignore  # noqa: E402
 
+from kveval.inputs.device_platform import describe_platform  # noqa: E402
 from kveval.worker.batching import submit_in_batches  # noqa: E402
 from kveval.worker.request_progress import reporting_bar  # noqa: E402
 from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings  # noqa: E402
@@ -64,10 +65,13 @@ def vllm_version() -> str:
     return vllm.__version__
 
 
-def platform_name() -> str:
+def platform_facts() -> dict[str, Any]:
+    """What vLLM's platform layer says about this cell's device: {platform (cuda, rocm, cpu, xpu, ...),
+    device_name, device_capability ("9.0"; None on a CPU)} (inputs/device_platform.py)."""
     from vllm.platforms import current_platform
 
-    return str(getattr(current_platform, "device_type", "") or type(current_platform).__name__)
+    facts = describe_platform(current_platform)
+    return {key: facts[key] for key in ("platform", "device_name", "device_capability")}
 
 
 class Engine:
@@ -117,7 +121,7 @@ class Engine:
         model_config = self.llm.llm_engine.vllm_config.model_config
         return {
             "vllm_version": vllm_version(),
-            "platform": platform_name(),
+            **platform_facts(),
             "attention_backend": self._attention_backend(),
             "model_dtype": str(getattr(model_config, "dtype", "")).replace("torch.", ""),
             "model_max_model_len": getattr(model_config, "max_model_len", None),

@@ -58,3 +58,6 @@ class EngineInfo(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     attention_backend: Optional[str] = None   # None: the engine could not tell (the log may: cell_main)
+    platform: Optional[str] = None            # vLLM's platform: cuda, rocm, cpu, xpu, ... (inputs/device_platform.py)
+    device_name: Optional[str] = None
+    device_capability: Optional[str] = None   # "9.0"; None on a CPU

@@ -111,8 +111,9 @@ def vllm_version() -> str:
     return "fake"
 
 
-def platform_name() -> str:
-    return "fake"
+def platform_facts() -> dict[str, Any]:
+    """As engine.platform_facts, for a cell that did not start: the fake names no device."""
+    return {"platform": "fake"}
 
 
 def _unit(*parts: Any) -> float:

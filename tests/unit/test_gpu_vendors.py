@@ -14,7 +14,7 @@ import pytest
 from kveval.errors import KvevalError
 from kveval.evidence import platform_profile
 from kveval.files import schema
-from kveval.run import environment, gpu_inventory
+from kveval.run import environment, gpu_inventory, host_platform
 from kveval.run.devices import resolve_gpus, visible_devices_env
 from tests.support.constructed import complete_cells, planned_manifest
 from tests.support.evidence import typed_manifest
@@ -80,6 +80,10 @@ def rocm_install(tmp_path, monkeypatch):
     monkeypatch.setenv("ROCM_PATH", str(tmp_path))
     cached = environment.gpu_vendor   # a test may stand in for it: clear the real one's cache
     cached.cache_clear()
+    # The smi tools are what these tests are about: vLLM's platform layer has no answer here
+    # (test_host_platform.py tests that way).
+    monkeypatch.setattr(host_platform, "host_platform", lambda: None)
+    monkeypatch.setattr(environment, "host_platform", lambda: None)
     yield
     cached.cache_clear()
 

@@ -37,7 +37,7 @@ and io.py (`load`, `read`, `parse`, `dump`, `json_schema`).
 from kveval.files.schema.base import (MANIFEST_VERSION, CELL_VERSION, RESULTS_VERSION, KV_RANGES_VERSION,
                                       MAX_REPORTED_ERRORS, FileError, Number, FileModel)
 from kveval.files.schema.manifest import (ManifestModel, KvLayout, WeightsEntry, ModelEntry, Options, PromptFormat,
-                                          KvScales, PlannedEngine, PlannedCell, Versions, Hardware, TaskFile,
+                                          KvScales, PlannedEngine, PlannedCell, Versions, Hardware, HostPlatform, TaskFile,
                                           TaskData, Remedy, RoundProbes, TaskRound, TaskRounds, ReferenceCell,
                                           ParentStep, RunTiming, CalibrationEntry, SearchLength, SearchRecord,
                                           Manifest)

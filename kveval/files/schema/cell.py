@@ -68,6 +68,10 @@ class CellInfo(CellModel):
     platform: Optional[str] = None       # ditto
     model_dtype: Optional[str] = None    # started cells only
     model_max_model_len: Optional[int] = None
+    # vLLM's platform layer (inputs/device_platform.py; issue 38): absent in cells from before. `platform` is
+    # cuda, rocm, cpu, xpu, ... (before, vLLM's device_type, which says "cuda" on ROCm too).
+    device_name: Optional[str] = None         # NVIDIA H100 80GB HBM3; on a CPU the CPU's model
+    device_capability: Optional[str] = None   # compute capability, "9.0"; None on a CPU
 
 
 class _Open(FileModel):

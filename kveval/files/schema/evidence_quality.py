@@ -12,6 +12,9 @@ from kveval.files.schema.verdict import NoiseFloor
 class Platform(FileModel):
     profile: Literal["gpu", "cpu", "cpu-amx"]
     why: str
+    # Issue 38: each backend and device of a started cell whose budget was never calibrated (analysis/
+    # backend_family.py), e.g. "FLASHINFER on NVIDIA L40S (cuda, compute capability 8.9)"; absent when none.
+    uncalibrated: Optional[list[str]] = None
 
 
 class EvidenceCell(FileModel):
@@ -23,6 +26,13 @@ class EvidenceCell(FileModel):
     kv_pool_tokens: Optional[int]
     attention_backend_flag: Optional[str] = None   # a backend chosen for the cell, not the default (issue 23)
     reference_for: Optional[str] = None   # a quality reference: the baseline cell it stands in for (no capacity)
+    # vLLM's platform layer in the cell (issue 38; absent for cells from before): cuda, rocm, cpu, ...; the
+    # device's name and compute capability; the attention backend; whether its budget was calibrated.
+    platform: Optional[str] = None
+    device: Optional[str] = None
+    capability: Optional[str] = None
+    backend: Optional[str] = None
+    calibrated: Optional[bool] = None
 
 
 class PoolRow(FileModel):

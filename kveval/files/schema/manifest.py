@@ -148,6 +148,15 @@ class Versions(ManifestModel):
     python: str
 
 
+class HostPlatform(ManifestModel):
+    """vLLM's platform layer on the host, asked before any engine started (run/host_platform.py)."""
+
+    platform: str                         # cuda, rocm, cpu, xpu, ...
+    device_name: Optional[str]            # the first device's; on a CPU the CPU's model
+    device_capability: Optional[str]      # "9.0"; None on a CPU
+    device_count: Optional[int]           # devices vLLM sees; 0 on a CPU
+
+
 class Hardware(ManifestModel):
     machine: str
     cpu: Optional[str]
@@ -157,6 +166,7 @@ class Hardware(ManifestModel):
     gpus: list[str]  # "NAME, MEMORY MiB, DRIVER" per GPU (nvidia-smi's line); empty on a CPU host (platform profile)
     os: str
     gpu_vendor: Optional[Literal["nvidia", "amd"]] = None   # issue 38; absent in older runs (nvidia-smi only)
+    platform: Optional[HostPlatform] = None   # issue 38: vLLM's answer; None where vLLM could not be asked
 
 
 class TaskFile(ManifestModel):
