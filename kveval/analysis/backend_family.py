@@ -41,3 +41,14 @@ def where(platform: Optional[str], device: Optional[str], capability: Optional[s
     if capability:
         details.append(f"compute capability {capability}")
     return f"{backend or 'unknown attention backend'} on {device or 'an unnamed device'} ({', '.join(details)})"
+
+
+# Backends of a hybrid's state layers (Gated DeltaNet, Mamba, short convolutions): they hold no K/V cache, so
+# the FP8 cell is judged on its attention layers' backend (a tiny Qwen3-Next on an H100 listed GDN_ATTN first).
+STATE_BACKEND_MARKS = ("GDN", "MAMBA", "LINEAR", "SHORT_CONV")
+
+
+def kv_cache_backend(names: list[str]) -> str | None:
+    """The backend of the layers that cache K and V among an engine's attention groups (the first such)."""
+    attention = [name for name in names if not any(mark in name.upper() for mark in STATE_BACKEND_MARKS)]
+    return (attention or names or [None])[0]

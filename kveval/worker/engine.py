@@ -26,6 +26,7 @@ try:  # moved between releases
 except ImportError:  # pragma: no cover
     from vllm.inputs.data import TokensPrompt  # type: ignore  # noqa: E402
 
+from kveval.analysis.backend_family import kv_cache_backend  # noqa: E402
 from kveval.inputs.device_platform import describe_platform  # noqa: E402
 from kveval.worker.batching import submit_in_batches  # noqa: E402
 from kveval.worker.request_progress import reporting_bar  # noqa: E402
@@ -131,12 +132,10 @@ class Engine:
         # Reachable only with the in-process engine core; the log is the fallback (see worker/cell_main.py).
         try:
             runner = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-            for groups in runner.attn_groups:
-                for group in groups:
-                    return group.backend.get_name()
+            names = [group.backend.get_name() for groups in runner.attn_groups for group in groups]
         except Exception:  # noqa: BLE001 - internals differ between releases
             return None
-        return None
+        return kv_cache_backend(names)
 
     # -- running prompts ---------------------------------------------------------------------
     def generate(self, token_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,

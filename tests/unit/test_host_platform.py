@@ -314,3 +314,15 @@ def test_an_uncalibrated_backend_without_a_noise_floor_keeps_the_gpu_budget_and_
     (note,) = [r for r in verdict.reasons if r.code == "uncalibrated_backend"]
     assert "no noise floor was measured" in note.message
     assert verdict.status == PASS   # uncalibrated is said, not a reason to withhold a PASS
+
+
+def test_a_hybrids_cell_is_named_by_its_kv_layers_backend():
+    # A tiny Qwen3-Next on an H100 listed the Gated DeltaNet group (GDN_ATTN) before its attention layer's
+    # FLASH_ATTN (reports/h100-hybrid-tiny-qwen3-next-2048-4096): the FP8 cache lives in the attention layers.
+    from kveval.analysis.backend_family import kv_cache_backend
+
+    assert kv_cache_backend(["GDN_ATTN", "FLASH_ATTN"]) == "FLASH_ATTN"
+    assert kv_cache_backend(["MAMBA2_ATTN", "TRITON_ATTN"]) == "TRITON_ATTN"
+    assert kv_cache_backend(["CPU_ATTN"]) == "CPU_ATTN"
+    assert kv_cache_backend(["GDN_ATTN"]) == "GDN_ATTN"   # no attention group: what there is
+    assert kv_cache_backend([]) is None
