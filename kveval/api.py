@@ -91,7 +91,7 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     show = progress if progress is not None else ConsoleProgress()
     for dropped, kept in options.merged_kv:
         show.note(f"--kv {dropped} is the same cache as {kept} in vLLM (FP8 e4m3 on every platform): run once, as {kept}")
-    if options.baseline_added:
+    if options.baseline_added and options.baseline_from is None:   # with --baseline-from it is imported, not run
         show.note(f"--kv {' '.join(options.kv[:-1])}: no `auto` baseline given, so kveval added it "
                   f"(--kv {' '.join(options.kv)}): every verdict is judged against `auto` at the same length")
     setup = None

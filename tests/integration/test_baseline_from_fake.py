@@ -73,61 +73,86 @@ def test_fp8_run_with_an_imported_baseline_decides_and_names_its_origin(fake, ba
     assert [r.code for r in run.verdict.reasons].count("imported_baseline") == 1
 
 
-def _refused(args, capsys=None):
-    result = CliRunner().invoke(cli, args)
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    return result, lines
-
-
 BASE_CLI = ["--max-model-len", "1024", "--kv-cache-memory", "60MiB", "--suite", "quick", "--tasks", "none",
             "--phases", "generation", "scoring", "--no-diagnose"]
 
 
 @pytest.fixture()
-def copy(baseline, tmp_path):
-    """A copy of the baseline run, to change one thing in."""
-    target = tmp_path / "copy"
-    shutil.copytree(baseline, target)
-    return target
+def refused(baseline, default_model_dir, tmp_path, monkeypatch):
+    """`kveval compare --kv fp8 --baseline-from COPY` where COPY is the baseline run with one thing changed: the
+    CLI's output lines, its exit code, and the run directory it would have used."""
+    real = kveval.api.compare
+    monkeypatch.setattr(kveval.api, "compare", lambda *a, **k: real(*a, counts=COUNTS, **k))
+
+    def run(change=None, *extra):
+        copy = tmp_path / "copy"
+        shutil.copytree(baseline, copy)
+        if change is not None:
+            change(copy)
+        result = CliRunner().invoke(cli, ["compare", "--model", str(default_model_dir), "--kv", "fp8", "--out",
+                                          str(tmp_path / "run"), "--baseline-from", str(copy), *BASE_CLI, *extra])
+        return [line for line in result.output.splitlines() if line.strip()], result.exit_code, tmp_path / "run"
+    return run
 
 
-def _edit(run_dir, change):
-    path = run_dir / "manifest.json"
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    change(manifest)
-    path.write_text(json.dumps(manifest), encoding="utf-8")
-
-
-def _counts(monkeypatch):
-    monkeypatch.setenv("KVEVAL_TEST_COUNTS", json.dumps(COUNTS))
-
-
-def _compare(default_model_dir, copy, tmp_path, *extra):
-    from tests.support import tiny_compare
-
-    return _refused(["compare", "--model", str(default_model_dir), "--kv", "fp8", "--out", str(tmp_path / "run"),
-                     "--baseline-from", str(copy), *BASE_CLI, *extra])
-
-
-def _set(path, value):
-    def change(manifest):
+def _manifest(path, *keys, value):
+    def change(run_dir):
+        file = run_dir / "manifest.json"
+        manifest = json.loads(file.read_text(encoding="utf-8"))
         node = manifest
-        for key in path[:-1]:
+        for key in keys[:-1]:
             node = node[key]
-        node[path[-1]] = value
+        node[keys[-1]] = value
+        file.write_text(json.dumps(manifest), encoding="utf-8")
     return change
 
 
-REFUSALS = {
-    "weights": (_set(("model", "weights"), {"sha256": "0" * 64, "method": "x", "files": 1, "bytes": 1}), "weights differ"),
-    "tokenizer": (_set(("fingerprints", "tokenizer"), "0" * 16), "tokenizer differs"),
-    "chat_template": (_set(("fingerprints", "chat_template"), "0" * 16), "chat template differs"),
-    "seed": (_set(("options", "seed"), 7), "seed differs (7 there, 0 here)"),
-    "sampling": (_set(("options", "suite"), "standard"), "sampling settings differ (suite 'standard' there, 'quick' here)"),
-    "lengths": (_set(("options", "max_model_len"), [2048]), None),
-}
+def _first_token(name):
+    def change(run_dir):
+        file = run_dir / name
+        items = json.loads(file.read_text(encoding="utf-8"))
+        items[0]["token_ids"][0] += 1
+        file.write_text(json.dumps(items), encoding="utf-8")
+    return change
 
 
-def _api_compare(default_model_dir, copy, tmp_path, **extra):
-    return kveval.compare(model=str(default_model_dir), kv=["fp8"], out=tmp_path / "run", baseline_from=copy,
-                          **{**ARGS, **extra})
+WEIGHTS = {"sha256": "0" * 64, "method": "files", "files": 1, "bytes": 1}
+
+
+@pytest.mark.parametrize("change, extra, said", [
+    (_manifest(None, "model", "weights", value=WEIGHTS), (), "weights differ"),
+    (_manifest(None, "fingerprints", "tokenizer", value="0" * 16), (), "tokenizer differs"),
+    (_manifest(None, "fingerprints", "chat_template", value="0" * 16), (), "chat template differs"),
+    (None, ("--chat-template-kwargs", '{"enable_thinking": false}'), "chat template differs"),
+    (_first_token("workloads.json"), (), "prompts differ by content (short_64-0)"),
+    (_first_token("scoring.json"), (), "scoring documents differ by content"),
+    (_manifest(None, "options", "seed", value=7), (), "seed differs (7 there, 0 here)"),
+    (_manifest(None, "options", "suite", value="standard"), (), "sampling settings differ (suite 'standard' there"),
+    (_manifest(None, "options", "phases", value=["generation"]), (), "phases scoring did not run there"),
+    (None, ("--dtype", "float32"), "engine arguments differ (dtype=None there, 'float32' here)"),
+    (lambda run_dir: (run_dir / "cells" / "auto-1024.json").unlink(), (),
+     "no started auto cell there at max_model_len 1024"),
+], ids=["weights", "tokenizer", "chat_template", "chat_template_kwargs", "prompts", "documents", "seed", "sampling",
+        "phases", "engine_args", "lengths"])
+def test_a_baseline_that_differs_is_refused_in_one_line_before_any_engine(refused, change, extra, said):
+    lines, code, run_dir = refused(change, *extra)
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert code == 2 and len(errors) == 1, lines
+    assert "not comparable with this run" in errors[0] and said in errors[0], errors[0]
+    assert not any("Traceback" in line for line in lines)
+    assert not (run_dir / "cells").exists()   # no cell, so no engine, ever started
+
+
+def test_a_directory_that_is_no_run_is_refused(refused, tmp_path):
+    lines, code, _ = refused(lambda run_dir: (run_dir / "manifest.json").unlink())
+    assert code == 2 and [line for line in lines if line.startswith("Error:")] == [
+        f"Error: --baseline-from {tmp_path / 'copy'}: no kveval run there (no manifest.json)"]
+
+
+def test_the_baseline_command_is_compare_with_auto_only(default_model_dir, tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(kveval.api, "compare", lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs))
+    CliRunner().invoke(cli, ["baseline", "--model", "m", "--max-model-len", "1024", "2048", "--out", str(tmp_path)])
+    assert seen["args"] == ("m", ("auto",), (1024, 2048))
+    assert seen["kwargs"]["phases"] == ("generation", "scoring", "tasks") and seen["kwargs"]["remedy"] == "off"
+    assert seen["kwargs"]["budget"] == "0" and seen["kwargs"]["diagnose"] is False
