@@ -220,5 +220,7 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
         status = PASS
     budget_dict = dataclasses.asdict(budget)
     return Verdict(status, out.reasons, out.checks, t.to_dict(), schema.dump(floor) if floor else None, statuses,
-                   {"name": profile, "why": platform.why or PROFILES[profile][1],
+                   {"name": profile, "why": (f"the wider of this run's ({platform.why}) and the imported baseline's "
+                                             f"({imported.origin.profile}) profiles" if cross and platform.why
+                                             else platform.why or PROFILES[profile][1]),
                     "calibration": PROFILES[profile][1], "budget": budget_dict}, defects, attributed)
