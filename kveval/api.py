@@ -33,7 +33,8 @@ __all__ = ["CompareOptions", "EXIT_USAGE", "KEEP_ATTENTION_TYPES", "KvevalError"
            "TASK_GROUP", "TASKS_BY_NAME", "Thresholds", "compare", "compare_options", "default_model",
            "exit_code", "file_schema", "gate", "generate_task_data", "judge", "kveval_home", "lm_eval_tasks_dir", "load_run",
            "report", "resolve_thresholds", "run_in_progress", "EXIT_WORSE", "diff_runs", "diff_markdown",
-           "EXIT_FOUND", "REQUIRE", "checked_require", "run_exit_code", "judge_decision"]
+           "EXIT_FOUND", "REQUIRE", "checked_require", "run_exit_code", "judge_decision", "baseline",
+           "BASELINE_PHASES"]
 
 
 @dataclass
@@ -90,7 +91,7 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
     show = progress if progress is not None else ConsoleProgress()
     for dropped, kept in options.merged_kv:
         show.note(f"--kv {dropped} is the same cache as {kept} in vLLM (FP8 e4m3 on every platform): run once, as {kept}")
-    if options.baseline_added:
+    if options.baseline_added and options.baseline_from is None:   # with --baseline-from it is imported, not run
         show.note(f"--kv {' '.join(options.kv[:-1])}: no `auto` baseline given, so kveval added it "
                   f"(--kv {' '.join(options.kv)}): every verdict is judged against `auto` at the same length")
     setup = None
@@ -107,6 +108,25 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
             end_starter(setup.starter)   # run_matrix ends it; this covers a failure before it began
             if setup.lock is not None:
                 setup.lock.release()
+
+
+BASELINE_PHASES = ("generation", "scoring", "tasks")   # what an imported baseline is compared on (issue 39)
+
+
+def baseline(model: str | None = None, max_model_len: Sequence[int] | None = None, *,
+             phases: Sequence[str] = BASELINE_PHASES, progress: Any = None, **kwargs) -> RunResult:
+    """A portable baseline run (issue 39): the `auto` cells only, quality phases only, for a later
+    `compare(..., baseline_from=run_dir)` where `auto` cannot start at these lengths. Made with the same
+    model, seed, suite, prompts and tasks as that run (it refuses what differs); no remedy, rounds or
+    diagnosis, which need FP8 cells. Keyword arguments: those of `compare` (CompareOptions)."""
+    unknown = [p for p in phases if p not in BASELINE_PHASES]
+    if unknown:
+        raise KvevalError(f"a baseline run measures {', '.join(BASELINE_PHASES)} only; not {', '.join(unknown)}")
+    for name in ("kv", "remedy", "search", "baseline_from"):
+        if name in kwargs:
+            raise KvevalError(f"a baseline run sets {name} itself (`auto` cells only)")
+    settings = {"remedy": "off", "diagnose": False, "budget": "0", **kwargs}
+    return compare(model, ("auto",), max_model_len, progress=progress, phases=tuple(phases), **settings)
 
 
 def _disk_full_message(error: DiskFull, run_dir: str | Path | None) -> str:

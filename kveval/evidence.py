@@ -261,11 +261,16 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
     model_limit = manifest.model.max_position_embeddings
     # Quality references (run/reference.py) are baselines for quality only: no capacity or speed figure.
     references = manifest.quality_references or {}
-    measured = {name: facts for name, facts in cells.items() if name not in references}
+    # An imported baseline (--baseline-from, issue 39) was measured by another run, maybe on another machine:
+    # quality only, like a reference, and none of this run's time either.
+    imported = set(manifest.imported_baseline.cells) if manifest.imported_baseline else set()
+    measured = {name: facts for name, facts in cells.items() if name not in references and name not in imported}
     tasks = task_evidence(cells, baseline_kv)
     if tasks:
         tasks["pace"] = json_safe(_task_pace(manifest, cells, tasks))
-    timings = timing_rows(manifest, cells, rounds)   # every process, quality references included: time is time
+    # Every process of this run, quality references included: time is time.
+    timings = timing_rows(manifest, {n: f for n, f in cells.items() if n not in imported},
+                          {n: f for n, f in rounds.items() if not any(n.startswith(f"{c}.") for c in imported)})
     document = {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "baseline_kv": baseline_kv,
@@ -300,6 +305,8 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
         document["calibration"] = {word: schema.dump(entry) for word, entry in manifest.calibration.items()}
     if manifest.search is not None:
         document["search"] = schema.dump(manifest.search)
+    if manifest.imported_baseline is not None:
+        document["imported_baseline"] = schema.dump(manifest.imported_baseline)
     return document
 
 

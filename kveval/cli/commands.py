@@ -265,6 +265,11 @@ def compare_arguments(given: dict) -> dict:
 @click.option("--ray-address", metavar="ADDRESS", default=None,
               help="--executor ray: the cluster to join (e.g. ray://head:10001 or auto). Default: $RAY_ADDRESS, "
                    "else a Ray started on this machine for the run.")
+@click.option("--baseline-from", "baseline_from", type=click.Path(file_okay=False), default=None, metavar="RUN_DIR",
+              help="Take the auto cells of an earlier run (`kveval baseline`, made where auto fits: a larger GPU, a "
+                   "CPU) as the baseline and start only the other cells; refused, before any engine, unless both "
+                   "runs have the same weights, tokenizer, chat template, prompts, documents, task samples, seed and "
+                   "sampling settings, and an auto cell at each --max-model-len.")
 @click.option("--fresh", is_flag=True,
               help="--out holds a run with other settings (or a damaged one): move it aside to OUT.replaced-<time> "
                    "and start anew.")
@@ -290,6 +295,45 @@ def compare(**given) -> None:
     except KvevalError as error:
         raise UsageFailure(str(error)) from None
     _finish(result)
+
+
+# `kveval baseline`: compare's options less those a baseline run sets itself (issue 39).
+_NOT_FOR_BASELINE = {"kv", "phases", "remedy", "search", "diagnose", "baseline_from", "prefer", "slo", "concurrency",
+                     "repeat_target", "repeat_budget", "speed_runs", "speed_warmup", "budget", "thresholds",
+                     "gate_config"}
+
+
+def baseline(**given) -> None:
+    """Make a portable baseline run: the auto cells only, generation, scoring and tasks, for a later
+    `kveval compare --kv fp8 --baseline-from RUN_DIR` where auto cannot start at these lengths (FP8's
+    lengths on a small card). Give it the same --model, --max-model-len, --seed, --suite, --tasks and
+    --prompts as that run; make it where auto fits (a larger GPU, or a CPU with --kv-cache-memory).
+
+    Prints the run directory; exits 0 when every auto cell started, 3 when one did not, 2 on a usage error."""
+    from kveval.api import KvevalError, RunInterrupted, baseline as run_baseline
+
+    arguments = compare_arguments({"kv": (), "phases": (), "thresholds": (), **given})   # what compare_arguments reads
+    for name in _NOT_FOR_BASELINE | {"gate_overrides"}:
+        arguments.pop(name, None)
+    try:
+        result = run_baseline(**arguments)
+    except RunInterrupted as error:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except KvevalError as error:
+        raise UsageFailure(str(error)) from None
+    click.echo(str(result.run_dir))
+    missing = [c["id"] for c in result.manifest["cells"] if not (result.cells.get(c["id"]) or {}).get("started")]
+    if missing:
+        click.echo(f"Baseline incomplete: {', '.join(missing)} did not start (see {result.review_path})", err=True)
+        sys.exit(3)
+    click.echo(f"Baseline ready: kveval compare --kv fp8 --baseline-from {result.run_dir} with the same --model, "
+               "--max-model-len, --seed, --suite and --tasks", err=True)
+    sys.exit(0)
+
+
+cli.add_command(click.Command("baseline", callback=baseline, help=baseline.__doc__, context_settings=CONTEXT,
+                              params=[param for param in compare.params if param.name not in _NOT_FOR_BASELINE]))
 
 
 def _recompute(run_dir, gate_config, thresholds):

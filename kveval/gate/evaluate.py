@@ -73,6 +73,28 @@ def _uncalibrated_note(out: _Collector, where: list[str], floor: schema.NoiseFlo
                            f"{against}", code="uncalibrated_backend")
 
 
+def _baseline_options(baseline_kv: str) -> str:
+    """What would give a baseline where `auto` cannot hold the length on this budget (issue 39)."""
+    return (f"the {baseline_kv} cache cannot hold this length here: give --baseline-from RUN_DIR, a baseline run made "
+            f"where it fits (`kveval baseline --model M --max-model-len N` on a larger GPU or a CPU), or let the "
+            f"quality reference start (an emulated budget: --kv-cache-memory, on a CPU or a larger GPU)")
+
+
+def _imported_note(imported: schema.ImportedBaseline, profile: str, multiplier: float) -> str:
+    """The one line naming where an imported baseline was measured, and how the budget accounts for it."""
+    origin = imported.origin
+    where = ", ".join(x for x in (origin.host, origin.gpu, f"vLLM {origin.vllm or 'unknown'}",
+                                  origin.attention_backend or "unknown attention backend") if x)
+    line = (f"the auto baseline ({', '.join(imported.cells)}) was imported from {imported.source} (made "
+            f"{imported.created} on {where}): quality only, never a capacity, speed or time figure of this run")
+    if not imported.cross_machine:
+        return line + "; made on this machine"
+    differs = f" ({'; '.join(imported.differences)})" if imported.differences else ""
+    return (line + f"; made on another machine{differs}, so it carries the difference between the two platforms: "
+            f"divergence is judged on the wider of the two profiles ({profile}) with the KL budgets widened to "
+            f"{multiplier:g}× the baseline run's own auto-vs-auto noise floor (docs/statistics.md)")
+
+
 def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
              baseline_kv: str = BASELINE_KV) -> Verdict:
     """PASS / FAIL / INCONCLUSIVE from evidence (rules: module docstring), with a status per tested cell.
@@ -86,6 +108,11 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
     cells = evidence.cells
     platform = evidence.platform
     profile = platform.profile if platform.profile in PROFILES else DEFAULT_PROFILE
+    imported = evidence.imported_baseline
+    cross = imported is not None and imported.cross_machine
+    if cross and imported.origin.profile in PROFILES and \
+            t.budget(imported.origin.profile).kl_mean_max > t.budget(profile).kl_mean_max:
+        profile = imported.origin.profile   # a baseline from another platform: the wider of the two profiles
     budget = t.budget(profile)
     divergence = evidence.divergence
     floor = divergence.noise_floor
@@ -132,8 +159,13 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
         out.reason(INCONCLUSIVE, None, "no tested cell started: quality could not be measured",
                    "see the start-up section for vLLM's reason", code="no_tested_cell_started")
     if started and not bases:
+        too_small = any(c.kv_spec == baseline_kv and c.failure_reason == "kv_capacity" for c in cells.values())
         out.reason(INCONCLUSIVE, None, f"no {baseline_kv} baseline cell started: nothing to compare with",
+                   _baseline_options(baseline_kv) if too_small else
                    f"let a {baseline_kv} cell start (the start-up section says why it did not)", code="no_baseline")
+    if imported is not None:
+        out.reason(NOTE, None, _imported_note(imported, profile, max(t.noise_multiplier, UNCALIBRATED_NOISE_MULTIPLIER)),
+                   code="imported_baseline")
     if floor and floor.kl_mean is not None and t.noise_multiplier * floor.kl_mean > budget.kl_mean_max:
         out.reason(NOTE, None, f"baseline noise floor KL mean {_g(floor.kl_mean)} widens the KL mean budget to "
                                f"{_g(t.noise_multiplier * floor.kl_mean)}", code="noise_floor_widens_budget")
@@ -152,6 +184,7 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
     if uncalibrated:
         _uncalibrated_note(out, platform.uncalibrated or [], floor, budget,
                            max(t.noise_multiplier, UNCALIBRATED_NOISE_MULTIPLIER))
+    widened = uncalibrated | (set(started) if cross else set())   # judged on the floor times the wider multiplier
     references = evidence.quality_references or {}
     for name in started:
         comparison = comparisons.get(name)
@@ -163,7 +196,7 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
                                    "for quality only (not a capacity figure)", code="quality_reference")
         _divergence(out, name, comparison, unmatched_div.get(name) or "no divergence data", floor, budget,
                     dataclasses.replace(tried, noise_multiplier=max(tried.noise_multiplier, UNCALIBRATED_NOISE_MULTIPLIER))
-                    if name in uncalibrated else tried)
+                    if name in widened else tried)
         _degeneration(out, name, degeneration.get(name), tried)
         _tasks(out, name, task_cells.get(name), tasks_planned, task_unmatched.get(name), task_errors.get(name), pace,
                tried)
@@ -187,5 +220,7 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
         status = PASS
     budget_dict = dataclasses.asdict(budget)
     return Verdict(status, out.reasons, out.checks, t.to_dict(), schema.dump(floor) if floor else None, statuses,
-                   {"name": profile, "why": platform.why or PROFILES[profile][1],
+                   {"name": profile, "why": (f"the wider of this run's ({platform.why}) and the imported baseline's "
+                                             f"({imported.origin.profile}) profiles" if cross and platform.why
+                                             else platform.why or PROFILES[profile][1]),
                     "calibration": PROFILES[profile][1], "budget": budget_dict}, defects, attributed)

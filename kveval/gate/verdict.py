@@ -99,6 +99,7 @@ REASON_CODES = {
     "noise_floor_widens_budget": "NOTE: the baseline's noise floor widens the KL budget",
     "uncalibrated_backend": "NOTE: no budget was calibrated on this attention backend and device (issue 38)",
     "quality_reference": "NOTE: judged against a quality-only baseline",
+    "imported_baseline": "NOTE: the baseline was imported from another run (--baseline-from)",
     "search_corrected": "NOTE: --search tests each candidate at alpha / its ladder's length",
 }
 

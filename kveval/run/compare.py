@@ -56,6 +56,8 @@ from kveval.run.options import CompareOptions
 from kveval.run.plan import (cell_plan, check_keep_layers, default_out, lengths_for_model, plan_cells,
                              planned_cell, scoring_documents, suite_counts)
 from kveval.run.reference import REFERENCE_SUFFIX, plan_references
+from kveval.run import baseline_import
+from kveval.run.preflight import CellWork, cell_work, estimate_line, fit_problem, preflight_lines, task_docs
 from kveval.run.remedy import plan_remedy
 from kveval.run.resume import earlier_chosen_budget, prepare_run_dir, redo_reason
 from kveval.run.rounds import run_task_rounds
@@ -103,6 +105,7 @@ class RunSetup:
     # Cells one after another on this host: the fork server or the process started ahead (set_up_run).
     starter: WarmProcess | ForkServer | None = None
     base_env: dict[str, str] | None = None   # os.environ when the run began: every cell's (_cells_env)
+    works: dict[str, CellWork] = dataclasses.field(default_factory=dict)   # preflight: each cell's work (estimate)
 
 
 def _local_gpus(options: CompareOptions) -> bool:
@@ -226,15 +229,33 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
             # How the deploy answer is chosen (issue 41): only when not the default, as above.
             **({"prefer": options.prefer} if options.prefer != defaults.PREFER else {}),
             **({"slo": [target.text for target in parse_slo(options.slo)]} if options.slo else {}),
+            **({"baseline_from": str(options.baseline_from)} if options.baseline_from is not None else {}),
         },
         "prompt_ids": [p.id for p in prompts],
         "prompt_format": prompt_format(tokenizer),
+        "fingerprints": baseline_import.fingerprints(tokenizer),
         "kv_scales": kv_scales,
         "baseline_engine_dtype": baseline_dtype,
         "scoring_ids": [d["id"] for d in documents],
         "cells": [planned_cell(plan) for plan in plans],
         **environment_facts,
     }
+
+
+def _preflight(run: RunDir, plans: list[CellPlan], prompts: list[PromptSpec], documents: list[dict], manifest: dict,
+               options: CompareOptions, shape: TaskShape, imported: list[str], gpus: int, show) -> dict[str, CellWork]:
+    """Before the first engine (run/preflight.py): each cell's work, and those that cannot fit; a few lines."""
+    typed = run.manifest()
+    tasks = bool(typed.options.tasks) and "tasks" in options.phases
+    works = {plan.id: cell_work(plan, prompts, documents,
+                                task_docs(manifest["task_data"], plan.max_model_len, options.task_limit) if tasks else 0,
+                                shape.fractions) for plan in plans}
+    budget = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
+    problems = [line for line in (fit_problem(plan, typed.model, budget, gpus > 0, bool(imported)) for plan in plans)
+                if line]
+    for line in preflight_lines(list(works.values()), imported, problems, str(options.baseline_from)):
+        show.note(line)
+    return works
 
 
 def _note_thinking_switch(fmt: dict, template_kwargs: dict | None, show) -> None:
@@ -265,6 +286,8 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     try:
         hardware = environment.describe()
         on_gpu = environment.gpu_host(hardware)   # vLLM's platform layer when it answered (run/host_platform.py)
+        if options.baseline_from is not None:   # rounds would need the baseline's engine, which never starts here
+            options = dataclasses.replace(options, budget="0")
         options = dataclasses.replace(options, budget=budget_for_platform(options.budget, on_gpu))
         devices = resolve_gpus(options.gpus, len(hardware["hardware"]["gpus"] or []),
                                vllm_platform=(hardware["hardware"]["platform"] or {}).get("platform"))
@@ -404,6 +427,13 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         manifest["options"]["gpus"] = devices
         manifest["options"]["executor"] = options.executor
         manifest["options"]["kv_budget_note"] = budget_note
+        baseline, imported = None, []
+        if options.baseline_from is not None:   # before anything is written: a refusal leaves no trace
+            baseline = baseline_import.load_source(options.baseline_from)
+            baseline_import.refuse(options.baseline_from, baseline_import.input_differences(
+                *baseline, manifest, [p.to_dict() for p in prompts], documents))
+            imported = baseline_import.imported_ids(options.max_model_len)
+            plans = [plan for plan in plans if plan.id not in imported]
         reuse = prepare_run_dir(run, manifest, options.fresh)
         if not lock.path.is_file():   # --fresh moved the old run (and its lock file) aside
             lock.release()
@@ -413,12 +443,19 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
             manifest["task_data"] = write_run_task_data(run, tokenizer, options.max_model_len, task_names,
                                                         model_limit=model_limit, fractions=shape.fractions,
                                                         depths=shape.depths, samples=shape.samples, seed=options.seed)
+            if baseline is not None:
+                baseline_import.refuse(options.baseline_from, baseline_import.task_data_differences(
+                    baseline[0], baseline[1], run, manifest["task_data"], options.max_model_len, bool(task_names)))
+                baseline_import.copy_cells(baseline[0], run, imported)
+                manifest["imported_baseline"] = baseline_import.import_record(options.baseline_from, baseline[1],
+                                                                              baseline[2], imported, manifest)
             run.write_manifest(manifest)
             write_json_atomic(run.workloads_path, [p.to_dict() for p in prompts], compact=True)
             write_json_atomic(run.scoring_path, documents, compact=True)
         except OSError as error:
             raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
         show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
+        works = _preflight(run, plans, prompts, documents, manifest, options, shape, imported, gpus_for_cells, show)
         # The parent's own time (issue 18): set-up, the diagnosis pass, and later the whole run (run_matrix).
         timing = {"setup_seconds": round(time.monotonic() - started, 3), "diagnosis_seconds": None, "run_seconds": None,
                   "cells_overlap": ray is not None or len(devices or []) > devices_per_cell(options.engine_args),
@@ -433,7 +470,7 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         manifest["timing"] = timing
         run.write_manifest(manifest)
         return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock,
-                        started, calibrated, tokenizer, source.trust_remote_code)
+                        started, calibrated, tokenizer, source.trust_remote_code, works=works)
     except BaseException:
         if ray is not None:  # the Python API may call compare again in this process
             ray.close()
@@ -451,7 +488,7 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     try:
         clock = setup.clock
         _run_cells(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray, warm, clock,
-                   setup.base_env)
+                   setup.base_env, setup.works)
         _run_quality_references(setup, show, warm)
         run_cells = lambda plans: _run_cells(run, plans, True, options, show, setup.devices, setup.ray, warm,  # noqa: E731
                                              clock, setup.base_env)
@@ -579,12 +616,14 @@ def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | ForkServe
 
 def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: CompareOptions, show,
                devices: list[str] | None = None, ray: RayCells | None = None, warm: WarmProcess | ForkServer | None = None,
-               clock: ParentClock | None = None, base_env: dict[str, str] | None = None) -> None:
+               clock: ParentClock | None = None, base_env: dict[str, str] | None = None,
+               works: dict[str, CellWork] | None = None) -> None:
     """Every plan, reusing what an identical earlier run finished. With several devices, cells run at
     once, one per device (their engines see only theirs); on Ray, as many at once as the cluster has
     room for. The scoring reference runs first, alone, because every other cell scores its outputs.
     `warm`: cells one after another take the process started ahead there (not cells at once).
-    `clock`: cells one after another add the parent's time around each process (CELL_FILES) there."""
+    `clock`: cells one after another add the parent's time around each process (CELL_FILES) there.
+    `works`: the preflight's work per cell; cells one after another print a time estimate after the first."""
     def run_one(plan: CellPlan, env: dict | None = None, stop=None,
                 warm: WarmProcess | ForkServer | None = None) -> schema.CellResult | None:
         try:
@@ -625,11 +664,17 @@ def _run_cells(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Com
         run_in_parallel(plans, ray.slots, 1, run_one, first=first, visible=False)
     elif not devices or len(devices) <= devices_per_cell(options.engine_args):
         env = _cells_env(devices, base_env)
-        for plan in plans:
+        estimated = not works
+        for index, plan in enumerate(plans):
             began = time.monotonic()
             facts = run_one(plan, env, warm=warm)
             if clock is not None and facts is not None and facts.process is not None:
                 clock.add(CELL_FILES, time.monotonic() - began - float(facts.process.seconds or 0.0))
+            if not estimated and facts is not None and facts.started and plan.id in works:
+                estimated = True   # once, from the first cell that measured its pace
+                line = estimate_line(works[plan.id], facts, [works[p.id] for p in plans[index + 1:] if p.id in works])
+                if line:
+                    show.note(line)
     else:
         run_in_parallel(plans, devices, devices_per_cell(options.engine_args), run_one, first=first)
 

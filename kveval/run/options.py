@@ -62,6 +62,8 @@ class CompareOptions:
     repeat_budget: float | None = None          # seconds of repeats per cell and speed phase (suite's when None)
     prefer: str = defaults.PREFER               # capacity | throughput | latency (analysis/deploy_choice.py)
     slo: Sequence[str] | None = None            # e.g. ("ttft_p99=2s",): inputs/slo.py
+    # Issue 39: the `auto` cells of an earlier run (another GPU, a CPU) as the baseline; only FP8 cells start.
+    baseline_from: str | Path | None = None
 
     @property
     def kv_specs(self) -> tuple[KVSpec, ...]:
@@ -217,9 +219,12 @@ def validate_options(options: CompareOptions) -> None:
         raise KvevalError("--speed-warmup must be 0 or more")
     _check_speed_choice(options)
     try:
-        parse_budget(options.budget)
+        budget = parse_budget(options.budget)
     except ValueError as error:
         raise KvevalError(str(error)) from None
+    if options.baseline_from is not None and options.budget is not None and budget.samples:
+        raise KvevalError(f"--budget {options.budget} and --baseline-from: rounds of new samples need the baseline's "
+                          "engine, which this run does not start; leave --budget out (or give --budget 0)")
     if not any(spec.dtype == "auto" for spec in options.kv_specs):
         # Every verdict is against `auto` at the same length: without it every phase would run and then
         # nothing could be judged.

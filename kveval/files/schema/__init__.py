@@ -38,7 +38,7 @@ from kveval.files.schema.base import (MANIFEST_VERSION, CELL_VERSION, RESULTS_VE
                                       MAX_REPORTED_ERRORS, FileError, Number, FileModel)
 from kveval.files.schema.manifest import (ManifestModel, KvLayout, WeightsEntry, ModelEntry, Options, PromptFormat,
                                           KvScales, PlannedEngine, PlannedCell, Versions, Hardware, HostPlatform, TaskFile,
-                                          TaskData, Remedy, RoundProbes, TaskRound, TaskRounds, ReferenceCell,
+                                          TaskData, Remedy, RoundProbes, TaskRound, TaskRounds, ReferenceCell, BaselineOrigin, ImportedBaseline,
                                           ParentStep, RunTiming, CalibrationEntry, SearchLength, SearchRecord,
                                           Manifest)
 from kveval.files.schema.cell import (CellModel, Failure, Capacity, LoggedCapacity, CellInfo, EngineSettings, Process,

@@ -9,7 +9,7 @@ from pydantic import Field
 from kveval.files.schema.base import FileModel, Number, _either
 from kveval.files.schema.evidence_quality import Degeneration, Diff, Divergence, EvidenceCell, Platform, PoolRow
 from kveval.files.schema.evidence_tasks import TaskEvidence
-from kveval.files.schema.manifest import CalibrationEntry, KvScales, ParentStep, Remedy, SearchRecord
+from kveval.files.schema.manifest import CalibrationEntry, ImportedBaseline, KvScales, ParentStep, Remedy, SearchRecord
 
 
 class DiagnosedModel(FileModel):
@@ -401,3 +401,4 @@ class Evidence(FileModel):
     identical_specs: Optional[list[IdenticalSpecs]] = None  # ditto
     calibration: Optional[dict[str, CalibrationEntry]] = None   # the manifest's, when a scaled spec ran (issue 20)
     search: Optional[SearchRecord] = None                       # the manifest's, with --search (issue 20)
+    imported_baseline: Optional[ImportedBaseline] = None        # the manifest's, with --baseline-from (issue 39)

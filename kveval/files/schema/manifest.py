@@ -92,6 +92,7 @@ class Options(ManifestModel):
     chat_template_kwargs: Optional[dict[str, Any]] = None
     prefer: Optional[str] = None             # --prefer when not capacity (issue 41); absent: capacity
     slo: Optional[list[str]] = None          # --slo targets, normalized (inputs/slo.py); absent: none
+    baseline_from: Optional[str] = None      # --baseline-from RUN_DIR (issue 39); absent: the run's own baseline
 
 
 class PromptFormat(ManifestModel):
@@ -244,6 +245,28 @@ class ReferenceCell(ManifestModel):
     why: str
 
 
+class BaselineOrigin(ManifestModel):
+    """run/baseline_import.py (issue 39): where the `auto` cells of a --baseline-from run were measured."""
+
+    host: str                             # the CPU model and machine of the baseline run's host
+    gpu: Optional[str]                    # its first GPU (None: a CPU run)
+    vllm: Optional[str]                   # its vLLM version (and distribution)
+    attention_backend: Optional[str]      # what its auto cells ran on
+    profile: Literal["gpu", "cpu", "cpu-amx"]   # its platform's divergence profile (gate/thresholds.PROFILES)
+
+
+class ImportedBaseline(ManifestModel):
+    """--baseline-from (issue 39): the `auto` cells copied from an earlier run, for quality only (never
+    capacity, speed or time figures of this run), and whether they come from another machine."""
+
+    source: str                           # the baseline run's directory, as given
+    created: str                          # the baseline run's manifest `created`
+    cells: list[str]                      # the imported cell ids (cells/<id>.json copied from the source)
+    origin: BaselineOrigin
+    cross_machine: bool                   # another host, device, vLLM or attention backend than this run's
+    differences: list[str] = []           # what differs, in words ("vLLM 0.32 vs 0.26", ...)
+
+
 class ParentStep(ManifestModel):
     """run/parent_clock.ParentClock: one kind of the parent's work between cells, summed."""
 
@@ -310,6 +333,9 @@ class Manifest(ManifestModel):
     remedy: Optional[Remedy] = None               # only after a remedy was planned
     task_rounds: Optional[TaskRounds] = None      # only after task rounds were planned (issue 23)
     quality_references: Optional[dict[str, ReferenceCell]] = None  # only after one was planned (run/reference.py)
+    imported_baseline: Optional[ImportedBaseline] = None   # --baseline-from only (run/baseline_import.py)
+    # The tokenizer's and the chat template's hashes (run/baseline_import.fingerprints; issue 39), absent before.
+    fingerprints: Optional[dict[str, Optional[str]]] = None
     timing: Optional[RunTiming] = None            # the parent's own time (issue 18); absent before
     calibration: Optional[dict[str, CalibrationEntry]] = None   # scaled word -> checkpoint (issue 20); scaled specs only
     search: Optional[SearchRecord] = None         # --search only
