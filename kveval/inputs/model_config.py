@@ -148,7 +148,8 @@ def _kv_layout(text) -> dict | None:
               "per_layer_elements": int(per_layer), "sliding_window_layers": sliding,
               "sliding_window": getattr(text, "sliding_window", None) if sliding else None}
     kinds = layer_kinds(text, int(layers))
-    if kinds.kv_layers != list(range(int(layers))):  # a hybrid: only some layers cache K and V
+    # A hybrid: only some layers cache K and V, or some keep a state beside them (Falcon-H1's "hybrid" layers do both).
+    if kinds.kv_layers != list(range(int(layers))) or kinds.state_layers:
         layout |= {"kv_layers": kinds.kv_layers, "state_layers": kinds.state_layers,
                    "state_bytes_per_request": kinds.state_bytes_per_request(_dtype(text)),
                    "layer_kinds": sorted(set(kinds.kinds))}
