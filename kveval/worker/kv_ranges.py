@@ -210,7 +210,8 @@ def _check_model_path(model_path: str) -> None:
 
 def _load_model(model_path: str, device: str, revision: str | None = None, trust_remote_code: bool = False):
     """The model in the checkpoint's dtype (bf16 when it names none), with sdpa attention when the
-    architecture supports it; at the revision vLLM loads."""
+    architecture supports it; at the revision vLLM loads. The last value: whether quantized weights were
+    expanded to that dtype (_dequantized)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -222,11 +223,34 @@ def _load_model(model_path: str, device: str, revision: str | None = None, trust
         dtype = getattr(torch, dtype, None)
     if not isinstance(dtype, torch.dtype):
         dtype = torch.bfloat16
+    expanded = _dequantized(config)
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa", **where)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa", **where,
+                                                     **expanded)
     except (ValueError, ImportError):  # architecture without sdpa support
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **where)
-    return model.to(device).eval(), text, dtype
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **where, **expanded)
+    return model.to(device).eval(), text, dtype, bool(expanded)
+
+
+DEQUANTIZED_NOTE = ("weights quantized with compressed-tensors were expanded to the model dtype for this pass "
+                    "(the same weight values vLLM serves); activations were not quantized here, as vLLM does "
+                    "for FP8-dynamic (W8A8) weights, so K and V differ from the served ones by that rounding")
+
+
+def _dequantized(config) -> dict:
+    """compressed-tensors checkpoints (llm-compressor's FP8-dynamic, W4A16, ...) expanded to the model dtype at
+    load: kept compressed, transformers expands every packed weight again in each forward, and the linears
+    cannot take the fast fp32 path. {} for other checkpoints."""
+    raw = getattr(config, "quantization_config", None)
+    method = raw.get("quant_method") if isinstance(raw, dict) else getattr(raw, "quant_method", None)
+    if str(method) != "compressed-tensors":
+        return {}
+    from transformers import CompressedTensorsConfig
+
+    try:
+        return {"quantization_config": CompressedTensorsConfig(dequantize=True)}
+    except TypeError:   # transformers before the `dequantize` name
+        return {"quantization_config": CompressedTensorsConfig(run_compressed=False)}
 
 
 def _fast_cpu_linears(model) -> int:
@@ -234,7 +258,9 @@ def _fast_cpu_linears(model) -> int:
     dtype. That is the arithmetic of every bf16 GEMM (cuBLAS included): products accumulated in
     fp32, the output rounded once. CPUs without native bf16 (AVX2) run it several times faster
     than torch's bf16 kernel. The output embedding is left alone (tied to the input embedding, and
-    only one position's logits are computed). Returns how many layers were switched."""
+    only one position's logits are computed). Layers whose weights stay quantized (compressed-tensors' packed
+    int4 or FP8 weights, which transformers keeps compressed and expands in their own forward) are left as
+    they are. Returns how many layers were switched."""
     import torch
     import torch.nn.functional as F
 
@@ -243,7 +269,8 @@ def _fast_cpu_linears(model) -> int:
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear) or module is skip:
             continue
-        if module.weight.dtype not in (torch.bfloat16, torch.float16):
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dtype not in (torch.bfloat16, torch.float16):
             continue
         weight = module.weight.detach().float()
         bias = module.bias.detach().float() if module.bias is not None else None
@@ -294,7 +321,7 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
 
     import torch
 
-    model, text, dtype = _load_model(model_path, resolved, revision, trust_remote_code)
+    model, text, dtype, dequantized = _load_model(model_path, resolved, revision, trust_remote_code)
     facts = _model_facts(model_path, text, dtype)
     fp32_linears = _fast_cpu_linears(model) if resolved == "cpu" else 0
     max_positions = getattr(text, "max_position_embeddings", None)
@@ -343,6 +370,8 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
             "k": stats[(layer_idx, "k")].result(), "v": stats[(layer_idx, "v")].result(),
             **({"q": stats[(layer_idx, "q")].result()} if (layer_idx, "q") in stats else {})})
     notes = [] if query_note is None else [query_note]
+    if dequantized:
+        notes.append(DEQUANTIZED_NOTE)
     if getattr(text, "kv_lora_rank", None):
         notes.append("MLA model: vLLM caches the compressed latent (kv_c, k_pe), not these K/V tensors; "
                      "the ranges here do not describe its FP8 cache")
