@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kveval.errors import KvevalError
 from kveval.inputs.layer_kinds import layer_kinds
+from kveval.inputs.multimodal import Encoder, multimodal_encoder
 from kveval.inputs.weights_quantization import WeightsQuantization, weights_quantization
 
 
@@ -67,6 +68,7 @@ class ModelFacts(BaseModel):
     dtype: str = "bfloat16"                          # the checkpoint's dtype as a vLLM kv_cache_dtype name
     kv_layout: Optional[dict] = None                 # what one token costs in the KV cache (_kv_layout)
     weights_quantization: Optional[WeightsQuantization] = None   # AWQ, GPTQ, compressed-tensors, ... (None: none)
+    encoder: Optional[Encoder] = None                # a multimodal checkpoint's encoder (None: a text-only model)
 
     @property
     def served_length_limit(self) -> tuple[int, str] | None:
@@ -90,7 +92,8 @@ def model_facts(source: ModelSource) -> ModelFacts:
     return ModelFacts(architecture=architectures[0] if architectures else None, max_position_embeddings=limit,
                       served_limit=served[0] if served else None, served_limit_why=served[1] if served else None,
                       layers=_positive_number(text, "num_hidden_layers"), dtype=_dtype(config),
-                      kv_layout=_kv_layout(text), weights_quantization=weights_quantization(config))
+                      kv_layout=_kv_layout(text), weights_quantization=weights_quantization(config),
+                      encoder=multimodal_encoder(config, source.path))
 
 
 def _positive_number(text_config, name: str) -> int | None:

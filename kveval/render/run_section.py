@@ -23,6 +23,7 @@ def run_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
         f"- **Model:** {escape_cell(manifest.model.path, None)} ({escape_cell(manifest.model.source, None)})"
         + (f"; weights quantized: {manifest.model.weights_quantization}, served as they are"
            if manifest.model.weights_quantization else ""),
+        _encoder_line(manifest.model.encoder, options.engine_args),
         _prompt_format_line(manifest.prompt_format),
         _template_kwargs_line(options.chat_template_kwargs, manifest.prompt_format),
         _kv_scales_line(manifest),
@@ -144,3 +145,20 @@ def _prompt_format_line(fmt: schema.PromptFormat) -> str | None:
     return (f"- **Prompts:** plain text — the model has no chat template; its tokenizer {bos} a BOS token "
             f"({escape_cell(fmt.bos_token, None) or 'none'}). A base model's answers to questions are often "
             "poor or loop on every cell alike; judge FP8 by the differences, not the answers.")
+
+
+def _encoder_line(encoder: schema.EncoderEntry | None, engine_args: dict) -> str | None:
+    """A multimodal checkpoint (inputs/multimodal.py): the text model runs; the encoder vLLM loads counts in fixed
+    memory, unless --engine-arg language_model_only=true left it out."""
+    if encoder is None:
+        return None
+    modalities = " and ".join(encoder.modalities)
+    head = (f"- **Encoder:** multimodal checkpoint ({escape_cell(encoder.architecture or 'unnamed architecture', None)}): "
+            "kveval runs its text model (text prompts; K/V bytes per token from its text config); ")
+    if engine_args.get("language_model_only") in (True, "true", "True", 1):
+        return head + f"`language_model_only` kept vLLM from loading the {modalities} encoder"
+    size = (f" ({encoder.weight_bytes / 2 ** 20:,.1f} MiB of encoder and projector weights)" if encoder.weight_bytes
+            else "")
+    return (head + f"vLLM still loads the {modalities} encoder{size} and profiles it at start-up, so it counts in "
+            f"fixed memory, as in `vllm serve` with {modalities} inputs allowed; `--engine-arg language_model_only=true` "
+            "leaves it out")
