@@ -224,12 +224,28 @@ def _load_model(model_path: str, device: str, revision: str | None = None, trust
     if not isinstance(dtype, torch.dtype):
         dtype = torch.bfloat16
     expanded = _dequantized(config)
+    auto = _model_class(config, AutoModelForCausalLM)
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa", **where,
-                                                     **expanded)
+        model = auto.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa", **where, **expanded)
     except (ValueError, ImportError):  # architecture without sdpa support
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **where, **expanded)
+        model = auto.from_pretrained(model_path, dtype=dtype, **where, **expanded)
     return model.to(device).eval(), text, dtype, bool(expanded)
+
+
+def _model_class(config, causal_lm):
+    """transformers' auto class for the checkpoint: AutoModelForCausalLM, or AutoModelForImageTextToText for a
+    multimodal one that has no causal-LM class (Qwen2.5-VL; Gemma-3 and Qwen3.5 have both). Text-only ids run
+    through its text model as through a causal LM's."""
+    try:
+        from transformers import AutoModelForImageTextToText
+        from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                            MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    except ImportError:   # an older transformers: the causal LM class, as before
+        return causal_lm
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return causal_lm
 
 
 DEQUANTIZED_NOTE = ("weights quantized with compressed-tensors were expanded to the model dtype for this pass "
