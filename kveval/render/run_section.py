@@ -24,6 +24,7 @@ def run_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
         + (f"; weights quantized: {manifest.model.weights_quantization}, served as they are"
            if manifest.model.weights_quantization else ""),
         _encoder_line(manifest.model.encoder, options.engine_args),
+        _dequantised_line(manifest.model.source),
         _prompt_format_line(manifest.prompt_format),
         _template_kwargs_line(options.chat_template_kwargs, manifest.prompt_format),
         _kv_scales_line(manifest),
@@ -162,3 +163,13 @@ def _encoder_line(encoder: schema.EncoderEntry | None, engine_args: dict) -> str
     return (head + f"vLLM still loads the {modalities} encoder{size} and profiles it at start-up, so it counts in "
             f"fixed memory, as in `vllm serve` with {modalities} inputs allowed; `--engine-arg language_model_only=true` "
             "leaves it out")
+
+
+def _dequantised_line(source: str) -> str | None:
+    """A GGUF model (the embedded default or --model FILE.gguf, inputs/models.py) runs as the bf16 copy kveval made:
+    the verdict is on those weights, not on the GGUF's own quantized ones."""
+    if "GGUF" not in source.upper() or "dequantised" not in source:
+        return None
+    return ("- **Weights served:** bf16, dequantised from the GGUF by kveval: this verdict is on those weights, not on "
+            "the GGUF's own quantized ones (vLLM serves GGUF files only through its vllm-gguf-plugin since 0.24, whose "
+            "kernels need CUDA; kveval does not use it)")

@@ -78,3 +78,4 @@ def test_the_range_pass_runs_the_text_model_of_a_multimodal_checkpoint(tiny):
     assert [layer["layer"] for layer in ranges["layers"]] == [0, 1]
     assert all(layer["k"]["absmax"] > 0 for layer in ranges["layers"])
     assert ranges["model"]["head_dim"] == 64
+
