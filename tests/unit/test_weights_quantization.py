@@ -26,7 +26,7 @@ FP8_DYNAMIC = {"quant_method": "compressed-tensors", "format": "float-quantized"
 
 @pytest.mark.parametrize("config,label", [({**LLAMA, "quantization_config": AWQ}, "awq (4-bit)"),
                                           ({**LLAMA, "quantization_config": FP8_DYNAMIC},
-                                           "compressed-tensors (float-quantized)"),
+                                           "compressed-tensors (W8A16: fp8 weights; float-quantized)"),
                                           (LLAMA, None)])
 def test_the_configs_quantization_is_read_once_with_the_model_facts(tmp_path, config, label):
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -64,3 +64,19 @@ def test_the_review_names_the_weights_served():
     assert "weights quantized: awq (4-bit), served as they are" in text
     assert schema.ModelEntry.model_validate({"name": "m", "path": "/m", "source": "local", "ready": True,
                                              "max_position_embeddings": None}).weights_quantization is None
+
+
+# llm-compressor's two data-free schemes as scripts/make_quantized.py writes them (config_groups trimmed to the keys read).
+W4A16_G64 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+    "input_activations": None, "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 64}}}}
+FP8_DYNAMIC_W8A8 = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+    "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False}}}}
+
+
+@pytest.mark.parametrize("raw,label", [
+    (W4A16_G64, "compressed-tensors (W4A16: int4 weights in groups of 64; pack-quantized)"),
+    (FP8_DYNAMIC_W8A8, "compressed-tensors (W8A8: fp8 weights per channel, fp8 dynamic activations per token; "
+                       "float-quantized)")])
+def test_compressed_tensors_schemes_are_named_as_llm_compressor_names_them(raw, label):
+    assert weights_quantization({"quantization_config": raw}).label == label
