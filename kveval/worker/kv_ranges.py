@@ -249,8 +249,9 @@ def _model_class(config, causal_lm):
 
 
 DEQUANTIZED_NOTE = ("weights quantized with compressed-tensors were expanded to the model dtype for this pass "
-                    "(the same weight values vLLM serves); activations were not quantized here, as vLLM does "
-                    "for FP8-dynamic (W8A8) weights, so K and V differ from the served ones by that rounding")
+                    "(the weight values vLLM serves)")
+ACTIVATIONS_NOTE = ("input activations of {layers} linear layers were quantized as the checkpoint's scheme says "
+                    "(FP8-dynamic: each token rounded to FP8 e4m3 on its own scale), as vLLM quantizes them")
 
 
 def _dequantized(config) -> dict:
@@ -288,15 +289,37 @@ def _fast_cpu_linears(model) -> int:
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dtype not in (torch.bfloat16, torch.float16):
             continue
+        fp8_inputs = _fp8_token_inputs(module)
+        if _quantizes_inputs(module) and not fp8_inputs:   # its own forward rounds the input as the scheme says
+            continue
         weight = module.weight.detach().float()
         bias = module.bias.detach().float() if module.bias is not None else None
 
-        def forward(x, weight=weight, bias=bias):
-            return F.linear(x.float(), weight, bias).to(x.dtype)
+        def forward(x, weight=weight, bias=bias, fp8_inputs=fp8_inputs):
+            inputs = x.float()
+            if fp8_inputs:   # FP8-dynamic (W8A8): each token's input rounded to FP8 e4m3 on its own scale, as vLLM does
+                scale = inputs.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448.0
+                inputs = (inputs / scale).to(torch.float8_e4m3fn).float() * scale
+            return F.linear(inputs, weight, bias).to(x.dtype)
 
         module.forward = forward
         switched += 1
     return switched
+
+
+def _quantizes_inputs(module) -> bool:
+    """A linear whose compressed-tensors scheme quantizes its input activations (FP8-dynamic's W8A8): its own
+    forward does that rounding, so it is not replaced by the fp32 GEMM."""
+    scheme = getattr(module, "quantization_scheme", None)
+    return getattr(scheme, "input_activations", None) is not None
+
+
+def _fp8_token_inputs(module) -> bool:
+    """A scheme that rounds each token's input to FP8 on its own dynamic scale (llm-compressor's FP8_DYNAMIC): the
+    fast fp32 path does that rounding itself (compressed-tensors' own forward also re-rounds the weights each call)."""
+    args = getattr(getattr(module, "quantization_scheme", None), "input_activations", None)
+    return (args is not None and str(getattr(args, "type", "")).endswith("float") and getattr(args, "num_bits", None) == 8
+            and str(getattr(args, "strategy", "")).endswith("token") and getattr(args, "dynamic", None) is True)
 
 
 def _model_facts(model_path: str, text, dtype) -> dict:
@@ -388,6 +411,8 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
     notes = [] if query_note is None else [query_note]
     if dequantized:
         notes.append(DEQUANTIZED_NOTE)
+        if rounded := sum(1 for module in model.modules() if _quantizes_inputs(module)):
+            notes.append(ACTIVATIONS_NOTE.format(layers=rounded))
     if getattr(text, "kv_lora_rank", None):
         notes.append("MLA model: vLLM caches the compressed latent (kv_c, k_pe), not these K/V tensors; "
                      "the ranges here do not describe its FP8 cache")

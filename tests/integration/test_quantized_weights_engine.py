@@ -12,6 +12,7 @@ emulated FP8 GEMM (ChannelWiseTorchFP8ScaledMMLinearKernel; about 1 token/s on a
 another job beside it), so the replies here are 4 tokens long."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,13 +26,16 @@ import kveval
 from kveval.errors import KvevalError
 from kveval.files import schema
 from kveval.inputs.models import kveval_home
+from kveval.inputs.suites import SUITES
 from kveval.run.calibration import LLMCOMPRESSOR_VERSION, ensure_toolkit
 from tests.support.quiet import Quiet
 
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = {"fp8-dynamic": "compressed-tensors (float-quantized)", "w4a16": "compressed-tensors (pack-quantized)"}
+KINDS = {"fp8-dynamic": "compressed-tensors (W8A8: fp8 weights per channel, fp8 dynamic activations per token; "
+                        "float-quantized)",
+         "w4a16": "compressed-tensors (W4A16: int4 weights in groups of 64; pack-quantized)"}
 BUDGET = 16 << 20
 PER_TOKEN_BF16 = 23_040                  # SmolLM2: 30 layers x 3 KV heads x 64 x (K, V) x 2 bytes
 NO_BUILT_INS = {"short_256": 0, "short_512": 0, "probe": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0}
@@ -80,7 +84,11 @@ def _compare(model: Path, out: Path, prompts: Path, progress=None, **kwargs):
 @pytest.fixture(scope="module", params=list(KINDS))
 def served(request, copies, prompts, tmp_path_factory):
     kind = request.param
-    return kind, _compare(copies[kind], tmp_path_factory.mktemp(f"quantized-{kind}") / "r", prompts)
+    with pytest.MonkeyPatch.context() as patch:
+        # No engine-efficiency reference call after generation (it repeats a request: 15 s on the FP8-dynamic
+        # weights); it is the same code on any weights and covered elsewhere.
+        patch.setitem(SUITES, "quick", dataclasses.replace(SUITES["quick"], efficiency_sample=0))
+        return kind, _compare(copies[kind], tmp_path_factory.mktemp(f"quantized-{kind}") / "r", prompts)
 
 
 def test_quantized_weights_start_and_hold_the_predicted_pool(served):
@@ -111,6 +119,8 @@ def test_the_range_pass_loads_the_quantized_checkpoint(served):
     assert diagnosis.offending_layers == [] and 1 < diagnosis.largest.k.absmax < 448
     stored = json.loads((run.run_dir / "kv_ranges.json").read_text())
     assert any("expanded to the model dtype" in note for note in stored["notes"])   # and says how it loaded them
+    # FP8-dynamic (W8A8) rounds every linear's input to FP8 in vLLM: the pass keeps that rounding, and says so.
+    assert any("input activations of 210 linear layers" in note for note in stored["notes"]) == (kind == "fp8-dynamic")
 
 
 class Recorder:
@@ -143,7 +153,7 @@ def test_what_is_lost_is_said_before_any_engine_starts(copies, prompts, tmp_path
     starts = [i for i, (kind, _) in enumerate(recorder.events) if kind == "cell_started"]
     assert len(notices) == 1 and starts and notices[0] < starts[0], recorder.events
     notice = recorder.events[notices[0]][1]
-    assert "compressed-tensors (pack-quantized) weights need kveval_no_such_module" in notice
+    assert f"its {KINDS['w4a16']} weights need kveval_no_such_module" in notice
     assert "Lost without it: the per-layer K/V ranges, the remedy" in notice
     assert run.evidence.diagnosis["fp8"].error == notice   # recorded as the pass's failure, without trying it
     assert "The per-layer KV range could not be measured" in run.review_path.read_text(encoding="utf-8")
