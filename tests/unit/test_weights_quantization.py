@@ -80,3 +80,30 @@ FP8_DYNAMIC_W8A8 = {"quant_method": "compressed-tensors", "format": "float-quant
                        "float-quantized)")])
 def test_compressed_tensors_schemes_are_named_as_llm_compressor_names_them(raw, label):
     assert weights_quantization({"quantization_config": raw}).label == label
+
+
+def test_the_range_pass_rounds_fp8_dynamic_inputs_as_vllm_does_and_leaves_weight_only_schemes_alone():
+    # worker/kv_ranges._fast_cpu_linears: a linear whose compressed-tensors scheme quantizes its input to FP8 per
+    # token (llm-compressor's FP8_DYNAMIC) gets each token's input rounded to e4m3 on its own scale in the fp32
+    # path; a weight-only (W4A16) linear computes on the unrounded input.
+    from types import SimpleNamespace
+
+    import torch
+
+    from kveval.worker.kv_ranges import _fast_cpu_linears
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(64, 32, bias=False)).bfloat16()
+    fp8_token = SimpleNamespace(type="float", num_bits=8, strategy="token", dynamic=True)
+    model[0].quantization_scheme = SimpleNamespace(input_activations=fp8_token)
+    model[1].quantization_scheme = SimpleNamespace(input_activations=None)
+    model[1].weight.data = model[0].weight.data.clone()
+    x = (torch.randn(5, 64) * torch.logspace(-2, 2, 5)[:, None]).bfloat16()   # tokens of very different sizes
+    assert _fast_cpu_linears(model) == 2
+    unrounded = torch.nn.functional.linear(x.float(), model[0].weight.float())
+    scale = x.float().abs().amax(dim=-1, keepdim=True) / 448
+    rounded = torch.nn.functional.linear((x.float() / scale).to(torch.float8_e4m3fn).float() * scale,
+                                         model[0].weight.float())
+    with torch.no_grad():
+        assert torch.equal(model[0](x), rounded.bfloat16()) and not torch.equal(model[0](x), model[1](x))
+        assert torch.equal(model[1](x), unrounded.bfloat16())
