@@ -149,3 +149,13 @@ def test_layers_with_attention_and_a_state_in_one_keep_both(tmp_path):
                           "capacity": {"kv_pool_tokens": 1000, "num_blocks": 10, "block_size": 1024}})
     (row,) = capacity_rows({"fp8-2048": cell}, layout, "bfloat16", 4 << 30)
     assert row["layout_model"] == "state"
+
+
+def test_short_convolution_hybrids_keep_a_conv_state():
+    # LFM2-MoE (LFM2-8B-A1B's kind): "conv" layers keep (L_cache - 1) x hidden size elements per request, as vLLM's
+    # short_conv_state_shape allocates them; the attention layers between them cache K/V; the experts nothing.
+    text = AutoConfig.for_model("lfm2_moe", num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"])
+    kinds = layer_kinds(text, 4)
+    assert kinds.kv_layers == [2] and kinds.state_layers == [0, 1, 3]
+    assert kinds.state_elements_per_layer == (3 - 1) * 2048
+    assert kinds.state_bytes_per_request("bfloat16") == 3 * 2 * 2048 * 2
