@@ -81,6 +81,11 @@ def _state_elements(text) -> int | None:
     if heads and head_dim and d_state and conv:
         inner = heads * head_dim
         return (conv - 1) * (inner + 2 * groups * d_state) + inner * d_state
+    # Short convolutions (LFM2, LFM2-MoE "conv" layers): a conv state of (L_cache - 1) x hidden size, no SSM state
+    # (vLLM's MambaStateShapeCalculator.short_conv_state_shape).
+    l_cache, hidden_size = _number(text, "conv_L_cache"), _number(text, "hidden_size")
+    if l_cache and hidden_size:
+        return (l_cache - 1) * hidden_size
     # Mamba1 (Jamba): conv over the expanded hidden size; state inner x d_state.
     expand, hidden = _number(text, "mamba_expand"), _number(text, "hidden_size")
     if expand and hidden and d_state and conv:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 from kveval.errors import KvevalError
 from kveval.inputs.layer_kinds import layer_kinds
 from kveval.inputs.thinking_template import thinking_facts
+from kveval.inputs.multimodal import Encoder, multimodal_encoder
 from kveval.inputs.weights_quantization import WeightsQuantization, weights_quantization
 
 
@@ -69,6 +70,7 @@ class ModelFacts(BaseModel):
     dtype: str = "bfloat16"                          # the checkpoint's dtype as a vLLM kv_cache_dtype name
     kv_layout: Optional[dict] = None                 # what one token costs in the KV cache (_kv_layout)
     weights_quantization: Optional[WeightsQuantization] = None   # AWQ, GPTQ, compressed-tensors, ... (None: none)
+    encoder: Optional[Encoder] = None                # a multimodal checkpoint's encoder (None: a text-only model)
 
     @property
     def served_length_limit(self) -> tuple[int, str] | None:
@@ -92,7 +94,8 @@ def model_facts(source: ModelSource) -> ModelFacts:
     return ModelFacts(architecture=architectures[0] if architectures else None, max_position_embeddings=limit,
                       served_limit=served[0] if served else None, served_limit_why=served[1] if served else None,
                       layers=_positive_number(text, "num_hidden_layers"), dtype=_dtype(config),
-                      kv_layout=_kv_layout(text), weights_quantization=weights_quantization(config))
+                      kv_layout=_kv_layout(text), weights_quantization=weights_quantization(config),
+                      encoder=multimodal_encoder(config, source.path))
 
 
 def _positive_number(text_config, name: str) -> int | None:
@@ -150,7 +153,8 @@ def _kv_layout(text) -> dict | None:
               "per_layer_elements": int(per_layer), "sliding_window_layers": sliding,
               "sliding_window": getattr(text, "sliding_window", None) if sliding else None}
     kinds = layer_kinds(text, int(layers))
-    if kinds.kv_layers != list(range(int(layers))):  # a hybrid: only some layers cache K and V
+    # A hybrid: only some layers cache K and V, or some keep a state beside them (Falcon-H1's "hybrid" layers do both).
+    if kinds.kv_layers != list(range(int(layers))) or kinds.state_layers:
         layout |= {"kv_layers": kinds.kv_layers, "state_layers": kinds.state_layers,
                    "state_bytes_per_request": kinds.state_bytes_per_request(_dtype(text)),
                    "layer_kinds": sorted(set(kinds.kinds))}

@@ -44,8 +44,34 @@ def weights_quantization(config) -> WeightsQuantization | None:
     if not raw or not raw.get("quant_method"):
         return None
     bits = raw.get("bits") or raw.get("w_bit")
-    detail = f"{bits}-bit" if bits else raw.get("format") or raw.get("fmt")
+    detail = f"{bits}-bit" if bits else _scheme(raw) or raw.get("format") or raw.get("fmt")
     return WeightsQuantization(method=str(raw["quant_method"]), detail=str(detail) if detail else None)
+
+
+def _scheme(raw: dict) -> str | None:
+    """compressed-tensors' scheme from its first config group, as llm-compressor names them: "W4A16: int4 weights in
+    groups of 64" (pack-quantized), "W8A8: fp8 weights per channel, fp8 dynamic activations per token" (FP8-dynamic);
+    None where the config has no groups."""
+    groups = raw.get("config_groups")
+    group = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
+    weights = group.get("weights") if isinstance(group, dict) else None
+    if not isinstance(weights, dict) or not weights.get("num_bits"):
+        return None
+    activations = group.get("input_activations") if isinstance(group.get("input_activations"), dict) else None
+
+    def described(args: dict, what: str) -> str:
+        kind = "fp" if args.get("type") == "float" else "int"
+        strategy = args.get("strategy")
+        how = (f" in groups of {args['group_size']}" if strategy == "group" and args.get("group_size")
+               else f" per {strategy}" if strategy else "")
+        return f"{kind}{args['num_bits']} {'dynamic ' if args.get('dynamic') is True else ''}{what}{how}"
+
+    scheme = f"W{weights['num_bits']}A{activations.get('num_bits', 16) if activations else 16}: "
+    scheme += described(weights, "weights")
+    if activations and activations.get("num_bits"):
+        scheme += ", " + described(activations, "activations")
+    fmt = raw.get("format") or group.get("format")
+    return scheme + (f"; {fmt}" if fmt else "")
 
 
 def range_pass_obstacle(quantization: WeightsQuantization | None, has_gpu: bool) -> str | None:

@@ -24,6 +24,8 @@ def run_section(manifest: schema.Manifest, evidence: schema.Evidence) -> str:
         f"- **Model:** {escape_cell(manifest.model.path, None)} ({escape_cell(manifest.model.source, None)})"
         + (f"; weights quantized: {manifest.model.weights_quantization}, served as they are"
            if manifest.model.weights_quantization else ""),
+        _encoder_line(manifest.model.encoder, options.engine_args),
+        _dequantised_line(manifest.model.source),
         _prompt_format_line(manifest.prompt_format),
         _template_kwargs_line(options.chat_template_kwargs, manifest.prompt_format),
         _thinking_line(manifest, evidence),
@@ -178,3 +180,30 @@ def _prompt_format_line(fmt: schema.PromptFormat) -> str | None:
     return (f"- **Prompts:** plain text — the model has no chat template; its tokenizer {bos} a BOS token "
             f"({escape_cell(fmt.bos_token, None) or 'none'}). A base model's answers to questions are often "
             "poor or loop on every cell alike; judge FP8 by the differences, not the answers.")
+
+
+def _encoder_line(encoder: schema.EncoderEntry | None, engine_args: dict) -> str | None:
+    """A multimodal checkpoint (inputs/multimodal.py): the text model runs; the encoder vLLM loads counts in fixed
+    memory, unless --engine-arg language_model_only=true left it out."""
+    if encoder is None:
+        return None
+    modalities = " and ".join(encoder.modalities)
+    head = (f"- **Encoder:** multimodal checkpoint ({escape_cell(encoder.architecture or 'unnamed architecture', None)}): "
+            "kveval runs its text model (text prompts; K/V bytes per token from its text config); ")
+    if engine_args.get("language_model_only") in (True, "true", "True", 1):
+        return head + f"`language_model_only` kept vLLM from loading the {modalities} encoder"
+    size = (f" ({encoder.weight_bytes / 2 ** 20:,.1f} MiB of encoder and projector weights)" if encoder.weight_bytes
+            else "")
+    return (head + f"vLLM still loads the {modalities} encoder{size} and profiles it at start-up, so it counts in "
+            f"fixed memory, as in `vllm serve` with {modalities} inputs allowed; `--engine-arg language_model_only=true` "
+            "leaves it out")
+
+
+def _dequantised_line(source: str) -> str | None:
+    """A GGUF model (the embedded default or --model FILE.gguf, inputs/models.py) runs as the bf16 copy kveval made:
+    the verdict is on those weights, not on the GGUF's own quantized ones."""
+    if "GGUF" not in source.upper() or "dequantised" not in source:
+        return None
+    return ("- **Weights served:** bf16, dequantised from the GGUF by kveval: this verdict is on those weights, not on "
+            "the GGUF's own quantized ones (vLLM serves GGUF files only through its vllm-gguf-plugin since 0.24, whose "
+            "kernels need CUDA; kveval does not use it)")

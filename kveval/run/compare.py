@@ -419,6 +419,8 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         _note_thinking_switch(manifest["prompt_format"], options.chat_template_kwargs, show)
         if facts.weights_quantization is not None:   # served as they are: the review names them
             manifest["model"]["weights_quantization"] = facts.weights_quantization.label
+        if facts.encoder is not None:   # multimodal: the text model runs, the encoder is fixed memory (review says so)
+            manifest["model"]["encoder"] = facts.encoder.model_dump(mode="json")
         if checkpoints:
             manifest["calibration"] = {word: checkpoint.model_dump(mode="json") for word, checkpoint in checkpoints.items()}
         # Which weights were judged: the revision asked for, a local model's weights hash (kveval diff, resume).

@@ -210,7 +210,8 @@ def _check_model_path(model_path: str) -> None:
 
 def _load_model(model_path: str, device: str, revision: str | None = None, trust_remote_code: bool = False):
     """The model in the checkpoint's dtype (bf16 when it names none), with sdpa attention when the
-    architecture supports it; at the revision vLLM loads."""
+    architecture supports it; at the revision vLLM loads. The last value: whether quantized weights were
+    expanded to that dtype (_dequantized)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -222,11 +223,51 @@ def _load_model(model_path: str, device: str, revision: str | None = None, trust
         dtype = getattr(torch, dtype, None)
     if not isinstance(dtype, torch.dtype):
         dtype = torch.bfloat16
+    expanded = _dequantized(config)
+    auto = _model_class(config, AutoModelForCausalLM)
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa", **where)
+        model = auto.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa", **where, **expanded)
     except (ValueError, ImportError):  # architecture without sdpa support
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **where)
-    return model.to(device).eval(), text, dtype
+        model = auto.from_pretrained(model_path, dtype=dtype, **where, **expanded)
+    return model.to(device).eval(), text, dtype, bool(expanded)
+
+
+def _model_class(config, causal_lm):
+    """transformers' auto class for the checkpoint: AutoModelForCausalLM, or AutoModelForImageTextToText for a
+    multimodal one that has no causal-LM class (Qwen2.5-VL; Gemma-3 and Qwen3.5 have both). Text-only ids run
+    through its text model as through a causal LM's."""
+    try:
+        from transformers import AutoModelForImageTextToText
+        from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                            MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    except ImportError:   # an older transformers: the causal LM class, as before
+        return causal_lm
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return causal_lm
+
+
+DEQUANTIZED_NOTE = ("weights quantized with compressed-tensors were expanded to the model dtype for this pass "
+                    "(the weight values vLLM serves)")
+ACTIVATIONS_NOTE = ("input activations of {layers} linear layers were quantized as the checkpoint's scheme says "
+                    "(FP8-dynamic: each token rounded to FP8 e4m3 on its own scale), as vLLM quantizes them")
+
+
+def _dequantized(config) -> dict:
+    """compressed-tensors checkpoints (llm-compressor's FP8-dynamic, W4A16, ...) expanded to the model dtype at
+    load: kept compressed, transformers expands every packed weight again in each forward, and the linears
+    cannot take the fast fp32 path. {} for other checkpoints."""
+    raw = getattr(config, "quantization_config", None)
+    method = raw.get("quant_method") if isinstance(raw, dict) else getattr(raw, "quant_method", None)
+    if str(method) != "compressed-tensors":
+        return {}
+    from transformers import CompressedTensorsConfig
+
+    try:
+        return {"quantization_config": CompressedTensorsConfig(dequantize=True)}
+    except TypeError:   # transformers before the `dequantize` name
+        return {"quantization_config": CompressedTensorsConfig(run_compressed=False)}
 
 
 def _fast_cpu_linears(model) -> int:
@@ -234,7 +275,9 @@ def _fast_cpu_linears(model) -> int:
     dtype. That is the arithmetic of every bf16 GEMM (cuBLAS included): products accumulated in
     fp32, the output rounded once. CPUs without native bf16 (AVX2) run it several times faster
     than torch's bf16 kernel. The output embedding is left alone (tied to the input embedding, and
-    only one position's logits are computed). Returns how many layers were switched."""
+    only one position's logits are computed). Layers whose weights stay quantized (compressed-tensors' packed
+    int4 or FP8 weights, which transformers keeps compressed and expands in their own forward) are left as
+    they are. Returns how many layers were switched."""
     import torch
     import torch.nn.functional as F
 
@@ -243,17 +286,40 @@ def _fast_cpu_linears(model) -> int:
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear) or module is skip:
             continue
-        if module.weight.dtype not in (torch.bfloat16, torch.float16):
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        fp8_inputs = _fp8_token_inputs(module)
+        if _quantizes_inputs(module) and not fp8_inputs:   # its own forward rounds the input as the scheme says
             continue
         weight = module.weight.detach().float()
         bias = module.bias.detach().float() if module.bias is not None else None
 
-        def forward(x, weight=weight, bias=bias):
-            return F.linear(x.float(), weight, bias).to(x.dtype)
+        def forward(x, weight=weight, bias=bias, fp8_inputs=fp8_inputs):
+            inputs = x.float()
+            if fp8_inputs:   # FP8-dynamic (W8A8): each token's input rounded to FP8 e4m3 on its own scale, as vLLM does
+                scale = inputs.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448.0
+                inputs = (inputs / scale).to(torch.float8_e4m3fn).float() * scale
+            return F.linear(inputs, weight, bias).to(x.dtype)
 
         module.forward = forward
         switched += 1
     return switched
+
+
+def _quantizes_inputs(module) -> bool:
+    """A linear whose compressed-tensors scheme quantizes its input activations (FP8-dynamic's W8A8): its own
+    forward does that rounding, so it is not replaced by the fp32 GEMM."""
+    scheme = getattr(module, "quantization_scheme", None)
+    return getattr(scheme, "input_activations", None) is not None
+
+
+def _fp8_token_inputs(module) -> bool:
+    """A scheme that rounds each token's input to FP8 on its own dynamic scale (llm-compressor's FP8_DYNAMIC): the
+    fast fp32 path does that rounding itself (compressed-tensors' own forward also re-rounds the weights each call)."""
+    args = getattr(getattr(module, "quantization_scheme", None), "input_activations", None)
+    return (args is not None and str(getattr(args, "type", "")).endswith("float") and getattr(args, "num_bits", None) == 8
+            and str(getattr(args, "strategy", "")).endswith("token") and getattr(args, "dynamic", None) is True)
 
 
 def _model_facts(model_path: str, text, dtype) -> dict:
@@ -294,7 +360,7 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
 
     import torch
 
-    model, text, dtype = _load_model(model_path, resolved, revision, trust_remote_code)
+    model, text, dtype, dequantized = _load_model(model_path, resolved, revision, trust_remote_code)
     facts = _model_facts(model_path, text, dtype)
     fp32_linears = _fast_cpu_linears(model) if resolved == "cpu" else 0
     max_positions = getattr(text, "max_position_embeddings", None)
@@ -343,6 +409,10 @@ def measure_kv_ranges(model_path: str, documents: list[list[int]], *, max_tokens
             "k": stats[(layer_idx, "k")].result(), "v": stats[(layer_idx, "v")].result(),
             **({"q": stats[(layer_idx, "q")].result()} if (layer_idx, "q") in stats else {})})
     notes = [] if query_note is None else [query_note]
+    if dequantized:
+        notes.append(DEQUANTIZED_NOTE)
+        if rounded := sum(1 for module in model.modules() if _quantizes_inputs(module)):
+            notes.append(ACTIVATIONS_NOTE.format(layers=rounded))
     if getattr(text, "kv_lora_rank", None):
         notes.append("MLA model: vLLM caches the compressed latent (kv_c, k_pe), not these K/V tensors; "
                      "the ranges here do not describe its FP8 cache")

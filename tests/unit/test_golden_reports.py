@@ -66,12 +66,12 @@ def test_report_re_renders_the_same_review_tables_and_results(source, tmp_path):
 
 
 def _without_added_lines(review: str) -> str:
-    """The review less what issues 11 and 23 added (INTENDED_DIFFERENCES.md): the line linking failed
-    cells' logs, and the new limits on the thresholds line."""
+    """The review less what issues 11, 23 and 38 added (INTENDED_DIFFERENCES.md): the line linking failed
+    cells' logs, the new limits on the thresholds line, and the GGUF model's "Weights served" line."""
     added = "".join(f" {key}={value:g}" for key, value in ADDED_THRESHOLDS.items())
     margin = "".join(f" {key}={value:g}" for key, value in ADDED_DEGENERATION_MARGIN.items())
     kept = [line.replace(added, "").replace(margin, "") for line in review.split("\n")
-            if not line.startswith(LOG_LINE_START)]
+            if not line.startswith(LOG_LINE_START) and not line.startswith("- **Weights served:**")]
     return "\n".join(kept).replace("\n\n\n", "\n\n").replace("char_run, unreadable_text, ", "char_run, ")
 
 

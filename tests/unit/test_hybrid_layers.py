@@ -123,3 +123,39 @@ def test_the_kv_range_pass_diagnoses_only_the_layers_with_a_kv_cache(tmp_path):
     ranges = measure_kv_ranges(str(tmp_path), [list(range(1, 120)), list(range(7, 90))], device="cpu")
     assert [(layer["layer"], layer["attention_type"]) for layer in ranges["layers"]] == [(3, "full_attention")]
     assert ranges["layers"][0]["k"]["absmax"] > 0
+
+
+# Mixtures of experts (issue 38): an expert block replaces the MLP and caches nothing, so the layout is the
+# attention's: every layer caches K and V (MLA's one latent for DeepSeek), gpt-oss's sliding layers stay sliding.
+@pytest.mark.parametrize("model_type,per_layer,sliding", [
+    ("qwen3_moe", 2 * 4 * 64, 0), ("mixtral", 2 * 8 * 128, 0), ("qwen2_moe", 2 * 16 * 128, 0),
+    ("deepseek_v3", 512 + 64, 0), ("gpt_oss", 2 * 8 * 64, 18)])
+def test_a_mixture_of_experts_caches_kv_in_every_attention_layer(model_type, per_layer, sliding, tmp_path):
+    config = AutoConfig.for_model(model_type)
+    layout = _layout(config.to_dict(), tmp_path)
+    assert layout.cached_layers == list(range(config.num_hidden_layers)) and layout.state_layers == []
+    assert layout.per_layer_elements == per_layer and len(layout.sliding_window_layers) == sliding
+    if not sliding:
+        assert bytes_per_token(layout, KVSpec("fp8")) == config.num_hidden_layers * per_layer
+
+
+def test_layers_with_attention_and_a_state_in_one_keep_both(tmp_path):
+    # Falcon-H1: every layer runs attention and Mamba2 side by side ("hybrid"): all cache K/V, all keep a state,
+    # so the pool follows the state paging, not bytes per token alone (the layout once dropped the state).
+    layout = _layout(AutoConfig.for_model("falcon_h1").to_dict(), tmp_path)
+    assert layout.cached_layers == list(range(32)) and layout.state_layers == list(range(32))
+    assert layout.state_bytes_per_request == 32 * ((4 - 1) * (1024 + 2 * 256) + 1024 * 256) * 2
+    cell = complete_cell({"cell": "fp8-2048", "kv_spec": "fp8", "max_model_len": 2048, "started": True,
+                          "capacity": {"kv_pool_tokens": 1000, "num_blocks": 10, "block_size": 1024}})
+    (row,) = capacity_rows({"fp8-2048": cell}, layout, "bfloat16", 4 << 30)
+    assert row["layout_model"] == "state"
+
+
+def test_short_convolution_hybrids_keep_a_conv_state():
+    # LFM2-MoE (LFM2-8B-A1B's kind): "conv" layers keep (L_cache - 1) x hidden size elements per request, as vLLM's
+    # short_conv_state_shape allocates them; the attention layers between them cache K/V; the experts nothing.
+    text = AutoConfig.for_model("lfm2_moe", num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"])
+    kinds = layer_kinds(text, 4)
+    assert kinds.kv_layers == [2] and kinds.state_layers == [0, 1, 3]
+    assert kinds.state_elements_per_layer == (3 - 1) * 2048
+    assert kinds.state_bytes_per_request("bfloat16") == 3 * 2 * 2048 * 2

@@ -26,7 +26,7 @@ FP8_DYNAMIC = {"quant_method": "compressed-tensors", "format": "float-quantized"
 
 @pytest.mark.parametrize("config,label", [({**LLAMA, "quantization_config": AWQ}, "awq (4-bit)"),
                                           ({**LLAMA, "quantization_config": FP8_DYNAMIC},
-                                           "compressed-tensors (float-quantized)"),
+                                           "compressed-tensors (W8A16: fp8 weights; float-quantized)"),
                                           (LLAMA, None)])
 def test_the_configs_quantization_is_read_once_with_the_model_facts(tmp_path, config, label):
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -64,3 +64,46 @@ def test_the_review_names_the_weights_served():
     assert "weights quantized: awq (4-bit), served as they are" in text
     assert schema.ModelEntry.model_validate({"name": "m", "path": "/m", "source": "local", "ready": True,
                                              "max_position_embeddings": None}).weights_quantization is None
+
+
+# llm-compressor's two data-free schemes as scripts/make_quantized.py writes them (config_groups trimmed to the keys read).
+W4A16_G64 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+    "input_activations": None, "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 64}}}}
+FP8_DYNAMIC_W8A8 = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+    "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False}}}}
+
+
+@pytest.mark.parametrize("raw,label", [
+    (W4A16_G64, "compressed-tensors (W4A16: int4 weights in groups of 64; pack-quantized)"),
+    (FP8_DYNAMIC_W8A8, "compressed-tensors (W8A8: fp8 weights per channel, fp8 dynamic activations per token; "
+                       "float-quantized)")])
+def test_compressed_tensors_schemes_are_named_as_llm_compressor_names_them(raw, label):
+    assert weights_quantization({"quantization_config": raw}).label == label
+
+
+def test_the_range_pass_rounds_fp8_dynamic_inputs_as_vllm_does_and_leaves_weight_only_schemes_alone():
+    # worker/kv_ranges._fast_cpu_linears: a linear whose compressed-tensors scheme quantizes its input to FP8 per
+    # token (llm-compressor's FP8_DYNAMIC) gets each token's input rounded to e4m3 on its own scale in the fp32
+    # path; a weight-only (W4A16) linear computes on the unrounded input.
+    from types import SimpleNamespace
+
+    import torch
+
+    from kveval.worker.kv_ranges import _fast_cpu_linears
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(64, 32, bias=False)).bfloat16()
+    fp8_token = SimpleNamespace(type="float", num_bits=8, strategy="token", dynamic=True)
+    model[0].quantization_scheme = SimpleNamespace(input_activations=fp8_token)
+    model[1].quantization_scheme = SimpleNamespace(input_activations=None)
+    model[1].weight.data = model[0].weight.data.clone()
+    x = (torch.randn(5, 64) * torch.logspace(-2, 2, 5)[:, None]).bfloat16()   # tokens of very different sizes
+    assert _fast_cpu_linears(model) == 2
+    unrounded = torch.nn.functional.linear(x.float(), model[0].weight.float())
+    scale = x.float().abs().amax(dim=-1, keepdim=True) / 448
+    rounded = torch.nn.functional.linear((x.float() / scale).to(torch.float8_e4m3fn).float() * scale,
+                                         model[0].weight.float())
+    with torch.no_grad():
+        assert torch.equal(model[0](x), rounded.bfloat16()) and not torch.equal(model[0](x), model[1](x))
+        assert torch.equal(model[1](x), unrounded.bfloat16())

@@ -36,7 +36,7 @@ and io.py (`load`, `read`, `parse`, `dump`, `json_schema`).
 # Every public name of the package, as `from kveval.files import schema` gave it before the split.
 from kveval.files.schema.base import (MANIFEST_VERSION, CELL_VERSION, RESULTS_VERSION, KV_RANGES_VERSION,
                                       MAX_REPORTED_ERRORS, FileError, Number, FileModel)
-from kveval.files.schema.manifest import (ManifestModel, KvLayout, WeightsEntry, ModelEntry, Options, PromptFormat,
+from kveval.files.schema.manifest import (ManifestModel, KvLayout, WeightsEntry, EncoderEntry, ModelEntry, Options, PromptFormat,
                                           KvScales, PlannedEngine, PlannedCell, Versions, Hardware, HostPlatform, TaskFile,
                                           TaskData, Remedy, RoundProbes, TaskRound, TaskRounds, ReferenceCell, BaselineOrigin, ImportedBaseline,
                                           ParentStep, RunTiming, CalibrationEntry, SearchLength, SearchRecord,

@@ -51,6 +51,14 @@ class WeightsEntry(ManifestModel):
     bytes: int
 
 
+class EncoderEntry(ManifestModel):
+    """inputs/multimodal.Encoder: the vision/audio encoder vLLM loads beside the text model kveval runs."""
+
+    architecture: Optional[str] = None
+    modalities: list[str]
+    weight_bytes: Optional[int] = None
+
+
 class ModelEntry(ManifestModel):
     name: str
     path: str
@@ -62,6 +70,7 @@ class ModelEntry(ManifestModel):
     revision: Optional[str] = None           # --revision (None: the hub's default branch); absent in older runs
     weights: Optional[WeightsEntry] = None   # a local directory's weights hash (inputs/model_identity.py)
     weights_quantization: Optional[str] = None   # the checkpoint's quantization_config, e.g. "awq (4-bit)"; None: none
+    encoder: Optional[EncoderEntry] = None     # a multimodal checkpoint's encoder (inputs/multimodal.py); None: none
 
 
 class Options(ManifestModel):
