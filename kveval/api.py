@@ -263,7 +263,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path):
 
     runs = [RunDir(run_a), RunDir(run_b)]
     try:
-        manifests = [run.load_manifest() for run in runs]
+        manifests = [run.manifest() for run in runs]
     except StoreError as error:
         raise KvevalError(str(error)) from None
     mismatch = model_mismatch(*manifests, str(run_a), str(run_b))

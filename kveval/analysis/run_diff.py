@@ -1,6 +1,6 @@
 """Two runs of one model compared (`kveval diff RUN_A RUN_B`): what changed from A to B in verdict,
 divergence, task accuracy, KV pool and speed, each change judged against the runs' own noise. Pure:
-the two manifests (dicts) and stored results (`schema.Results`) in, typed pydantic objects out.
+the two manifests (`schema.Manifest`) and stored results (`schema.Results`) in, typed pydantic objects out.
 
 Cells are matched by cell id (the same KV spec at the same max_model_len, e.g. `fp8-8192`); the tested
 cells of only one run are listed, not compared.
@@ -42,7 +42,8 @@ judged worse: the runs may have tried other configurations (a remedy, --search),
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel
 
@@ -201,23 +202,6 @@ class RunDiff(Model):
 
 # --- reading ------------------------------------------------------------------------------------
 
-def _key(mapping: Any, *path: str) -> Any:
-    """manifest["a"]["b"]..., None where a part is absent (manifests of older kveval builds)."""
-    for part in path:
-        if not isinstance(mapping, dict):
-            return None
-        mapping = mapping.get(part)
-    return mapping
-
-
-def _field(row: Any, name: str) -> Any:
-    """A figure of an evidence row: typed rows by attribute; a row the schema still keeps as a dict
-    (per-sequence rows) by key; None when absent."""
-    if isinstance(row, dict):
-        return row[name] if name in row else None
-    return getattr(row, name, None)
-
-
 def _num(value: Any) -> float | None:
     if value is None or isinstance(value, bool):
         return None
@@ -225,13 +209,10 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(value) or math.isinf(value) else value
 
 
-def model_name(manifest: dict) -> str | None:
-    return _key(manifest, "model", "name")
-
-
-def model_mismatch(manifest_a: dict, manifest_b: dict, path_a: str = "A", path_b: str = "B") -> str | None:
+def model_mismatch(manifest_a: schema.Manifest, manifest_b: schema.Manifest, path_a: str = "A",
+                   path_b: str = "B") -> str | None:
     """One line when the two runs are of different models (their manifests' model names), else None."""
-    name_a, name_b = model_name(manifest_a), model_name(manifest_b)
+    name_a, name_b = manifest_a.model.name, manifest_b.model.name
     if name_a == name_b:
         return None
     return (f"{path_a} and {path_b} are runs of different models ({name_a!r} and {name_b!r}); "
@@ -250,20 +231,21 @@ def _kl_noise(floor: schema.NoiseFloor | None) -> float:
     return measured if measured else DEFAULT_KL_NOISE
 
 
-def _device(manifest: dict) -> str | None:
-    gpus = _key(manifest, "hardware", "gpus") or []
+def _device(hardware: schema.Hardware) -> str | None:
+    gpus = hardware.gpus
     if gpus:
         return str(gpus[0]).split(",")[0].strip() + (f" x{len(gpus)}" if len(gpus) > 1 else "")
-    return _key(manifest, "hardware", "cpu") or _key(manifest, "hardware", "machine")
+    return hardware.cpu or hardware.machine
 
 
-def _side(path: str, manifest: dict, results: schema.Results) -> RunSide:
+def _side(path: str, manifest: schema.Manifest, results: schema.Results) -> RunSide:
     floor = _floor(results)
     verdict = results.verdict
+    versions = manifest.versions
     return RunSide(
-        path=path, model=model_name(manifest) or results.model, kveval=_key(manifest, "versions", "kveval"),
-        vllm=_key(manifest, "versions", "vllm"), torch=_key(manifest, "versions", "torch"), device=_device(manifest),
-        created=_key(manifest, "created"), command=_key(manifest, "command") or results.command,
+        path=path, model=manifest.model.name or results.model, kveval=versions.kveval, vllm=versions.vllm,
+        torch=versions.torch, device=_device(manifest.hardware), created=manifest.created,
+        command=manifest.command or results.command,
         verdict=verdict.status if verdict else None, profile=verdict.profile.name if verdict else None,
         noise_kl_mean=_num(floor.kl_mean) if floor else None,
         noise_top1_disagreement=_num(floor.top1_disagreement) if floor else None)
@@ -281,17 +263,22 @@ def _sig(value: float | None) -> str | None:
     return None if value is None else f"{value:.3g}"
 
 
-def _settings(a: RunSide, b: RunSide, manifest_a: dict, manifest_b: dict) -> list[Setting]:
+def _run_settings(manifest: schema.Manifest) -> dict[str, Any]:
+    """What a run was asked to do, by the name the settings table gives it."""
+    options = manifest.options
+    return {"model path": manifest.model.path, "revision": options.engine_args.get("revision"),
+            "max_model_len": options.max_model_len, "KV configurations": options.kv, "suite": options.suite,
+            "KV budget (bytes)": options.kv_cache_memory_bytes,
+            "gpu_memory_utilization": options.gpu_memory_utilization, "enforce_eager": options.enforce_eager,
+            "engine args": options.engine_args, "phases": options.phases, "tasks": options.tasks,
+            "chat template kwargs": options.chat_template_kwargs}
+
+
+def _settings(a: RunSide, b: RunSide, manifest_a: schema.Manifest, manifest_b: schema.Manifest) -> list[Setting]:
     rows = [("model", a.model, b.model), ("verdict", a.verdict, b.verdict), ("vLLM", a.vllm, b.vllm),
             ("torch", a.torch, b.torch), ("device", a.device, b.device), ("kveval", a.kveval, b.kveval)]
-    for name, path in (("model path", ("model", "path")), ("revision", ("options", "engine_args", "revision")),
-                       ("max_model_len", ("options", "max_model_len")), ("KV configurations", ("options", "kv")),
-                       ("suite", ("options", "suite")), ("KV budget (bytes)", ("options", "kv_cache_memory_bytes")),
-                       ("gpu_memory_utilization", ("options", "gpu_memory_utilization")),
-                       ("enforce_eager", ("options", "enforce_eager")), ("engine args", ("options", "engine_args")),
-                       ("phases", ("options", "phases")), ("tasks", ("options", "tasks")),
-                       ("chat template kwargs", ("options", "chat_template_kwargs"))):
-        rows.append((name, _text(_key(manifest_a, *path)), _text(_key(manifest_b, *path))))
+    settings_a, settings_b = _run_settings(manifest_a), _run_settings(manifest_b)
+    rows += [(name, _text(settings_a[name]), _text(settings_b[name])) for name in settings_a]
     rows += [("noise floor KL mean", _sig(a.noise_kl_mean), _sig(b.noise_kl_mean)), ("created", a.created, b.created)]
     return [Setting(name=name, a=_text(va), b=_text(vb), changed=va != vb) for name, va, vb in rows
             if va is not None or vb is not None]
@@ -345,21 +332,41 @@ def _judged(change: Change, threshold: float, harmful_sign: int) -> Change:
                                      "harmful": beyond and change.delta * harmful_sign > 0})
 
 
-def _sequences(comparison: schema.Comparison | None) -> dict[str, tuple[Any, Any, Any]]:
-    """id -> (scored_from, n, row) of the comparison's per-sequence rows (still dicts in the schema)."""
+@dataclass(frozen=True)
+class _Sequence:
+    """One per-sequence row of a comparison (the schema keeps those rows as open dicts: analysis/divergence.py
+    writes divergence_summary's figures into them), read once here."""
+
+    scored_from: Any
+    n: Any
+    kl_mean: Any
+    top1_n: Any
+    top1_agreement: Any
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> "_Sequence":
+        return cls(*(row.get(name) for name in ("scored_from", "n", "kl_mean", "top1_n", "top1_agreement")))
+
+    @property
+    def span(self) -> tuple[Any, Any]:
+        """Where scoring started and how many positions: two runs scored a sequence alike when these agree."""
+        return self.scored_from, self.n
+
+
+def _sequences(comparison: schema.Comparison | None) -> dict[str, _Sequence]:
+    """id -> the comparison's per-sequence row."""
     if comparison is None:
         return {}
-    return {str(row["id"]): (_field(row, "scored_from"), _field(row, "n"), row) for row in comparison.per_sequence
-            if _field(row, "id") is not None}
+    return {str(row["id"]): _Sequence.of(row) for row in comparison.per_sequence if row.get("id") is not None}
 
 
-def _pooled(rows: list[dict]) -> tuple[float | None, float | None, int]:
+def _pooled(rows: list[_Sequence]) -> tuple[float | None, float | None, int]:
     """KL mean and top-1 agreement over sequences, weighted by their positions (as the cell's own
     summary pools them); and the top-1 positions."""
-    n = sum(_num(_field(r, "n")) or 0 for r in rows)
-    top1_n = sum(_num(_field(r, "top1_n")) or 0 for r in rows)
-    kl = sum((_num(_field(r, "n")) or 0) * (_num(_field(r, "kl_mean")) or 0) for r in rows) / n if n else None
-    top1 = (sum((_num(_field(r, "top1_n")) or 0) * (_num(_field(r, "top1_agreement")) or 0) for r in rows) / top1_n
+    n = sum(_num(r.n) or 0 for r in rows)
+    top1_n = sum(_num(r.top1_n) or 0 for r in rows)
+    kl = sum((_num(r.n) or 0) * (_num(r.kl_mean) or 0) for r in rows) / n if n else None
+    top1 = (sum((_num(r.top1_n) or 0) * (_num(r.top1_agreement) or 0) for r in rows) / top1_n
             if top1_n else None)
     return kl, top1, int(top1_n)
 
@@ -371,7 +378,7 @@ def _divergence(comp_a: schema.Comparison | None, comp_b: schema.Comparison | No
     sa, sb = (comp_a.summary if comp_a else None), (comp_b.summary if comp_b else None)
     late_a, late_b = (comp_a.late if comp_a else None), (comp_b.late if comp_b else None)
     seq_a, seq_b = _sequences(comp_a), _sequences(comp_b)
-    common = [key for key, (start, n, _) in seq_a.items() if key in seq_b and seq_b[key][:2] == (start, n)]
+    common = [key for key, row in seq_a.items() if key in seq_b and seq_b[key].span == row.span]
     kl_all = _change(sa and sa.kl_mean, sb and sb.kl_mean)
     kl, top1 = kl_all, _change(sa and sa.top1_agreement, sb and sb.top1_agreement)
     top1_n = (sa.top1_n if sa else 0, sb.top1_n if sb else 0)
@@ -381,8 +388,8 @@ def _divergence(comp_a: schema.Comparison | None, comp_b: schema.Comparison | No
         basis = "same sequences"
     elif common:
         basis = "common sequences"
-        kl_a, top1_a, n_a = _pooled([seq_a[key][2] for key in common])
-        kl_b, top1_b, n_b = _pooled([seq_b[key][2] for key in common])
+        kl_a, top1_a, n_a = _pooled([seq_a[key] for key in common])
+        kl_b, top1_b, n_b = _pooled([seq_b[key] for key in common])
         kl, top1, top1_n = _change(kl_a, kl_b), _change(top1_a, top1_b), (n_a, n_b)
     else:
         basis = "other text"
@@ -502,47 +509,49 @@ def _cell_diff(cell: str, verdict_a: str | None, verdict_b: str | None, results_
 
 # --- speed ----------------------------------------------------------------------------------------
 
-def _vs_spread(row_a: Any, row_b: Any, column: str) -> str:
+def _vs_spread(ranges: list[tuple[Any, Any]], runs: tuple[Any, Any]) -> str:
     """"beyond" when the min-max ranges of A and B do not overlap (analysis/speed.py's rule)."""
-    ranges = [(_num(_field(r, f"{column}_min")), _num(_field(r, f"{column}_max"))) for r in (row_a, row_b)]
+    ranges = [(_num(low), _num(high)) for low, high in ranges]
     if any(low is None or high is None for low, high in ranges):
         return "n/a"
-    if any((_num(_field(r, "runs")) or 0) < 2 for r in (row_a, row_b)):
+    if any((_num(n) or 0) < 2 for n in runs):
         return "too few runs"
     (low_a, high_a), (low_b, high_b) = ranges
     return "beyond" if high_b < low_a or low_b > high_a else "within"
 
 
 def _speed(results_a: schema.Results, results_b: schema.Results) -> list[SpeedDiff]:
-    rows_b = {(_field(r, "cell"), _field(r, "workload")): r for r in results_b.evidence.speed}
+    rows_b = {(r.cell, r.workload): r for r in results_b.evidence.speed}
     out = []
-    for row_a in results_a.evidence.speed:
-        key = (_field(row_a, "cell"), _field(row_a, "workload"))
-        row_b = rows_b.get(key)
-        if row_b is None:
+    for a in results_a.evidence.speed:
+        b = rows_b.get((a.cell, a.workload))
+        if b is None:
             continue
+        runs = (a.runs, b.runs)
         out.append(SpeedDiff(
-            cell=key[0], workload=key[1], decode_tok_s=_change(_field(row_a, "decode_tok_s"), _field(row_b, "decode_tok_s")),
-            ttft_ms=_change(_field(row_a, "ttft_ms"), _field(row_b, "ttft_ms")),
-            decode_vs_spread=_vs_spread(row_a, row_b, "decode_tok_s"), ttft_vs_spread=_vs_spread(row_a, row_b, "ttft_ms")))
+            cell=a.cell, workload=a.workload, decode_tok_s=_change(a.decode_tok_s, b.decode_tok_s),
+            ttft_ms=_change(a.ttft_ms, b.ttft_ms),
+            decode_vs_spread=_vs_spread([(a.decode_tok_s_min, a.decode_tok_s_max),
+                                         (b.decode_tok_s_min, b.decode_tok_s_max)], runs),
+            ttft_vs_spread=_vs_spread([(a.ttft_ms_min, a.ttft_ms_max), (b.ttft_ms_min, b.ttft_ms_max)], runs)))
     return out
 
 
 def _throughput(results_a: schema.Results, results_b: schema.Results) -> list[ThroughputDiff]:
-    def rows(results):
-        return {(_field(r, "cell"), _num(_field(r, "concurrency"))): r for r in results.evidence.throughput or []
-                if _num(_field(r, "concurrency")) is not None}
+    def rows(results: schema.Results) -> dict[tuple[str, float], schema.ThroughputRow]:
+        return {(r.cell, level): r for r in results.evidence.throughput or []
+                if (level := _num(r.concurrency)) is not None}
     rows_a, rows_b = rows(results_a), rows(results_b)
     return [ThroughputDiff(cell=key[0], concurrency=int(key[1]),
-                           output_tok_s=_change(_field(row_a, "output_tok_s"), _field(rows_b[key], "output_tok_s")),
-                           requests_per_s=_change(_field(row_a, "requests_per_s"), _field(rows_b[key], "requests_per_s")))
+                           output_tok_s=_change(row_a.output_tok_s, rows_b[key].output_tok_s),
+                           requests_per_s=_change(row_a.requests_per_s, rows_b[key].requests_per_s))
             for key, row_a in rows_a.items() if key in rows_b]
 
 
 # --- the diff -------------------------------------------------------------------------------------
 
-def compare_runs(path_a: str, manifest_a: dict, results_a: schema.Results,
-                 path_b: str, manifest_b: dict, results_b: schema.Results) -> RunDiff:
+def compare_runs(path_a: str, manifest_a: schema.Manifest, results_a: schema.Results,
+                 path_b: str, manifest_b: schema.Manifest, results_b: schema.Results) -> RunDiff:
     """B against A (see the module doc for the rules). Refuses runs of different models (ValueError)."""
     mismatch = model_mismatch(manifest_a, manifest_b, path_a, path_b)
     if mismatch:

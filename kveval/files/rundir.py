@@ -298,10 +298,6 @@ class RunDir:
         return self.cells_dir.is_dir() and any(p for p in self.cells_dir.glob("*.json")
                                                if not p.name.endswith(".spec.json"))
 
-    def load_results(self) -> dict:
-        """results.json (or .json.gz): the stored evidence and verdict, validated."""
-        return _validated("results", self.results_path)
-
     def results(self) -> schema.Results:
         """results.json (or .json.gz) as the typed model."""
         try:

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 
 DEFAULT_SAMPLES = 600       # CPU: a healthy model's recovery bound clears 0.90 well before this (docs/statistics.md)
 DEFAULT_SAMPLES_GPU = 1200  # GPU: enough for a healthy cell with 15 % looping outputs (module docstring)
-DEFAULT_SECONDS = 20 * 60.0
 DEFAULT_TEXT = "600,20m"
 
 _TIME = re.compile(r"^(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>s|sec|m|min|h|hr)$", re.I)

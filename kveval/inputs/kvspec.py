@@ -52,11 +52,6 @@ class KVSpec:
         """The configuration vLLM runs for this spec, under one spelling (fp8_e4m3 -> fp8)."""
         return KVSpec(SAME_CACHE.get(self.dtype, self.dtype), self.keep, self.scaled)
 
-    @property
-    def unscaled(self) -> "KVSpec":
-        """The same configuration at the checkpoint's own scales."""
-        return KVSpec(self.dtype, self.keep)
-
     def engine_settings(self) -> dict:
         """What vLLM is given for this spec."""
         settings = {"kv_cache_dtype": self.dtype}

@@ -30,10 +30,6 @@ class LayerKinds(BaseModel):
     state_elements_per_layer: int | None = None   # elements of one layer's state for one request
     state_dtype: str | None = None           # the dtype vLLM keeps that state in, where the config says
 
-    @property
-    def is_hybrid(self) -> bool:
-        return bool(self.state_layers)
-
     def state_bytes_per_request(self, model_dtype: str) -> int | None:
         """Bytes of state one request holds across the state layers (None when the layer type's state size
         is not known here)."""

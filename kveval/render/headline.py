@@ -146,11 +146,6 @@ def _cost_and_choice(spec: str, cap: int, evidence: schema.Evidence, prefer: str
     return fields
 
 
-def deploy_line(verdict, evidence: schema.Evidence, enforce_eager: bool = False, vllm_version: str | None = None) -> str:
-    """The review's deploy line (`deployment`'s)."""
-    return deployment(verdict, evidence, enforce_eager, vllm_version).line
-
-
 def deployment_of(verdict, evidence: schema.Evidence, manifest: schema.Manifest | None) -> schema.Deployment:
     """The deploy answer with the run's own engine settings and choice (--prefer, --slo): what the review,
     results.json and `gate --json` state."""

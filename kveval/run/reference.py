@@ -26,11 +26,6 @@ def reference_id(baseline_cell: str) -> str:
     return f"{baseline_cell}{REFERENCE_SUFFIX}"
 
 
-def reference_cells(manifest: schema.Manifest | None) -> dict[str, schema.ReferenceCell]:
-    """Reference cell id -> the baseline cell it stands in for (`for_`), its kv_cache_memory_bytes and why."""
-    return dict(manifest.quality_references or {}) if manifest is not None else {}
-
-
 def _budget(manifest: schema.Manifest, length: int, failed_budget: int | None) -> int | None:
     model = manifest.model
     per_token = bytes_per_token(model.kv_layout, KVSpec(BASELINE_KV), model.dtype or "bfloat16", every_layer_full=True)

@@ -100,11 +100,6 @@ def undecided_by_tasks(verdict: Verdict, cell: str) -> bool:
     return _open_task_reasons(verdict, cell) == 1
 
 
-def task_open_among_others(verdict: Verdict, cell: str) -> bool:
-    """INCONCLUSIVE with the task comparison open and at least one other open reason."""
-    return _open_task_reasons(verdict, cell) > 1
-
-
 def task_decided(verdict: Verdict, cell: str) -> bool:
     """The cell's task comparison settled either way (shown non-inferior, or a significant drop)."""
     return any(c.cell == cell and c.name in ("task_noninferiority", "task_recovery") and c.passed is not None

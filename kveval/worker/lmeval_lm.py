@@ -18,7 +18,7 @@ from typing import Any, Callable
 from lm_eval.api.model import LM
 from pydantic import BaseModel, ConfigDict
 
-from kveval.inputs.workloads import _encode, render_chat
+from kveval.inputs.workloads import encode, render_chat
 from kveval.worker.engine_results import Generated, Scored
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default when a task does not say
@@ -121,11 +121,11 @@ class EngineLM(LM):
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
-        whole = _encode(self.tokenizer, context + continuation, add_special_tokens=True)
-        context_ids = _encode(self.tokenizer, context, add_special_tokens=True)
+        whole = encode(self.tokenizer, context + continuation, add_special_tokens=True)
+        context_ids = encode(self.tokenizer, context, add_special_tokens=True)
         if not context:  # nothing to condition on: BOS or EOS stands in, as in lm-eval
             start = getattr(self.tokenizer, "bos_token_id", None) or self.tokenizer.eos_token_id
-            return [start], _encode(self.tokenizer, continuation)
+            return [start], encode(self.tokenizer, continuation)
         return context_ids, whole[len(context_ids):]
 
     def _too_long(self, prompt_tokens: int, budget: int) -> dict:

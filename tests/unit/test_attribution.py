@@ -25,7 +25,7 @@ from kveval.evidence import build_evidence
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Thresholds, evaluate
 from kveval.gate.attribution import _attribute, sequences_needed
 from kveval.gate.collector import _Collector
-from kveval.render.headline import deploy_line, headline
+from kveval.render.headline import deployment, headline
 from tests.support.constructed import manifest_for, started_cell, write_run
 from tests.support.evidence import typed_manifest
 
@@ -94,7 +94,7 @@ def test_drift_the_kept_layers_remove_fails_plain_fp8_and_the_remedy_passes():
     assert "caused by layers 3, 17" in fail.message and "sign-flip test over 12 scored sequences" in fail.message
     text = headline(verdict, evidence, "bfloat16")
     assert "FP8 with layers 3, 17 kept in bfloat16 passes at 1024" in text
-    assert deploy_line(verdict, evidence) == ("Deploy (passes at 1024): `vllm serve MODEL --kv-cache-dtype fp8 "
+    assert deployment(verdict, evidence).line == ("Deploy (passes at 1024): `vllm serve MODEL --kv-cache-dtype fp8 "
                                               "--kv-cache-dtype-skip-layers 3 17 --max-model-len 1024`")
 
 
@@ -105,7 +105,7 @@ def test_a_passing_configuration_that_holds_no_more_than_auto_is_not_deployed():
     cells[f"fp8:keep=3,17-{LENGTH}"] = _cell("fp8:keep=3,17", HEALTHY, 2, pool=1000)
     evidence, verdict = _judge(cells)
     assert verdict.cells[f"fp8:keep=3,17-{LENGTH}"] == PASS
-    assert deploy_line(verdict, evidence) == ("Deploy: `vllm serve MODEL --kv-cache-dtype auto` (`fp8:keep=3,17` "
+    assert deployment(verdict, evidence).line == ("Deploy: `vllm serve MODEL --kv-cache-dtype auto` (`fp8:keep=3,17` "
                                               "passed but holds no more KV than `auto`: nothing to gain from it)")
 
 
@@ -116,7 +116,7 @@ def test_the_deploy_line_names_the_backend_the_passing_cells_ran_on():
                                                          "max_model_len": LENGTH, "seed": 0,
                                                          "attention_backend": "TRITON_ATTN"}
     evidence, verdict = _judge(cells)
-    assert deploy_line(verdict, evidence, enforce_eager=True, vllm_version="0.26.0") == (
+    assert deployment(verdict, evidence, enforce_eager=True, vllm_version="0.26.0").line == (
         "Deploy (passes at 1024; verified on vLLM 0.26.0): `vllm serve MODEL --kv-cache-dtype fp8 "
         "--kv-cache-dtype-skip-layers 3 17 --max-model-len 1024 --enforce-eager --attention-backend TRITON_ATTN`")
 

@@ -58,7 +58,7 @@ def test_mamba_hybrids_are_read_from_transformers_configs(model_type, attention,
     if attention is not None:     # Nemotron-H's default pattern: Mamba, MoE, attention, MLP
         assert kinds.kv_layers == attention and kinds.state_layers == state
         assert kinds.state_dtype == "float32"   # its config asks vLLM for a float32 SSM cache
-    assert kinds.is_hybrid and kinds.state_elements_per_layer > 0
+    assert kinds.state_layers and kinds.state_elements_per_layer > 0
     assert set(kinds.kv_layers).isdisjoint(i for i, k in enumerate(kinds.kinds) if k == "linear_attention")
 
 

@@ -42,7 +42,6 @@ def test_scaled_specs_parse_in_any_order_and_name_one_configuration():
     assert spec == KVSpec("fp8", ("3", "17"), "head")
     assert spec.text == "fp8:scaled=head,keep=3,17" and parse_kv(spec.text) == spec
     assert parse_kv("fp8:scaled") == KVSpec("fp8", (), "tensor") and parse_kv("fp8:scaled=tensor").text == "fp8:scaled"
-    assert spec.unscaled == KVSpec("fp8", ("3", "17"))
     assert parse_kv("fp8:scaled").label("bf16") == "FP8 with calibrated per-tensor scales"
     assert spec.label("bf16") == "FP8 with calibrated per-head scales, layers 3, 17 kept in bf16"
 

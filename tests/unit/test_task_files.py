@@ -64,18 +64,19 @@ def test_one_yaml_per_task_matching_taskspec():
     names = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
     assert names == sorted([*td.TASKS, td.TASK_GROUP])
     for name, spec in td.TASKS.items():
-        cfg = read_yaml(TASKS_DIR / f"{name}.yaml")
+        assert spec.yaml == TASKS_DIR / f"{name}.yaml" and spec.yaml.is_file()
+        cfg = read_yaml(spec.yaml)
         assert cfg["task"] == name
         assert cfg["output_type"] == "generate_until"
         assert cfg["test_split"] == "test"
-        assert cfg["custom_dataset"] == f"utils.{name}_docs"
-        assert cfg["process_results"] == "utils.process_results"
+        assert cfg["custom_dataset"] == spec.docs_hook == f"utils.{name}_docs"
+        assert cfg["process_results"] == spec.scoring == "utils.process_results"
         assert cfg["doc_to_text"] == "{{input}}"
         assert cfg["num_fewshot"] == 0
         gen = cfg["generation_kwargs"]
         assert gen["max_gen_toks"] == spec.max_gen_toks
         assert gen["do_sample"] is False and gen["temperature"] == 0.0 and gen["until"] == []
-        assert [m["metric"] for m in cfg["metric_list"]] == ["all_match", "partial_match"]
+        assert [m["metric"] for m in cfg["metric_list"]] == list(spec.metrics) == ["all_match", "partial_match"]
         assert all(m["aggregation"] == "mean" and m["higher_is_better"] is True
                    for m in cfg["metric_list"])
         assert "version" in cfg["metadata"]

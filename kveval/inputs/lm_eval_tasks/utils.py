@@ -4,7 +4,7 @@ Self-contained on purpose (stdlib + `datasets` only, no kveval import), so the s
 these tasks: `lm_eval --include_path "$(kveval tasks path)" --tasks kveval_longctx --metadata '{"data_dir": DIR}'`.
 
 The docs are not generated here. They depend on the model's tokenizer and on max_model_len, so
-kveval writes them once per length (`kveval tasks generate ...`, see kveval/inputs/task_data.py) and every
+kveval writes them once per length (`kveval tasks generate ...`, see kveval/inputs/task_data/) and every
 KV-cache dtype then reads the same files. lm-eval calls `custom_dataset` with the task's
 metadata as keyword arguments: the YAML's `version`, `config_source` (the YAML path) and whatever
 was given to --metadata / TaskManager(metadata=...); the CLI merges --model_args in as well.
