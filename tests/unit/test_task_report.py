@@ -11,16 +11,16 @@ from click.testing import CliRunner
 from kveval.cli.commands import cli
 from kveval.evidence import build_evidence
 from kveval.render.outputs import evidence_tables, write_results
-from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, evaluate
+from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, evaluate
 from kveval.files import schema
 from kveval.files.rundir import RunDir
 from kveval.render.plots import task_heatmap
-
-HEATMAP_FILE = RunDir.TASK_HEATMAP
 from kveval.render.review import render_review
 from tests.support.constructed import manifest_for, scoring_phase, started_cell, write_run
 from tests.support.evidence import typed_evidence, typed_manifest
 from tests.support.task_samples import passkey_grid, sample, with_tasks
+
+HEATMAP_FILE = RunDir.TASK_HEATMAP
 
 N = 300
 WRONG = {(0.25, 0.0, 0), (0.5, 0.0, 1), (0.5, 0.5, 0)}
