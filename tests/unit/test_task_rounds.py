@@ -291,7 +291,7 @@ def _loop(setup, stand_in, monkeypatch):
     from kveval.pipeline import judge_stored_run
 
     manifest = setup.run.manifest()
-    return schema.dump(manifest), judge_stored_run(setup.run, manifest, setup.run.load_cells(manifest), T)
+    return schema.dump(manifest), judge_stored_run(setup.run, manifest, setup.run.cell_results(manifest), T)
 
 
 @pytest.fixture(scope="module")
