@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kveval-installed
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo demo-full test unit install browser bench clean-demo
+.PHONY: demo demo-full test unit lint typecheck install browser bench clean-demo
 
 install: $(STAMP) browser
 
@@ -67,8 +67,15 @@ test: $(STAMP) browser
 	$(UNIT_PYTEST)
 	$(BIN)/python -m pytest -m engine
 
-unit: $(STAMP) browser
+unit: $(STAMP) browser lint typecheck
 	$(UNIT_PYTEST)
+
+# pyproject.toml's [tool.ruff] and [tool.mypy] say what is checked (mypy: strict on files/, gate/, analysis/).
+lint: $(STAMP)
+	$(BIN)/ruff check kveval tests scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_vs_naive.py

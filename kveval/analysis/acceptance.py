@@ -1,20 +1,21 @@
 """Which prompts each started cell accepted, as vLLM decided (never predicted)."""
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
-from kveval.analysis.cell_records import CellLike, generation_records, typed_cells
+from kveval.analysis.cell_records import generation_records
 from kveval.files.schema import CellResult
 
 
-def acceptance_matrix(workloads: list[dict], cells: dict[str, CellLike]) -> pd.DataFrame:
+def acceptance_matrix(workloads: list[dict[str, Any]], cells: dict[str, CellResult]) -> pd.DataFrame:
     """Rows: prompts; columns: cells; values: accepted / rejected / error / not run. The degeneration
     probes share one row ("probe (100 prompts)": "accepted", or "k/n accepted"), so a hundred short
     questions do not bury the prompts whose acceptance is the finding. Probe rounds give new probes only
     to the cells still undecided (and their baseline), so a cell decided earlier ran fewer of the row's
     probes: its value counts the probes it ran and says how many ("accepted (20 of 142 run)"), never
     "20/142 accepted", which would read as 122 refusals."""
-    cells = typed_cells(cells)
     rows = []
     probes = [prompt for prompt in workloads if prompt.get("kind") == "probe"]
     for prompt in workloads:
@@ -48,10 +49,10 @@ def _status(facts: CellResult, prompt_id: str) -> str:
     return "rejected" if record.rejection else "error"
 
 
-def rejections(cells: dict[str, CellLike]) -> pd.DataFrame:
+def rejections(cells: dict[str, CellResult]) -> pd.DataFrame:
     """Every refused or failed prompt with the engine's own message."""
     rows = []
-    for name, facts in typed_cells(cells).items():
+    for name, facts in cells.items():
         for record in generation_records(facts).values():
             if not record.accepted:
                 rows.append({"cell": name, "prompt": record.prompt_id,

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import permutation_test
 
-from kveval.analysis.cell_records import BASELINE_KV, CellLike, stored_spec, typed_cells
+from kveval.analysis.cell_records import BASELINE_KV, stored_spec
 from kveval.files.schema import CellResult
 from kveval.analysis.divergence import compare_sequences, default_edges, scored_sequences
 
@@ -163,10 +163,9 @@ def _spec(facts: CellResult):
     return stored_spec(facts.kv_spec or "auto")
 
 
-def remedy_pairs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> list[tuple[str, str, str]]:
+def remedy_pairs(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> list[tuple[str, str, str]]:
     """(plain cell, remedy cell, baseline cell) at one max_model_len, all three scored. A remedy cell is
     any cell keeping layers; its plain cell has the same FP8 dtype (aliases included) and keeps none."""
-    cells = typed_cells(cells)
     scored = {name: facts for name, facts in cells.items() if scored_sequences(facts)}
     specs = {name: _spec(facts) for name, facts in scored.items()}
     pairs = []
@@ -184,9 +183,8 @@ def remedy_pairs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> 
     return pairs
 
 
-def remedy_attribution(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> list[dict]:
+def remedy_attribution(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> list[dict]:
     """Per (plain, remedy) pair at one length: the paired figures (`pair_figures`) and the kept layers."""
-    cells = typed_cells(cells)
     out = []
     for plain, remedy, base in remedy_pairs(cells, baseline_kv):
         reference = scored_sequences(cells[base])
@@ -199,11 +197,10 @@ def remedy_attribution(cells: dict[str, CellLike], baseline_kv: str = BASELINE_K
     return out
 
 
-def identical_specs(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> list[dict]:
+def identical_specs(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> list[dict]:
     """Pairs of cells at one length whose KV specs differ in kept layers (same FP8 dtype) yet whose
     per-position KL against the same baseline is identical to the last digit: the difference between
     the two settings never reached the engine."""
-    cells = typed_cells(cells)
     scored = {name: facts for name, facts in cells.items() if scored_sequences(facts) and _spec(facts) is not None
               and facts.kv_spec != baseline_kv}
     found = []

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV, CellLike, pool_tokens, typed_cells
+from kveval.analysis.cell_records import BASELINE_KV, pool_tokens
 from kveval.files.schema import CellResult
 
 
-def startup_table(cells: dict[str, CellLike]) -> pd.DataFrame:
+def startup_table(cells: dict[str, CellResult]) -> pd.DataFrame:
     rows = []
-    for name, facts in typed_cells(cells).items():
+    for name, facts in cells.items():
         failure, capacity, crash = facts.failure, facts.capacity, facts.crash
         rows.append({
             "cell": name,
@@ -38,16 +38,16 @@ def startup_table(cells: dict[str, CellLike]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def pool_by_length(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def pool_by_length(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     """One row per (max_model_len, non-baseline dtype): both pools and their ratio."""
     by_length: dict[int, dict[str, CellResult]] = {}
-    for facts in typed_cells(cells).values():
+    for facts in cells.values():
         by_length.setdefault(facts.max_model_len, {})[facts.kv_spec] = facts
     rows = []
     for length in sorted(by_length):
         dtypes = by_length[length]
         base = dtypes.get(baseline_kv)
-        others = [kv for kv in dtypes if kv != baseline_kv] or [None]
+        others: list[str | None] = [kv for kv in dtypes if kv != baseline_kv] or [None]
         for kv in others:
             other = dtypes.get(kv) if kv else None
             base_tokens = pool_tokens(base) if base else None

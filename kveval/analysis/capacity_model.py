@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kveval.analysis.cell_records import CellLike, stored_spec, typed_cells
+from kveval.analysis.cell_records import stored_spec
 from kveval.files.schema import Capacity, CellResult, KvLayout, StartupRow
 from kveval.inputs.kvspec import KVSpec
 
@@ -212,14 +212,13 @@ def predict_cell(layout: KvLayout | None, spec: KVSpec, model_dtype: str, budget
                       block_bytes=per_token * block)
 
 
-def capacity_rows(cells: dict[str, CellLike], layout: KvLayout | None, model_dtype: str, budget_bytes: int | None,
+def capacity_rows(cells: dict[str, CellResult], layout: KvLayout | None, model_dtype: str, budget_bytes: int | None,
                   baseline_kv: str = "auto") -> list[dict]:
     """Per cell: predicted vs measured pool. The budget is --kv-cache-memory when given; otherwise
     the one the baseline cell's measured blocks imply (vLLM's default share of the device), so a
     cell that got far less than its dtype should (another process held memory) is still flagged.
     Each non-baseline row also gets its pool's ratio to the baseline at the same length, measured
     and predicted."""
-    cells = typed_cells(cells)
     implied = _implied_budgets(cells, layout, model_dtype, baseline_kv) if budget_bytes is None else {}
     # A cell that did not start reports no block size; the run's started cells share the backend's.
     started = [f.capacity for f in cells.values() if f.started and f.capacity is not None]

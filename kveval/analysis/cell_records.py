@@ -2,38 +2,11 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Mapping, Union
+from typing import Mapping
 
-from kveval.defaults import BASELINE_KV  # noqa: F401 - the analyses import it from here
-from kveval.files import schema
+from kveval.defaults import BASELINE_KV as BASELINE_KV  # the analyses import it from here
 from kveval.files.schema import CellResult, GenerationRecord
 from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
-
-# What the analyses' entry points accept: typed cells, or cell dicts as read from the files (tests and
-# older callers), which are validated once, at the entry.
-CellLike = Union[CellResult, dict]
-
-
-def typed_cell(facts: CellLike, name: str = "<cell>") -> CellResult:
-    """One cell as the typed model; a plain dict is validated (a schema.FileError names the bad field)."""
-    if isinstance(facts, CellResult):
-        return facts
-    return schema.parse(CellResult, facts, f"cell {name}")
-
-
-def typed_cells(cells: Mapping[str, CellLike]) -> dict[str, CellResult]:
-    """Every cell typed (see `typed_cell`); already typed cells are passed through, not re-validated."""
-    if all(isinstance(facts, CellResult) for facts in cells.values()):
-        return cells if isinstance(cells, dict) else dict(cells)
-    return {name: typed_cell(facts, name) for name, facts in cells.items()}
-
-
-def typed_record(record: GenerationRecord | dict | None) -> GenerationRecord | None:
-    """One generation record as the typed model; a plain dict (tests) is validated."""
-    if record is None or isinstance(record, GenerationRecord):
-        return record
-    return GenerationRecord.model_validate(record)
-
 
 @lru_cache(maxsize=None)
 def stored_spec(text: str | None) -> KVSpec | None:
@@ -48,11 +21,11 @@ def stored_spec(text: str | None) -> KVSpec | None:
         return None
 
 
-def generation_records(facts: CellLike | None) -> dict[str, GenerationRecord]:
+def generation_records(facts: CellResult | None) -> dict[str, GenerationRecord]:
     """prompt_id -> generation record, or {} when the cell has none."""
     if not facts:
         return {}
-    phase = typed_cell(facts).phases.generation
+    phase = facts.phases.generation
     return {record.prompt_id: record for record in (phase.records or [])} if phase else {}
 
 

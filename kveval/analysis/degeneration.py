@@ -19,8 +19,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from kveval.analysis.cell_records import (BASELINE_KV, CellLike, baseline_for, generation_records, typed_cells,
-                                         typed_record)
+from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
 from kveval.files.schema import CellResult, GenerationRecord
 
 Records = dict[str, dict[str, GenerationRecord]]   # cell -> prompt id -> its output
@@ -387,10 +386,9 @@ def _token_count(record: GenerationRecord) -> int:
     return len(ids) if ids is not None else int(record.output_tokens or 0)
 
 
-def scan_output(record: GenerationRecord | dict | None,
-                baseline_record: GenerationRecord | dict | None = None) -> list[Finding]:
+def scan_output(record: GenerationRecord | None,
+                baseline_record: GenerationRecord | None = None) -> list[Finding]:
     """Every detector over one accepted record; length_blowup only with an accepted baseline record."""
-    record, baseline_record = typed_record(record), typed_record(baseline_record)
     if not record or not record.accepted:
         return []
     text, tokens = record.text or "", _token_count(record)
@@ -442,10 +440,9 @@ def _scanned(workloads: list[dict], cells: dict[str, CellResult], records: Recor
                 yield name, prompt, record
 
 
-def scan_cells(workloads: list[dict], cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def scan_cells(workloads: list[dict], cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     """One row per finding; `new_vs_baseline` is False for baseline cells and for findings a baseline
     output for the same prompt also had, at any length (detector by detector)."""
-    cells = typed_cells(cells)
     records = {name: generation_records(facts) for name, facts in cells.items()}
     own: dict[tuple[str, str], list[Finding]] = {}
     sources: dict[tuple[str, str], str | None] = {}
@@ -524,13 +521,12 @@ def _cumulative(rounds: list[int]) -> list[int]:
     return looks
 
 
-def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellLike], workloads: list[dict]) -> pd.DataFrame:
+def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellResult], workloads: list[dict]) -> pd.DataFrame:
     """Per started cell: outputs scanned, outputs with (new) findings, count per detector, token-limit rate.
 
     hit_token_limit is informational: it has its own count and rate, but does not make an output
     count as "with findings".
     """
-    cells = typed_cells(cells)
     records = {name: generation_records(facts) for name, facts in cells.items()}
     rows = []
     for name, facts in cells.items():

@@ -12,7 +12,7 @@ from kveval.analysis.repeat_interval import CONFIDENCE
 from kveval.files import schema
 
 
-def _number(value) -> float | None:
+def _number(value: float | None) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 

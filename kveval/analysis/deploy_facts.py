@@ -14,7 +14,7 @@ from kveval.analysis.cell_records import BASELINE_KV, stored_spec
 from kveval.files import schema
 
 
-def _known(value) -> float | None:
+def _known(value: float | None) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 

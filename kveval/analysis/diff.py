@@ -13,8 +13,7 @@ import os
 import pandas as pd
 from rapidfuzz import fuzz
 
-from kveval.analysis.cell_records import (BASELINE_KV, CellLike, baseline_for, generation_records, typed_cells,
-                                         typed_record)
+from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
 from kveval.files.schema import CellResult, GenerationRecord
 
 EXCERPT_BEFORE = 60   # characters of shared text shown before the divergence
@@ -54,9 +53,8 @@ def divergence_excerpt(candidate_text: str, reference_text: str,
             "char_offset": offset}
 
 
-def compare_outputs(candidate: GenerationRecord | dict, reference: GenerationRecord | dict) -> dict:
+def compare_outputs(candidate: GenerationRecord, reference: GenerationRecord) -> dict:
     """Token identity, first divergent token, text similarity, length ratio and an excerpt."""
-    candidate, reference = typed_record(candidate), typed_record(reference)
     mine, theirs = _tokens(candidate), _tokens(reference)
     text, reference_text = candidate.text or "", reference.text or ""
     index = first_divergence(mine, theirs)
@@ -114,9 +112,8 @@ def _row(prompt: dict, cell: str, reference: str, comparison: str, a: Generation
             "comparison": comparison, **compare_outputs(a, b)}
 
 
-def diff_pairs(workloads: list[dict], cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def diff_pairs(workloads: list[dict], cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     """One row per (prompt, comparison) where both outputs were accepted; see the module doc."""
-    cells = typed_cells(cells)
     records = {name: generation_records(facts) for name, facts in cells.items()}
     kv_pairs = _kv_references(cells, baseline_kv)
     ordered = _started_baselines(cells, baseline_kv)

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cell, typed_cells
+from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.cluster_interval import cluster_mean
 from kveval.files.schema import CellResult, ScoredPosition, ScoredSequence
 
@@ -160,9 +160,9 @@ def _scored(facts: CellResult, noise: bool = False) -> dict[str, ScoredSequence]
     return {s.id: s for s in sequences if s.accepted and s.positions}
 
 
-def scored_sequences(facts: CellLike) -> dict[str, ScoredSequence]:
+def scored_sequences(facts: CellResult) -> dict[str, ScoredSequence]:
     """A cell's accepted, scored sequences by id ({} when it did not start or has no scoring)."""
-    return _scored(typed_cell(facts))
+    return _scored(facts)
 
 
 def _align(ref: ScoredSequence, cand: ScoredSequence) -> tuple[list, list, int]:
@@ -286,7 +286,7 @@ def _nearest_baseline(facts: CellResult, bases: dict[str, CellResult]) -> str | 
     return ranked[0] if ranked else None
 
 
-def cell_divergence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV, model_limit: int | None = None) -> dict:
+def cell_divergence(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV, model_limit: int | None = None) -> dict:
     """Every non-baseline cell against its baseline, plus the baseline's own noise floor.
 
     kind "kv": cell vs the started, scored baseline at the same max_model_len. When that baseline
@@ -298,7 +298,6 @@ def cell_divergence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV, 
     noise_floor takes the max of each figure over the noise comparisons (None when there are none).
     kv comparisons also carry `late`: the summary over positions from `late_start` of the cell on.
     """
-    cells = typed_cells(cells)
     order = sorted(cells, key=lambda name: (cells[name].max_model_len, cells[name].kv_spec, name))
     bases = {n: cells[n] for n in order if cells[n].kv_spec == baseline_kv and _scored(cells[n])}
     comparisons, unmatched = [], []

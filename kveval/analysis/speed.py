@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cells
+from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.repeat_interval import median_interval, ratio_interval
-from kveval.files.schema import Spread
+from kveval.files.schema import CellResult, Spread
 
 
 def _spread(summary: Spread | None, part: str):
     return getattr(summary, part) if summary is not None else None
 
 
-def speed_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def speed_table(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     rows = []
-    for name, facts in typed_cells(cells).items():
+    for name, facts in cells.items():
         phase = facts.phases.speed
         for entry in (phase.workloads or []) if phase else []:
             rows.append({

@@ -21,11 +21,11 @@ import math
 
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cell, typed_cells
+from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.json_values import json_safe, records
 from kveval.analysis.sequential import look_caps
 from kveval.files import schema
-from kveval.files.schema import TasksPhase
+from kveval.files.schema import CellResult, TasksPhase
 
 ALL_TASKS = "ALL"
 CONFIDENCE = 0.95
@@ -93,12 +93,12 @@ def _present(series: pd.Series) -> pd.Series:
     return series.map(lambda v: v is not None and not (isinstance(v, float) and math.isnan(v)) and v != "").astype(bool)
 
 
-def tasks_phase(facts: CellLike | None) -> TasksPhase | None:
+def tasks_phase(facts: CellResult | None) -> TasksPhase | None:
     """A cell's tasks phase, or None when it ran none."""
-    return typed_cell(facts).phases.tasks if facts else None
+    return facts.phases.tasks if facts else None
 
 
-def task_samples(cells: dict[str, CellLike]) -> pd.DataFrame:
+def task_samples(cells: dict[str, CellResult]) -> pd.DataFrame:
     """One row per stored sample of every cell: the cell, its KV dtype and max_model_len, then every
     record field (fields a record adds beyond the known ones are kept, after them). Rejected and
     errored samples are kept. Derived: `status` ("scored"; "error": the engine or lm-eval failed on
@@ -106,7 +106,7 @@ def task_samples(cells: dict[str, CellLike]) -> pd.DataFrame:
     `scored` (status "scored": accepted and a score) and `scored_correct` (scored and correct;
     `correct` as stored, else score >= 1)."""
     rows, extra = [], []
-    for name, facts in typed_cells(cells).items():
+    for name, facts in cells.items():
         phase = facts.phases.tasks
         for stored in (phase.samples or []) if phase else []:
             sample = schema.dump(stored)   # the keys the sample holds, in its order (absent ones stay absent)
@@ -285,7 +285,7 @@ def depth_length_grid(samples: pd.DataFrame) -> pd.DataFrame:
 
 # --- evidence ------------------------------------------------------------------------------------
 
-def task_evidence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> dict:
+def task_evidence(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> dict:
     """JSON-safe task evidence; {} when no cell has a tasks phase with samples or an error.
 
     samples: number of stored samples; sample_rows: every sample (tables/task_samples.csv);
@@ -298,7 +298,6 @@ def task_evidence(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) ->
     cells[*].n_max / final and design: the sequential design of a run with task rounds (absent otherwise).
     """
 
-    cells = typed_cells(cells)
     phases = {name: facts.phases.tasks for name, facts in cells.items()}
     errors = {name: str(phase.error) for name, phase in phases.items() if phase and phase.error}
     task_errors = {name: {str(task): str(text) for task, text in phase.task_errors.items()}

@@ -13,9 +13,9 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV, CellLike, typed_cells
+from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.repeat_interval import median_interval, ratio_interval
-from kveval.files.schema import ThroughputRow
+from kveval.files.schema import CellResult, ThroughputRow
 
 COLUMNS = ["cell", "kv_spec", "max_model_len", "concurrency", "requests", "prompt_tokens", "wall_s",
            "requests_per_s", "output_tok_s", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p90",
@@ -76,9 +76,9 @@ def _level_row(name: str, facts, phase, level: int, runs: list) -> dict:
     return row
 
 
-def throughput_table(cells: dict[str, CellLike], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def throughput_table(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     rows = []
-    for name, facts in typed_cells(cells).items():
+    for name, facts in cells.items():
         phase = facts.phases.throughput
         for level, runs in _level_groups((phase.runs or []) if phase else []).items():
             rows.append(_level_row(name, facts, phase, level, runs))

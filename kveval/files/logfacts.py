@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # "CPU KV cache size: 13,568 tokens, Maximum concurrency for 8,192 tokens per request: 1.66x"
 # (on GPU the line starts "GPU KV cache size"). vLLM sizes the pool before it builds the attention
@@ -10,7 +11,7 @@ _POOL = re.compile(r"(?:GPU|CPU|XPU|TPU)?\s*KV cache size:\s*([\d,]+)\s*tokens",
 _CONCURRENCY = re.compile(r"Maximum concurrency for\s*[\d,]+\s*tokens per request:\s*([\d.]+)x", re.I)
 
 
-def kv_pool_from_log(text: str) -> dict:
+def kv_pool_from_log(text: str) -> dict[str, Any]:
     """The last KV-pool size and max concurrency that vLLM logged, or Nones."""
     pools = _POOL.findall(text)
     concurrency = _CONCURRENCY.findall(text)

@@ -374,7 +374,7 @@ def classify_startup_failure(
     loud = [level not in _QUIET_LEVELS for level, _ in tagged]
     full_text = "\n".join(lines)
     backend = detect_backend(full_text)
-    estimate = estimated_max_model_len("\n".join(l for l, ok in zip(lines, loud) if ok))
+    estimate = estimated_max_model_len("\n".join(text for text, ok in zip(lines, loud) if ok))
 
     for idx, line in enumerate(lines):
         if not loud[idx]:

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from kveval import api
 from kveval.analysis.cell_records import generation_records
+from tests.support.evidence import typed_cell
 from kveval.cli.commands import cli
 from kveval.files.run_lock import LOCK_NAME
 from tests.support import tiny_compare
@@ -54,7 +55,7 @@ def _run(command: list[str]) -> subprocess.CompletedProcess:
 def _measured(out: Path, cell: str) -> dict:
     """What a cell measured: its outputs and its teacher-forced figures (not its timings or pids)."""
     facts = json.loads((out / "cells" / f"{cell}.json").read_text())
-    records = {pid: (r.text, r.token_ids, r.accepted) for pid, r in generation_records(facts).items()}
+    records = {pid: (r.text, r.token_ids, r.accepted) for pid, r in generation_records(typed_cell(facts)).items()}
     timing = ("seconds", "engine_seconds", "efficiency", "warmup_seconds")   # how long it took, not what it measured
     scoring = {key: value for key, value in (facts["phases"].get("scoring") or {}).items() if key not in timing}
     return {"complete": facts["complete"], "started": facts.get("started"),

@@ -8,7 +8,7 @@ out stays absent, as in a stored file), so a model that gains a required field n
 from __future__ import annotations
 
 import types
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Mapping, Union, get_args, get_origin
 
 from pydantic import BaseModel, Discriminator, Tag
 
@@ -106,3 +106,21 @@ def typed_manifest(partial: dict[str, Any] | schema.Manifest | None = None) -> s
     start = {"schema_version": schema.MANIFEST_VERSION}
     document = _model(schema.Manifest, {**start, **(partial or {})})
     return schema.parse(schema.Manifest, document, "the test's manifest")
+
+
+def typed_cell(facts: dict[str, Any] | schema.CellResult, name: str = "<cell>") -> schema.CellResult:
+    """A test's cell dict (as a stored cells/<cell>.json holds it) as the typed `schema.CellResult` the
+    analyses take; a typed cell is passed through. A bad field raises schema.FileError naming it."""
+    return facts if isinstance(facts, schema.CellResult) else schema.parse(schema.CellResult, facts, f"cell {name}")
+
+
+def typed_cells(cells: Mapping[str, dict[str, Any] | schema.CellResult]) -> dict[str, schema.CellResult]:
+    """Every cell of a test's cell -> facts dict typed (see `typed_cell`)."""
+    return {name: typed_cell(facts, name) for name, facts in cells.items()}
+
+
+def typed_record(record: dict[str, Any] | schema.GenerationRecord | None) -> schema.GenerationRecord | None:
+    """A test's generation record dict as the typed `schema.GenerationRecord`."""
+    if record is None or isinstance(record, schema.GenerationRecord):
+        return record
+    return schema.GenerationRecord.model_validate(record)

@@ -27,7 +27,7 @@ from kveval.gate.attribution import _attribute, sequences_needed
 from kveval.gate.collector import _Collector
 from kveval.render.headline import deployment, headline
 from tests.support.constructed import manifest_for, started_cell, write_run
-from tests.support.evidence import typed_manifest
+from tests.support.evidence import typed_cells, typed_manifest
 
 LENGTH = 1024
 POSITIONS = 900
@@ -66,7 +66,7 @@ def _cells(plain, remedy=None, keep: str = "3,17", documents: int = DOCUMENTS) -
 
 
 def _judge(cells: dict[str, dict], thresholds: Thresholds | None = None):
-    evidence = build_evidence(typed_manifest(manifest_for(cells)), [], cells)
+    evidence = build_evidence(typed_manifest(manifest_for(cells)), [], typed_cells(cells))
     return evidence, evaluate(evidence, thresholds)
 
 
@@ -76,7 +76,7 @@ HEALTHY = lambda j: 0.04   # noqa: E731  KL ≈ 0.016, as healthy FP8 on an AVX-
 
 def test_the_document_test_pairs_positions_and_measures_the_reduction():
     cells = _cells(DRIFT, HEALTHY)
-    [pair] = remedy_attribution(cells)
+    [pair] = remedy_attribution(typed_cells(cells))
     assert pair["plain"] == f"fp8-{LENGTH}" and pair["remedy"] == f"fp8:keep=3,17-{LENGTH}" and pair["kept"] == ["3", "17"]
     assert pair["n_positions"] == DOCUMENTS * POSITIONS and pair["n_sequences"] == DOCUMENTS
     assert pair["plain_kl_mean"] == pytest.approx(0.066, rel=0.1) and pair["remedy_kl_mean"] < 0.02
@@ -154,7 +154,7 @@ def test_two_specs_with_identical_figures_are_a_defect():
     twin = json.loads(json.dumps(cells[f"fp8-{LENGTH}"]))
     twin.update(cell=f"fp8:keep=0-{LENGTH}", kv_spec="fp8:keep=0")
     cells[f"fp8:keep=0-{LENGTH}"] = twin
-    assert [pair["cells"] for pair in identical_specs(cells)] == [[f"fp8-{LENGTH}", f"fp8:keep=0-{LENGTH}"]]
+    assert [pair["cells"] for pair in identical_specs(typed_cells(cells))] == [[f"fp8-{LENGTH}", f"fp8:keep=0-{LENGTH}"]]
     _, verdict = _judge(cells)
     assert any("did not reach the engine" in d["message"] for d in verdict.defects)
     assert verdict.cells[f"fp8:keep=0-{LENGTH}"] == INCONCLUSIVE

@@ -11,6 +11,7 @@ from kveval.analysis.capacity_model import (bytes_per_token, capacity_rows, hybr
 from kveval.inputs.kvspec import parse_kv
 from kveval.files import schema
 from tests.support.constructed import complete_cell
+from tests.support.evidence import typed_cells
 
 SMOLLM2 = schema.KvLayout.model_validate({"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
            "sliding_window_layers": [], "sliding_window": None})
@@ -53,7 +54,7 @@ def _cell(kv, length, blocks, block=16, started=True):
 def test_budgeted_cells_match_and_a_short_pool_is_flagged():
     cells = {"auto-1024": _cell("auto", 1024, 14, 128), "fp8-1024": _cell("fp8", 1024, 28, 128),
              "fp8-2048": _cell("fp8", 2048, 20, 128)}
-    rows = {r["cell"]: r for r in capacity_rows(cells, SMOLLM2, "bfloat16", 40 * MiB)}
+    rows = {r["cell"]: r for r in capacity_rows(typed_cells(cells), SMOLLM2, "bfloat16", 40 * MiB)}
     assert rows["auto-1024"]["predicted_tokens"] == 1_792 and rows["auto-1024"]["deviation"] == 0
     assert rows["fp8-1024"]["flag"] is None
     assert rows["fp8-2048"]["deviation"] == pytest.approx(20 / 28 - 1)
@@ -63,7 +64,7 @@ def test_budgeted_cells_match_and_a_short_pool_is_flagged():
 def test_without_a_budget_the_baseline_implies_it_and_a_15x_ratio_is_flagged():
     # The H200 case of issue 10: auto got 105,200 tokens while other processes held memory, fp8 1,627,776.
     cells = {"auto-8192": _cell("auto", 8192, 6_575), "fp8-8192": _cell("fp8", 8192, 101_736)}
-    rows = {r["cell"]: r for r in capacity_rows(cells, SMOLLM2, "bfloat16", None)}
+    rows = {r["cell"]: r for r in capacity_rows(typed_cells(cells), SMOLLM2, "bfloat16", None)}
     assert rows["auto-8192"]["budget_source"] == "implied by auto-8192's pool" and rows["auto-8192"]["flag"] is None
     fp8 = rows["fp8-8192"]
     assert fp8["predicted_tokens"] == 2 * 6_575 * 16 and fp8["deviation"] > 6
@@ -110,7 +111,7 @@ def test_hybrid_cells_are_predicted_and_compared_with_what_vllm_reports():
     cells = {"auto-1024": _cell("auto", 1024, 853, block=16), "fp8-1024": _cell("fp8", 1024, 1_706, block=16)}
     for facts, tokens in zip(cells.values(), (2_245, 4_490)):
         facts["capacity"].update(kv_pool_tokens=tokens, max_num_batched_tokens=2048, hybrid_kv_cache_manager=True)
-    rows = {r["cell"]: r for r in capacity_rows(cells, GEMMA3, "bfloat16", 40 * MiB)}
+    rows = {r["cell"]: r for r in capacity_rows(typed_cells(cells), GEMMA3, "bfloat16", 40 * MiB)}
     assert rows["auto-1024"]["predicted_tokens"] == 2_245 and rows["auto-1024"]["deviation"] == 0
     assert rows["fp8-1024"]["layout_model"] == "hybrid" and rows["fp8-1024"]["flag"] is None
     assert rows["fp8-1024"]["measured_ratio"] == pytest.approx(2.0, abs=1e-3)
@@ -118,11 +119,11 @@ def test_hybrid_cells_are_predicted_and_compared_with_what_vllm_reports():
 
 
 def test_a_hybrid_model_run_with_the_hybrid_manager_off_is_predicted_as_full_attention():
-    (row,) = capacity_rows({"auto-1024": _cell("auto", 1024, 56, block=16)}, GEMMA3, "bfloat16", 40 * MiB)
+    (row,) = capacity_rows(typed_cells({"auto-1024": _cell("auto", 1024, 56, block=16)}), GEMMA3, "bfloat16", 40 * MiB)
     assert row["layout_model"] == "hybrid"   # the cell did not record the setting: vLLM's default
     cell = _cell("auto", 1024, 142, block=16)
     cell["capacity"]["hybrid_kv_cache_manager"] = False
-    (row,) = capacity_rows({"auto-1024": cell}, GEMMA3, "bfloat16", 40 * MiB)
+    (row,) = capacity_rows(typed_cells({"auto-1024": cell}), GEMMA3, "bfloat16", 40 * MiB)
     # Every layer caches every token: 18 × 512 × 2 B = 18,432 B per token.
     assert row["layout_model"] == "plain" and row["bytes_per_token"] == 18_432
     assert row["predicted_tokens"] == (40 * MiB // (18_432 * 16)) * 16
@@ -170,10 +171,10 @@ def test_speed_delta_inside_the_run_to_run_spread_is_not_called_a_speed_up():
         return complete_cell({"cell": f"{kv}-1024", "kv_spec": kv, "max_model_len": 1024, "phases": {"speed": phase}})
 
     # The CPU case of issue 10: fp8 "+27.4 % decode" with overlapping ranges of 2 runs each.
-    table = speed_table({"auto-1024": cell("auto", 0.1, (18.0, 26.0)), "fp8-1024": cell("fp8", 0.1, (22.0, 30.0))})
+    table = speed_table(typed_cells({"auto-1024": cell("auto", 0.1, (18.0, 26.0)), "fp8-1024": cell("fp8", 0.1, (22.0, 30.0))}))
     fp8 = table[table.cell == "fp8-1024"].iloc[0]
     assert fp8.decode_delta_pct == pytest.approx(18.18, abs=0.01) and fp8.decode_vs_noise == "within"
-    table = speed_table({"auto-1024": cell("auto", 0.1, (18.0, 20.0)), "fp8-1024": cell("fp8", 0.1, (25.0, 30.0))})
+    table = speed_table(typed_cells({"auto-1024": cell("auto", 0.1, (18.0, 20.0)), "fp8-1024": cell("fp8", 0.1, (25.0, 30.0))}))
     assert table[table.cell == "fp8-1024"].iloc[0].decode_vs_noise == "beyond"
     assert pd.isna(table[table.cell == "auto-1024"].iloc[0].decode_vs_noise)
 

@@ -12,6 +12,7 @@ from kveval.analysis.degeneration import (DETECTORS, FINDING_COLUMNS, Finding, a
                                           ngram_loop_tokens, scan_cells, scan_output, token_run, unreadable_text)
 from kveval.inputs.workloads import load_corpus
 from tests.support.constructed import complete_cell
+from tests.support.evidence import typed_cells, typed_record
 
 _VOCAB: dict[str, int] = {}
 
@@ -304,16 +305,16 @@ def _rec(prompt_id, text, finish="stop", token_ids=None, accepted=True):
 
 
 def test_scan_output():
-    assert scan_output(_rec("p-0", "", token_ids=[])) == []
-    assert scan_output(_rec("p-0", PROSE[:1500])) == []
-    assert scan_output(_rec("p-0", "", accepted=False)) == []
+    assert scan_output(typed_record(_rec("p-0", "", token_ids=[]))) == []
+    assert scan_output(typed_record(_rec("p-0", PROSE[:1500]))) == []
+    assert scan_output(typed_record(_rec("p-0", "", accepted=False))) == []
     looping = _rec("p-0", "Answer: " + LOOP_UNIT * 8, finish="length")
-    assert [f.detector for f in scan_output(looping)] == ["ngram_loop_tokens", "ngram_loop_chars",
+    assert [f.detector for f in scan_output(typed_record(looping))] == ["ngram_loop_tokens", "ngram_loop_chars",
                                                           "hit_token_limit"]
     short_base = _rec("p-0", "The key is 123.")
-    assert [f.detector for f in scan_output(looping, short_base)] == [
+    assert [f.detector for f in scan_output(typed_record(looping), typed_record(short_base))] == [
         "ngram_loop_tokens", "ngram_loop_chars", "length_blowup", "hit_token_limit"]
-    assert "length_blowup" not in [f.detector for f in scan_output(looping, _rec("p-0", "", accepted=False))]
+    assert "length_blowup" not in [f.detector for f in scan_output(typed_record(looping), typed_record(_rec("p-0", "", accepted=False)))]
 
 
 # ----------------------------------------------------------------------------- scan_cells
@@ -357,7 +358,7 @@ def _by_key(findings):
 
 
 def test_scan_cells_new_vs_baseline():
-    findings = scan_cells(WORKLOADS, _cells())
+    findings = scan_cells(WORKLOADS, typed_cells(_cells()))
     assert list(findings.columns) == FINDING_COLUMNS
     rows = _by_key(findings)
     # The baseline's own loop is never "new": it is the baseline.
@@ -384,19 +385,19 @@ def test_scan_cells_new_vs_baseline():
 
 def test_scan_cells_without_any_baseline_marks_everything_new():
     cells = {"fp8-1024": _cell("fp8", 1024, [_rec("short_256-0", LOOP)])}
-    findings = scan_cells(WORKLOADS, cells)
+    findings = scan_cells(WORKLOADS, typed_cells(cells))
     assert set(findings["detector"]) == {"ngram_loop_tokens", "ngram_loop_chars"}
     assert findings["new_vs_baseline"].all() and findings["baseline_cell"].isna().all()
 
 
 def test_scan_cells_empty():
-    findings = scan_cells(WORKLOADS, {})
+    findings = scan_cells(WORKLOADS, typed_cells({}))
     assert findings.empty and list(findings.columns) == FINDING_COLUMNS
 
 
 def test_degeneration_summary():
     cells = _cells()
-    summary = degeneration_summary(scan_cells(WORKLOADS, cells), cells, WORKLOADS)
+    summary = degeneration_summary(scan_cells(WORKLOADS, typed_cells(cells)), typed_cells(cells), WORKLOADS)
     assert list(summary["cell"]) == ["auto-1024", "fp8-1024", "fp8-2048"]   # started cells only
     rows = {r.cell: r for r in summary.itertuples(index=False)}
     auto, fp8, other = rows["auto-1024"], rows["fp8-1024"], rows["fp8-2048"]
@@ -414,7 +415,7 @@ def test_degeneration_summary():
 def test_summary_counts_token_limit_from_records_and_not_as_a_finding():
     cells = {"auto-1024": _cell("auto", 1024, [_rec("short_256-0", PROSE[:800], finish="length"),
                                                _rec("short_256-1", NORMAL)])}
-    summary = degeneration_summary(scan_cells(WORKLOADS, cells), cells, WORKLOADS)
+    summary = degeneration_summary(scan_cells(WORKLOADS, typed_cells(cells)), typed_cells(cells), WORKLOADS)
     row = summary.iloc[0]
     assert row["outputs"] == 2 and row["outputs_with_findings"] == 0 and row["hit_token_limit"] == 1
     assert row["token_limit_rate"] == 0.5
@@ -429,7 +430,7 @@ def test_a_loop_the_baseline_has_at_another_length_is_not_new():
         "fp8-1024": _cell("fp8", 1024, [_rec("short_256-0", LOOP, finish="length"),
                                         _rec("short_256-1", LOOP, finish="length")]),
     }
-    rows = _by_key(scan_cells(WORKLOADS, cells))
+    rows = _by_key(scan_cells(WORKLOADS, typed_cells(cells)))
     assert rows[("fp8-1024", "short_256-0", "ngram_loop_tokens")].baseline_cell == "auto-1024"
     assert not rows[("fp8-1024", "short_256-0", "ngram_loop_tokens")].new_vs_baseline
     assert rows[("fp8-1024", "short_256-1", "ngram_loop_tokens")].new_vs_baseline
@@ -438,7 +439,7 @@ def test_a_loop_the_baseline_has_at_another_length_is_not_new():
 def test_a_new_finding_carries_the_baselines_answer_and_the_review_shows_them_side_by_side():
     from kveval.render.degeneration_section import _new_findings_table
 
-    findings = scan_cells(WORKLOADS, _cells())
+    findings = scan_cells(WORKLOADS, typed_cells(_cells()))
     row = _by_key(findings)[("fp8-1024", "short_256-1", "char_run")]
     assert row.baseline_excerpt == NORMAL and row.baseline_cell == "auto-1024"
     assert all(pd.isna(r.baseline_excerpt) for r in findings.itertuples() if r.cell == "auto-1024")
@@ -457,14 +458,14 @@ def test_a_loop_after_a_capped_answer_is_late_and_not_counted_but_one_replacing_
         "fp8-1024": _cell("fp8", 1024, [_rec("short_256-0", late_loop, finish="length"),
                                         _rec("short_256-1", early_loop, finish="length")]),
     }
-    findings = scan_cells(WORKLOADS, cells)
+    findings = scan_cells(WORKLOADS, typed_cells(cells))
     rows = _by_key(findings)
     late = rows[("fp8-1024", "short_256-0", "ngram_loop_chars")]
     assert late.late and late.new_vs_baseline and "late: starts after 80 % of an answer cut at max_tokens" in late.detail
     assert all(r.late for r in findings.itertuples() if r.prompt == "short_256-0" and r.cell == "fp8-1024"
                and r.detector != "hit_token_limit")
     assert not rows[("fp8-1024", "short_256-1", "ngram_loop_chars")].late
-    summary = degeneration_summary(findings, cells, WORKLOADS)
+    summary = degeneration_summary(findings, typed_cells(cells), WORKLOADS)
     fp8 = summary[summary.cell == "fp8-1024"].iloc[0]
     assert (fp8.outputs_with_findings, fp8.outputs_with_new_findings) == (1, 1)   # only the early loop
 
@@ -477,12 +478,11 @@ def test_an_output_that_degenerates_in_both_caches_is_concordant_whatever_the_de
         "auto-1024": _cell("auto", 1024, [_rec("short_256-0", LOOP), _rec("short_256-1", NORMAL)]),
         "fp8-1024": _cell("fp8", 1024, [bangs, _rec("short_256-1", LOOP)]),
     }
-    findings = scan_cells(WORKLOADS, cells)
+    findings = scan_cells(WORKLOADS, typed_cells(cells))
     assert _by_key(findings)[("fp8-1024", "short_256-0", "char_run")].new_vs_baseline   # a detector auto's lacks
-    summary = degeneration_summary(findings, cells, WORKLOADS).set_index("cell")
+    summary = degeneration_summary(findings, typed_cells(cells), WORKLOADS).set_index("cell")
     assert summary.loc["fp8-1024", "outputs_with_new_findings"] == 2            # the findings table's count
     assert (summary.loc["fp8-1024", "degenerate_only_here"], summary.loc["fp8-1024", "baseline_only_degenerate"]) == (1, 0)
-    from kveval.analysis.cell_records import typed_cells
     from kveval.evidence import _degeneration_evidence
 
     gate_reads = _degeneration_evidence(WORKLOADS, typed_cells(cells))["cells"]["fp8-1024"]

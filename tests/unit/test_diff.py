@@ -7,6 +7,7 @@ import pytest
 from kveval.analysis.diff import (EXCERPT_AFTER, EXCERPT_BEFORE, PAIR_COLUMNS, SUMMARY_COLUMNS, compare_outputs,
                                   diff_pairs, diff_summary, divergence_excerpt, first_diverging_examples)
 from tests.support.constructed import complete_cell
+from tests.support.evidence import typed_cells, typed_record
 
 
 def _rec(prompt_id, ids, text, accepted=True):
@@ -26,7 +27,7 @@ def _cell(kv, length, records, started=True):
 
 def test_identical_outputs():
     a = _rec("p-0", [1, 2, 3], "one two three")
-    result = compare_outputs(a, dict(a))
+    result = compare_outputs(typed_record(a), typed_record(dict(a)))
     assert result == {"identical": True, "first_divergent_token": None, "similarity": 1.0, "length_ratio": 1.0,
                       "tokens": 3, "reference_tokens": 3, "excerpt": None}
 
@@ -34,7 +35,7 @@ def test_identical_outputs():
 def test_diverging_outputs_locate_the_divergence_in_text():
     candidate = _rec("p-0", [10, 11, 12, 13, 14], "The cache stores keys in blocks.")
     reference = _rec("p-0", [10, 11, 12, 20, 14, 15], "The cache stores values in blocks.")
-    result = compare_outputs(candidate, reference)
+    result = compare_outputs(typed_record(candidate), typed_record(reference))
     assert result["identical"] is False
     assert result["first_divergent_token"] == 3
     assert result["tokens"] == 5 and result["reference_tokens"] == 6
@@ -47,7 +48,7 @@ def test_diverging_outputs_locate_the_divergence_in_text():
 def test_prefix_output_diverges_where_the_shorter_one_ends():
     candidate = _rec("p-0", [1, 2], "Hello there")
     reference = _rec("p-0", [1, 2, 3, 4], "Hello there, how are you")
-    result = compare_outputs(candidate, reference)
+    result = compare_outputs(typed_record(candidate), typed_record(reference))
     assert result["first_divergent_token"] == 2
     assert result["length_ratio"] == 0.5
     assert result["excerpt"]["candidate"] == ""
@@ -57,19 +58,19 @@ def test_prefix_output_diverges_where_the_shorter_one_ends():
 
 def test_empty_outputs():
     empty = _rec("p-0", [], "")
-    both = compare_outputs(empty, dict(empty))
+    both = compare_outputs(typed_record(empty), typed_record(dict(empty)))
     assert both["identical"] is True and both["similarity"] == 1.0 and both["length_ratio"] is None
-    one = compare_outputs(_rec("p-0", [7, 8], "Hi."), empty)
+    one = compare_outputs(typed_record(_rec("p-0", [7, 8], "Hi.")), typed_record(empty))
     assert one["identical"] is False and one["first_divergent_token"] == 0
     assert one["similarity"] == 0.0 and one["length_ratio"] is None
     assert one["excerpt"] == {"before": "", "candidate": "Hi.", "reference": "", "char_offset": 0}
-    other = compare_outputs(empty, _rec("p-0", [7], "Hi."))
+    other = compare_outputs(typed_record(empty), typed_record(_rec("p-0", [7], "Hi.")))
     assert other["length_ratio"] == 0.0 and other["first_divergent_token"] == 0
 
 
 def test_missing_text_counts_as_empty():
-    result = compare_outputs({"prompt_id": "p-0", "accepted": True, "token_ids": [1]},
-                             {"prompt_id": "p-0", "accepted": True, "token_ids": [1], "text": None})
+    result = compare_outputs(typed_record({"prompt_id": "p-0", "accepted": True, "token_ids": [1]}),
+                             typed_record({"prompt_id": "p-0", "accepted": True, "token_ids": [1], "text": None}))
     assert result["identical"] is True and result["similarity"] == 1.0
 
 
@@ -84,7 +85,7 @@ def test_excerpt_window_sizes_and_unicode():
 
 def test_same_text_with_different_tokens_still_reports_divergence():
     # Two tokenizations of the same text: token ids differ, text is identical.
-    result = compare_outputs(_rec("p-0", [1, 2], "abc"), _rec("p-0", [3], "abc"))
+    result = compare_outputs(typed_record(_rec("p-0", [1, 2], "abc")), typed_record(_rec("p-0", [3], "abc")))
     assert result["identical"] is False and result["similarity"] == 1.0
     assert result["excerpt"] == {"before": "abc", "candidate": "", "reference": "", "char_offset": 3}
 
@@ -129,7 +130,7 @@ def _rows(pairs):
 
 
 def test_diff_pairs_kv_and_length_comparisons():
-    pairs = diff_pairs(WORKLOADS, _grid())
+    pairs = diff_pairs(WORKLOADS, typed_cells(_grid()))
     assert list(pairs.columns) == PAIR_COLUMNS
     rows = _rows(pairs)
     kv = {key: r.reference for key, r in rows.items() if r.comparison == "kv"}
@@ -145,7 +146,7 @@ def test_diff_pairs_kv_and_length_comparisons():
 
 
 def test_diff_pairs_values():
-    rows = _rows(diff_pairs(WORKLOADS, _grid()))
+    rows = _rows(diff_pairs(WORKLOADS, typed_cells(_grid())))
     changed = rows[("fp8-1024", "short_256-0")]
     assert not changed.identical
     assert changed.first_divergent_token == 2
@@ -162,20 +163,20 @@ def test_diff_pairs_values():
 def test_diff_pairs_custom_baseline_kv():
     cells = {"fp8-1024": _cell("fp8", 1024, [_rec("short_256-0", *BASE_0)]),
              "fp16-1024": _cell("fp16", 1024, [_rec("short_256-0", *BASE_0)])}
-    pairs = diff_pairs(WORKLOADS, cells, baseline_kv="fp16")
+    pairs = diff_pairs(WORKLOADS, typed_cells(cells), baseline_kv="fp16")
     assert pairs[["cell", "reference", "comparison"]].values.tolist() == [["fp8-1024", "fp16-1024", "kv"]]
 
 
 def test_diff_pairs_empty():
-    assert diff_pairs(WORKLOADS, {}).empty
+    assert diff_pairs(WORKLOADS, typed_cells({})).empty
     only_auto = {"auto-1024": _cell("auto", 1024, [_rec("short_256-0", *BASE_0)])}
-    assert diff_pairs(WORKLOADS, only_auto).empty
+    assert diff_pairs(WORKLOADS, typed_cells(only_auto)).empty
 
 
 # ----------------------------------------------------------------------------- summary / examples
 
 def test_diff_summary():
-    summary = diff_summary(diff_pairs(WORKLOADS, _grid()))
+    summary = diff_summary(diff_pairs(WORKLOADS, typed_cells(_grid())))
     assert list(summary.columns) == SUMMARY_COLUMNS
     by_key = {(r.workload, r.cell, r.comparison): r for r in summary.itertuples(index=False)}
     fp8 = by_key[("short_256", "fp8-1024", "kv")]
@@ -191,7 +192,7 @@ def test_diff_summary():
 
 
 def test_first_diverging_examples():
-    examples = first_diverging_examples(diff_pairs(WORKLOADS, _grid()))
+    examples = first_diverging_examples(diff_pairs(WORKLOADS, typed_cells(_grid())))
     found = {(r.workload, r.cell): (r.prompt, r.first_divergent_token) for r in examples.itertuples(index=False)}
     assert found == {("short_256", "fp8-1024"): ("short_256-0", 2),
                      ("short_256", "auto-4096"): ("short_256-1", 2),
@@ -201,7 +202,7 @@ def test_first_diverging_examples():
 
 
 def test_summary_and_examples_on_empty_pairs():
-    empty = diff_pairs([], {})
+    empty = diff_pairs([], typed_cells({}))
     assert diff_summary(empty).empty and list(diff_summary(empty).columns) == SUMMARY_COLUMNS
     assert first_diverging_examples(empty).empty
 
@@ -213,7 +214,7 @@ def test_an_output_cut_short_is_counted_apart_from_a_divergence():
         "auto-2048": _cell("auto", 2048, [_rec("ctx_1k-0", [1, 2, 3, 4, 5], "a b c d e"),
                                           _rec("short_64-0", [5, 7], "x z")]),
     }
-    pairs = diff_pairs(workloads, cells)
+    pairs = diff_pairs(workloads, typed_cells(cells))
     by_prompt = {row.prompt: row for row in pairs.itertuples()}
     assert by_prompt["ctx_1k-0"].prefix_only and not by_prompt["ctx_1k-0"].identical
     assert not by_prompt["short_64-0"].prefix_only

@@ -17,6 +17,7 @@ from kveval.analysis.divergence import (
     position_kl,
 )
 from tests.support.constructed import complete_cell
+from tests.support.evidence import typed_cells
 
 ln = math.log
 
@@ -207,7 +208,7 @@ def test_cell_divergence_kv_and_noise_floor():
         "fp8-2048": cell("fp8", 2048, shift=0.05),
         "fp8-8192": cell("fp8", 8192, shift=0.02),
     }
-    result = cell_divergence(cells)
+    result = cell_divergence(typed_cells(cells))
     json.dumps(result, allow_nan=False)  # plain JSON
     kinds = [(c["kind"], c["cell"], c["reference"]) for c in result["comparisons"]]
     assert kinds == [("kv", "fp8-2048", "auto-2048"), ("kv", "fp8-8192", "auto-8192"),
@@ -233,12 +234,12 @@ def test_cell_divergence_kv_and_noise_floor():
 
 def test_noise_floor_top1_disagreement_is_worst_over_sources():
     cells = {"auto-2048": cell("auto", 2048), "auto-4096": cell("auto", 4096, flip_every=3)}
-    floor = cell_divergence(cells)["noise_floor"]
+    floor = cell_divergence(typed_cells(cells))["noise_floor"]
     assert floor["top1_disagreement"] == pytest.approx(10 / 30)
 
 
 def test_no_noise_comparison_gives_no_floor():
-    result = cell_divergence({"auto-2048": cell("auto", 2048), "fp8-2048": cell("fp8", 2048, shift=0.1)})
+    result = cell_divergence(typed_cells({"auto-2048": cell("auto", 2048), "fp8-2048": cell("fp8", 2048, shift=0.1)}))
     assert result["noise_floor"] is None
     assert [c["kind"] for c in result["comparisons"]] == ["kv"]
 
@@ -250,7 +251,7 @@ def test_unstarted_cells_and_missing_baseline():
         "fp8-98304": cell("fp8", 98304, shift=0.05),
         "fp8-4096": cell("fp8", 4096, started=False),
     }
-    result = cell_divergence(cells)
+    result = cell_divergence(typed_cells(cells))
     assert result["unmatched"] == [{"cell": "fp8-4096", "reason": "did not start"}]
     (comp,) = result["comparisons"]
     # Auto could not start at 98304: compared with the nearest started auto cell, marked as such.
@@ -265,7 +266,7 @@ def test_sequences_with_different_tokens_or_rejections_are_skipped():
     auto["phases"]["scoring"]["sequences"].append(dict(other, positions=positions()))
     auto["phases"]["scoring"]["sequences"].append(dict(other, id="doc-2", accepted=False, positions=[]))
     fp8["phases"]["scoring"]["sequences"].append(dict(other, id="doc-2"))
-    comp = cell_divergence({"auto-2048": auto, "fp8-2048": fp8})["comparisons"][0]
+    comp = cell_divergence(typed_cells({"auto-2048": auto, "fp8-2048": fp8}))["comparisons"][0]
     assert [s["id"] for s in comp["per_sequence"]] == ["doc-0"]
     assert comp["skipped"] == [{"id": "doc-1", "reason": "token ids differ between the cells"}]
     assert comp["summary"]["n"] == N
@@ -276,7 +277,7 @@ def test_different_scored_from_aligns_on_absolute_position():
     seq = fp8["phases"]["scoring"]["sequences"][0]
     seq["scored_from"] = SCORED_FROM + 5
     seq["positions"] = seq["positions"][5:]
-    comp = cell_divergence({"auto-2048": auto, "fp8-2048": fp8})["comparisons"][0]
+    comp = cell_divergence(typed_cells({"auto-2048": auto, "fp8-2048": fp8}))["comparisons"][0]
     assert comp["summary"]["n"] == N - 5
     assert comp["per_sequence"][0]["scored_from"] == SCORED_FROM + 5
     assert comp["summary"]["kl_mean"] == pytest.approx(kl_of(0.05))
@@ -289,7 +290,7 @@ def test_kv_comparisons_carry_figures_per_scored_sequence():
     second = dict(fp8["phases"]["scoring"]["sequences"][0], id="doc-1", positions=positions(0.1, flip_every=2))
     fp8["phases"]["scoring"]["sequences"].append(second)
     auto["phases"]["scoring"]["sequences"].append(dict(second, positions=positions()))
-    result = cell_divergence({"auto-2048": auto, "fp8-2048": fp8})
+    result = cell_divergence(typed_cells({"auto-2048": auto, "fp8-2048": fp8}))
     comp = result["comparisons"][0]
     clustered = comp["clustered"]
     assert set(clustered) == {"kl_mean", "top1_agreement"}  # no late start given: no late figure

@@ -18,7 +18,7 @@ from kveval.files import schema
 from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_USAGE, Thresholds, evaluate
 from tests.support.constructed import (DOCUMENTS, PROBES, expected_kl, failed_cell, planned_manifest, probe_records,
                                        probe_workloads, record, rejected, scoring_phase, started_cell, write_run)
-from tests.support.evidence import typed_manifest
+from tests.support.evidence import typed_cells, typed_manifest
 
 N = 700  # scored positions per document (DOCUMENTS of them): 200+ in all, 100+ from position 512 (the late half of 1024)
 POSITIONS = DOCUMENTS * N   # 2100 scored positions per cell
@@ -101,7 +101,7 @@ def _kv(results, cell="fp8-1024"):
 
 def test_evidence_has_the_gate_shape_and_is_json():
     cells = make_cells("harmed")
-    evidence = build_evidence(typed_manifest({}), WORKLOADS, cells)
+    evidence = build_evidence(typed_manifest({}), WORKLOADS, typed_cells(cells))
     json.dumps(schema.dump(evidence), allow_nan=False)
     assert schema.dump(evidence.cells["fp8-1024"]) == {"kv_spec": "fp8", "max_model_len": 1024, "started": True,
                                                        "failure_reason": None, "kv_pool_tokens": 3584}
@@ -130,7 +130,7 @@ def test_one_scored_document_gives_no_interval_and_no_verdict_on_divergence():
         scoring["sequences"] = scoring["sequences"][:1]
         if "noise" in scoring:
             scoring["noise"]["sequences"] = scoring["noise"]["sequences"][:1]
-    evidence = build_evidence(typed_manifest({}), WORKLOADS, cells)
+    evidence = build_evidence(typed_manifest({}), WORKLOADS, typed_cells(cells))
     (comp,) = [c for c in evidence.divergence.comparisons if c.kind == "kv"]
     assert comp.clustered["kl_mean"].clusters == 1 and comp.clustered["kl_mean"].se is None
     verdict = evaluate(evidence)

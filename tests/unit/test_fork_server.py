@@ -12,7 +12,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

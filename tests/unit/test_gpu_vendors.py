@@ -17,7 +17,7 @@ from kveval.files import schema
 from kveval.run import environment, gpu_inventory, host_platform
 from kveval.run.devices import resolve_gpus, visible_devices_env
 from tests.support.constructed import complete_cells, planned_manifest
-from tests.support.evidence import typed_manifest
+from tests.support.evidence import typed_cells, typed_manifest
 
 NVIDIA_SMI = "NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04\nNVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04\n"
 
@@ -169,7 +169,7 @@ def _profile(hardware: dict, backend: str | None) -> dict:
     manifest = planned_manifest([{"id": "auto-1024", "kv_spec": "auto", "max_model_len": 1024}])
     manifest["versions"].update(vllm="0.11.0+rocm", vllm_distribution="vllm", torch="2.8.0+rocm6.4")
     manifest["hardware"].update(hardware)
-    return platform_profile(typed_manifest(manifest), cells)
+    return platform_profile(typed_manifest(manifest), typed_cells(cells))
 
 
 CAVEAT = "budgets calibrated on NVIDIA FA3 (H100/H200) only"

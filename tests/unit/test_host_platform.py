@@ -22,7 +22,7 @@ from kveval.render.run_section import _devices_line
 from kveval.run import environment, gpu_inventory, host_platform
 from kveval.run.devices import resolve_gpus
 from tests.support.constructed import complete_cells, planned_manifest
-from tests.support.evidence import typed_evidence, typed_manifest
+from tests.support.evidence import typed_cells, typed_evidence, typed_manifest
 from tests.unit.test_gate import HEALTHY_H200, evidence_dict
 
 
@@ -254,10 +254,10 @@ def _manifest(platform="cuda", gpus=("NVIDIA L40S, 46068 MiB, 550.54",)):
 
 def test_evidence_names_each_cells_device_and_an_uncalibrated_backend():
     cells = _cells("NVIDIA L40S", "8.9", "FLASHINFER")
-    profile = platform_profile(_manifest(), cells)
+    profile = platform_profile(_manifest(), typed_cells(cells))
     assert profile["profile"] == "gpu"
     assert profile["uncalibrated"] == ["FLASHINFER on NVIDIA L40S (cuda, compute capability 8.9)"]
-    evidence = build_evidence(_manifest(), [], cells)
+    evidence = build_evidence(_manifest(), [], typed_cells(cells))
     cell = evidence.cells["fp8-1024"]
     assert (cell.platform, cell.device, cell.capability, cell.backend, cell.calibrated) == \
         ("cuda", "NVIDIA L40S", "8.9", "FLASHINFER", False)
@@ -266,18 +266,18 @@ def test_evidence_names_each_cells_device_and_an_uncalibrated_backend():
 
 
 def test_hopper_fa3_is_calibrated_and_older_cells_say_nothing():
-    hopper = platform_profile(_manifest(), _cells("NVIDIA H100 80GB HBM3", "9.0", "FLASH_ATTN"))
+    hopper = platform_profile(_manifest(), typed_cells(_cells("NVIDIA H100 80GB HBM3", "9.0", "FLASH_ATTN")))
     assert "uncalibrated" not in hopper
     older = complete_cells({"auto-1024": {"kv_spec": "auto", "max_model_len": 1024, "started": True,
                                           "info": {"attention_backend": "FLASHINFER", "platform": "cuda"}}})
-    evidence = build_evidence(_manifest(), [], older)
+    evidence = build_evidence(_manifest(), [], typed_cells(older))
     assert evidence.cells["auto-1024"].platform is None and _devices_line(evidence) is None
     assert evidence.platform.uncalibrated is None
 
 
 def test_vllms_cpu_answer_picks_the_cpu_profile_even_with_gpus_listed():
     cells = _cells("AMD EPYC", None, "CPU_ATTN", platform="cpu")
-    assert platform_profile(_manifest(platform="cpu"), cells)["profile"].startswith("cpu")
+    assert platform_profile(_manifest(platform="cpu"), typed_cells(cells))["profile"].startswith("cpu")
 
 
 def _uncalibrated_evidence(floor):

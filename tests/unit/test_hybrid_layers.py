@@ -16,6 +16,7 @@ from kveval.inputs.layer_kinds import layer_kinds
 from kveval.inputs.model_config import ModelSource, model_facts
 from kveval.render.capacity_section import capacity_section
 from tests.support.constructed import complete_cell
+from tests.support.evidence import typed_cells
 
 # Qwen3.5's text config as transformers defines it: 32 layers, every fourth full attention (4 KV heads x 256),
 # the rest Gated DeltaNet (16 key / 32 value heads of 128, conv kernel 4).
@@ -86,7 +87,7 @@ def test_the_pool_is_predicted_as_vllm_pages_a_hybrid_and_matches_vllm_cpu():
                                           "capacity": {"kv_pool_tokens": tokens, "num_blocks": blocks,
                                                        "block_size": block}})
              for kv, (block, blocks, tokens) in measured.items()}
-    rows = [schema.CapacityRow.model_validate(r) for r in capacity_rows(cells, TINY_QWEN3_NEXT, "bfloat16", 64 << 20)]
+    rows = [schema.CapacityRow.model_validate(r) for r in capacity_rows(typed_cells(cells), TINY_QWEN3_NEXT, "bfloat16", 64 << 20)]
     by_kv = {r.kv_spec: r for r in rows}
     for kv, (block, blocks, tokens) in measured.items():
         assert (by_kv[kv].predicted_blocks, by_kv[kv].predicted_tokens) == (blocks, tokens)
@@ -101,7 +102,7 @@ def test_a_hybrid_without_a_block_size_is_not_predicted_and_says_why(tmp_path):
     layout = _layout(QWEN35, tmp_path)
     cell = complete_cell({"cell": "fp8-2048", "kv_spec": "fp8", "max_model_len": 2048, "started": True,
                           "capacity": {"kv_pool_tokens": 1000, "num_blocks": None, "block_size": None}})
-    (row,) = capacity_rows({"fp8-2048": cell}, layout, "bfloat16", 4 << 30)
+    (row,) = capacity_rows(typed_cells({"fp8-2048": cell}), layout, "bfloat16", 4 << 30)
     assert row["predicted_tokens"] is None and row["bytes_per_token"] == 16_384
     assert "24 of 32 layers keep a per-request state" in row["flag"] and "no block size" in row["flag"]
 
@@ -147,7 +148,7 @@ def test_layers_with_attention_and_a_state_in_one_keep_both(tmp_path):
     assert layout.state_bytes_per_request == 32 * ((4 - 1) * (1024 + 2 * 256) + 1024 * 256) * 2
     cell = complete_cell({"cell": "fp8-2048", "kv_spec": "fp8", "max_model_len": 2048, "started": True,
                           "capacity": {"kv_pool_tokens": 1000, "num_blocks": 10, "block_size": 1024}})
-    (row,) = capacity_rows({"fp8-2048": cell}, layout, "bfloat16", 4 << 30)
+    (row,) = capacity_rows(typed_cells({"fp8-2048": cell}), layout, "bfloat16", 4 << 30)
     assert row["layout_model"] == "state"
 
 

@@ -13,7 +13,7 @@ from kveval.inputs.budget import parse_budget
 from kveval.inputs.workloads import round_probe_pool_size
 from kveval.run.round_plan import LengthShape, plan_round
 from tests.support.constructed import manifest_for, started_cell
-from tests.support.evidence import typed_evidence
+from tests.support.evidence import typed_cells, typed_evidence
 from tests.support.evidence import typed_manifest
 
 T = Thresholds()
@@ -117,9 +117,9 @@ def test_round_outputs_join_the_cell_and_give_the_looks():
     assert merged["fp8-1024"]["phases"]["generation"]["design"] == {"n_max": 600, "final": True}
     assert "tasks" not in merged["fp8-1024"]["phases"]
     workloads = _prompts(first + later)
-    row = degeneration_summary(scan_cells(workloads, merged), merged, workloads).set_index("cell").loc["fp8-1024"]
+    row = degeneration_summary(scan_cells(workloads, typed_cells(merged)), typed_cells(merged), workloads).set_index("cell").loc["fp8-1024"]
     assert row["looks"] == [20, 40] and row["outputs_with_new_findings"] == 3 and row["baseline_only_degenerate"] == 1
-    entry = build_evidence(typed_manifest(manifest_for(merged)), workloads, merged).degeneration.cells["fp8-1024"]
+    entry = build_evidence(typed_manifest(manifest_for(merged)), workloads, typed_cells(merged)).degeneration.cells["fp8-1024"]
     assert (entry.looks, entry.n_max, entry.final) == ([20, 40], 600, True)
 
 

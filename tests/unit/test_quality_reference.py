@@ -10,7 +10,7 @@ from kveval.inputs.kvspec import parse_kv
 from kveval.run.cell_process import CellPlan
 from kveval.run.reference import plan_references, reference_id
 from tests.support.constructed import complete_cell, failed_cell, manifest_for, scoring_phase, started_cell
-from tests.support.evidence import typed_manifest
+from tests.support.evidence import typed_cells, typed_manifest
 
 # SmolLM2: 23,040 B/token in bf16
 LAYOUT = {"layers": 30, "kv_heads": 3, "head_dim": 64, "attention": "gqa", "per_layer_elements": 384,
@@ -69,7 +69,7 @@ def test_the_reference_is_the_baseline_for_quality_and_absent_from_capacity():
     manifest = _manifest(cells)
     manifest["quality_references"] = {"auto-2048.reference": {"for": "auto-2048", "kv_cache_memory_bytes": 80 * 2 ** 20,
                                                               "why": "..."}}
-    evidence = build_evidence(typed_manifest(manifest), [], cells)
+    evidence = build_evidence(typed_manifest(manifest), [], typed_cells(cells))
     assert evidence.cells["auto-2048.reference"].reference_for == "auto-2048"
     assert all(row.cell != "auto-2048.reference" for row in evidence.startup)
     assert all("auto-2048.reference" not in str(row) for row in evidence.pools)

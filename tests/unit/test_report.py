@@ -12,6 +12,7 @@ from kveval.gate import Thresholds
 from kveval.render.markdown import escape_cell
 from tests.support.review import review_of
 from tests.support.constructed import complete_cell, expected_kl, scoring_phase
+from tests.support.evidence import typed_cells
 
 WORKLOADS = [
     {"id": "short_256-0", "workload": "short_256", "kind": "short", "token_ids": [1, 2, 3], "max_tokens": 256},
@@ -77,7 +78,7 @@ def test_first_divergence():
 
 
 def test_pool_ratio_and_who_failed():
-    pools = pool_by_length(CELLS)
+    pools = pool_by_length(typed_cells(CELLS))
     at_1024 = pools[pools.max_model_len == 1024].iloc[0]
     assert at_1024.ratio == 2.0
     at_2048 = pools[pools.max_model_len == 2048].iloc[0]
@@ -88,7 +89,7 @@ def test_pool_ratio_and_who_failed():
 def test_logged_pool_ratio_for_cells_that_failed_after_sizing():
     cells = {"auto-1024": _started("auto", 1024, 1792, [1]),
              "fp8-1024": _failed("fp8", 1024, reason="unsupported_dtype", logged=3584)}
-    pools = pool_by_length(cells)
+    pools = pool_by_length(typed_cells(cells))
     assert pools.iloc[0].fallback_ratio == 2.0
     review = review_of(MANIFEST | {"cells": [{"id": c} for c in cells]}, WORKLOADS, cells)
     assert ("rests on vLLM's estimate (the engine log): auto 1,792 (measured) vs fp8 3,584 (vLLM's estimate) tokens, "
@@ -96,7 +97,7 @@ def test_logged_pool_ratio_for_cells_that_failed_after_sizing():
 
 
 def test_speed_deltas_against_auto_at_same_length():
-    table = speed_table(CELLS)
+    table = speed_table(typed_cells(CELLS))
     fp8 = table[table.cell == "fp8-1024"].iloc[0]
     assert round(fp8.ttft_delta_pct, 6) == 20.0
     assert round(fp8.decode_delta_pct, 6) == -20.0

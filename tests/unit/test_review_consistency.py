@@ -24,7 +24,7 @@ from kveval.gate import evaluate
 from kveval.render.review import render_review
 from kveval.run.remedy import plan_remedy
 from tests.support.constructed import TEMPLATE_MANIFEST, complete_cells, failed_cell, planned_manifest, started_cell
-from tests.support.evidence import typed_manifest
+from tests.support.evidence import typed_cells, typed_manifest
 from tests.unit.test_gate import evidence as gate_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +190,7 @@ def _constructed() -> tuple[str, schema.Evidence]:
                                  for name, c in cells.items()])
     manifest["model"]["kv_layout"] = copy.deepcopy(TEMPLATE_MANIFEST["model"]["kv_layout"])
     manifest = typed_manifest(manifest)
-    evidence = build_evidence(manifest, [], cells)
+    evidence = build_evidence(manifest, [], typed_cells(cells))
     return render_review(manifest, evidence, evaluate(evidence)), evidence
 
 

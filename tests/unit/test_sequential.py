@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.stats import beta, binom, norm
+from scipy.stats import binom, norm
 
 from kveval.analysis.noninferiority import paired_recovery_bound, score_statistic
 from kveval.analysis.sequential import (cumulative_spending, final_look_alpha, increasing_looks, look_alpha,

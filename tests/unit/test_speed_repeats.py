@@ -12,6 +12,7 @@ from kveval.analysis.throughput import throughput_table
 from kveval.files.cell_spec import SpeedOptions, ThroughputOptions
 from kveval.worker.repeats import RepeatPlan
 from tests.support.constructed import complete_cell
+from tests.support.evidence import typed_cells
 
 
 # --- the intervals -------------------------------------------------------------------------------------------
@@ -167,8 +168,8 @@ def _cell(kv, runs, **phase):
 def test_a_repeated_level_is_one_row_with_medians_and_the_ratios_interval():
     auto = [_run(4, w, k) for k, w in enumerate([4.0, 4.2, 3.8, 4.1, 3.9, 4.0])]
     fp8 = [_run(4, w, k) for k, w in enumerate([8.0, 8.4, 7.6, 8.2, 7.8, 8.0])]
-    table = throughput_table({"auto-1024": _cell("auto", auto, max_num_seqs=256),
-                              "fp8-1024": _cell("fp8", fp8, max_num_seqs=256)})
+    table = throughput_table(typed_cells({"auto-1024": _cell("auto", auto, max_num_seqs=256),
+                              "fp8-1024": _cell("fp8", fp8, max_num_seqs=256)}))
     row = table.set_index("cell").loc["fp8-1024"]
     assert row.repeats == 6 and row.output_tok_s == pytest.approx(64 / 8.0) and row.max_num_seqs == 256
     assert row.output_tok_s_low < row.output_tok_s < row.output_tok_s_high
@@ -177,7 +178,7 @@ def test_a_repeated_level_is_one_row_with_medians_and_the_ratios_interval():
 
 
 def test_rows_of_runs_without_repeats_keep_their_keys():
-    table = throughput_table({"auto-1024": _cell("auto", [_run(4, 4.0)]), "fp8-1024": _cell("fp8", [_run(4, 2.0)])})
+    table = throughput_table(typed_cells({"auto-1024": _cell("auto", [_run(4, 4.0)]), "fp8-1024": _cell("fp8", [_run(4, 2.0)])}))
     assert "repeats" not in table and "vs_baseline_low" not in table
     assert table.set_index("cell").loc["fp8-1024"].output_tok_s_vs_baseline == 2.0
 
@@ -198,12 +199,12 @@ def test_speed_rows_carry_the_ttft_ratio_and_its_interval_only_for_repeated_runs
     from kveval.analysis.speed import speed_table
 
     auto = [0.10, 0.11, 0.09, 0.10, 0.105, 0.095]
-    table = speed_table({"auto-1024": _speed_cell("auto", auto), "fp8-1024": _speed_cell("fp8", [3 * t for t in auto])})
+    table = speed_table(typed_cells({"auto-1024": _speed_cell("auto", auto), "fp8-1024": _speed_cell("fp8", [3 * t for t in auto])}))
     row = table.set_index("cell").loc["fp8-1024"]
     assert row.ttft_ratio == pytest.approx(3.0) and row.ttft_ratio_low < 3.0 < row.ttft_ratio_high
     assert row.decode_ratio == pytest.approx(1 / 3) and row.ttft_ratio_confidence >= 0.95
     assert row.ttft_ms_low <= row.ttft_ms <= row.ttft_ms_high and "repeat_ttft_s" not in table
-    old = speed_table({"auto-1024": _speed_cell("auto", auto, None), "fp8-1024": _speed_cell("fp8", auto, None)})
+    old = speed_table(typed_cells({"auto-1024": _speed_cell("auto", auto, None), "fp8-1024": _speed_cell("fp8", auto, None)}))
     assert "ttft_ratio" not in old and "ttft_ms_low" not in old
 
 
@@ -226,10 +227,10 @@ def test_with_repeats_the_ratios_interval_says_whether_a_speed_change_is_beyond_
     from kveval.analysis.speed import speed_table
 
     auto = [0.10, 0.11, 0.09, 0.10, 0.105, 0.095]
-    table = speed_table({"auto-1024": _speed_cell("auto", auto), "fp8-1024": _speed_cell("fp8", [1.5 * t for t in auto]),
-                         "fp8:keep=0-1024": _speed_cell("fp8:keep=0", [1.01 * t for t in auto])}).set_index("cell")
+    table = speed_table(typed_cells({"auto-1024": _speed_cell("auto", auto), "fp8-1024": _speed_cell("fp8", [1.5 * t for t in auto]),
+                         "fp8:keep=0-1024": _speed_cell("fp8:keep=0", [1.01 * t for t in auto])})).set_index("cell")
     assert table.loc["fp8-1024"].ttft_vs_noise == "beyond" and table.loc["fp8:keep=0-1024"].ttft_vs_noise == "within"
-    few = speed_table({"auto-1024": _speed_cell("auto", auto[:2]), "fp8-1024": _speed_cell("fp8", auto[:2])})
+    few = speed_table(typed_cells({"auto-1024": _speed_cell("auto", auto[:2]), "fp8-1024": _speed_cell("fp8", auto[:2])}))
     assert few.set_index("cell").loc["fp8-1024"].ttft_vs_noise == "too few runs"    # 2 a side: 67 % coverage
 
 
@@ -239,7 +240,7 @@ def test_a_level_whose_ratio_interval_is_short_of_95_percent_is_not_called_ahead
 
     auto = [_run(1, w, k) for k, w in enumerate([4.0, 4.1, 3.9])] + [_run(4, w, k) for k, w in enumerate([4.0] * 6)]
     fp8 = [_run(1, 40.0, 0)] + [_run(4, w, k) for k, w in enumerate([8.0, 8.1, 7.9, 8.2, 7.8, 8.0])]
-    table = throughput_table({"auto-1024": _cell("auto", auto), "fp8-1024": _cell("fp8", fp8)})
+    table = throughput_table(typed_cells({"auto-1024": _cell("auto", auto), "fp8-1024": _cell("fp8", fp8)}))
     rows = [schema.ThroughputRow.model_validate({k: (None if v != v else v) for k, v in row.items()})
             for row in table.to_dict("records")]
     finding = throughput_findings(rows)[0]

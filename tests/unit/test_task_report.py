@@ -11,16 +11,16 @@ from click.testing import CliRunner
 from kveval.cli.commands import cli
 from kveval.evidence import build_evidence
 from kveval.render.outputs import evidence_tables, write_results
-from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, evaluate
+from kveval.gate import EXIT_FAIL, EXIT_INCONCLUSIVE, evaluate
 from kveval.files import schema
 from kveval.files.rundir import RunDir
 from kveval.render.plots import task_heatmap
-
-HEATMAP_FILE = RunDir.TASK_HEATMAP
 from kveval.render.review import render_review
 from tests.support.constructed import manifest_for, scoring_phase, started_cell, write_run
-from tests.support.evidence import typed_evidence, typed_manifest
+from tests.support.evidence import typed_cells, typed_evidence, typed_manifest
 from tests.support.task_samples import passkey_grid, sample, with_tasks
+
+HEATMAP_FILE = RunDir.TASK_HEATMAP
 
 N = 300
 WRONG = {(0.25, 0.0, 0), (0.5, 0.0, 1), (0.5, 0.5, 0)}
@@ -57,7 +57,7 @@ def make_cells(kind="mixed", tasks=True):
 
 def review_of(cells, manifest=None):
     manifest = typed_manifest(manifest or manifest_for(cells))
-    evidence = build_evidence(manifest, [], cells)
+    evidence = build_evidence(manifest, [], typed_cells(cells))
     return render_review(manifest, evidence, evaluate(evidence)), evidence
 
 
@@ -151,7 +151,7 @@ def test_heatmap_stays_small_for_a_full_matrix(tmp_path):
 
 def test_write_results_writes_task_csvs_and_heatmap_and_removes_a_stale_one(tmp_path):
     cells = make_cells("mixed")
-    evidence = build_evidence(typed_manifest({}), [], cells)
+    evidence = build_evidence(typed_manifest({}), [], typed_cells(cells))
     verdict = evaluate(evidence)
     write_results(tmp_path, evidence, verdict)
     assert (tmp_path / HEATMAP_FILE).read_bytes().startswith(PNG_MAGIC)
@@ -163,7 +163,7 @@ def test_write_results_writes_task_csvs_and_heatmap_and_removes_a_stale_one(tmp_
         pooled = [r for r in csv.DictReader(handle) if r["task"] == "ALL"]
     assert (pooled[0]["n_paired"], pooled[0]["baseline_only"], pooled[0]["mcnemar_p"]) == ("16", "4", "0.125")
 
-    bare = build_evidence(typed_manifest({}), [], make_cells(tasks=False))
+    bare = build_evidence(typed_manifest({}), [], typed_cells(make_cells(tasks=False)))
     write_results(tmp_path, bare, evaluate(bare))
     assert not (tmp_path / HEATMAP_FILE).exists()
     for name in ("task_samples", "task_accuracy", "task_comparisons", "task_grid"):

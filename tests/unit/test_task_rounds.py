@@ -27,7 +27,7 @@ from kveval.run.compare import RunSetup, _phase_options, _run_cells
 from kveval.run.options import CompareOptions, validate_options
 from kveval.run.round_plan import Costs, LengthShape, plan_round, undecided_by_tasks
 from tests.support.constructed import failed_cell, planned_manifest, scoring_phase, started_cell
-from tests.support.evidence import typed_evidence
+from tests.support.evidence import typed_cells, typed_evidence
 from tests.support.quiet import Quiet
 from tests.support.task_samples import sample, with_tasks
 
@@ -195,7 +195,7 @@ def test_pooled_rounds_pair_by_sample_id_and_give_the_looks():
                                        {"n_max": 600, "final": False}),
              "fp8-1024": merge_rounds(fp8, [(1, _round_record("fp8-1024", "fp8", 1, _samples(1, 24, wrong={0, 1})))],
                                       {"n_max": 600, "final": True})}
-    entry = task_evidence(cells)["cells"]["fp8-1024"]
+    entry = task_evidence(typed_cells(cells))["cells"]["fp8-1024"]
     assert entry["n"] == 36 and entry["b"] == 3 and entry["c"] == 0
     assert entry["looks"] == [12, 36] and entry["n_max"] == 600 and entry["final"] is True
 
@@ -291,7 +291,7 @@ def _loop(setup, stand_in, monkeypatch):
     from kveval.pipeline import judge_stored_run
 
     manifest = setup.run.manifest()
-    return schema.dump(manifest), judge_stored_run(setup.run, manifest, setup.run.load_cells(manifest), T)
+    return schema.dump(manifest), judge_stored_run(setup.run, manifest, setup.run.cell_results(manifest), T)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from kveval.analysis.task_accuracy import (
 )
 from tests.support.constructed import started_cell
 from tests.support.task_samples import passkey_grid, sample, with_tasks
+from tests.support.evidence import typed_cells
 
 # fp8 misses (fraction, depth, seed): 3 of the 12 scored passkey samples; fraction 1.0 is rejected in both.
 WRONG = {(0.25, 0.0, 0), (0.5, 0.0, 1), (0.5, 0.5, 0)}
@@ -85,7 +86,7 @@ def test_recovery():
 def test_task_samples_keeps_every_record_and_field():
     samples_ = [sample("kveval_passkey", 0, correct=True), sample("kveval_passkey", 1, accepted=False),
                 {**sample("kveval_passkey", 2, error="EngineDeadError: gone"), "new_field": 7}]
-    frame = task_samples({"auto-1024": cell("auto", 1024, samples_), "fp8-1024": started_cell("fp8", 1024, 4096, [])})
+    frame = task_samples(typed_cells({"auto-1024": cell("auto", 1024, samples_), "fp8-1024": started_cell("fp8", 1024, 4096, [])}))
     assert list(frame.cell) == ["auto-1024"] * 3
     assert list(frame.accepted) == [True, False, True]
     assert list(frame.scored) == [True, False, False]
@@ -93,14 +94,14 @@ def test_task_samples_keeps_every_record_and_field():
     assert frame.rejection.iloc[1].startswith("prompt of 256 tokens")
     assert frame.error.iloc[2] == "EngineDeadError: gone" and frame.new_field.iloc[2] == 7
     assert frame.expected.iloc[0] == ["71432"] and frame.max_model_len.iloc[0] == 1024
-    assert task_samples({}).empty and "kv_spec" in task_samples({}).columns
+    assert task_samples(typed_cells({})).empty and "kv_spec" in task_samples(typed_cells({})).columns
 
 
 def test_status_separates_errors_from_rejections():
     unasked = {**sample("t", 3, accepted=False), "rejection": None, "error": "lm-eval made no request for this sample"}
     samples_ = [sample("t", 0), sample("t", 1, accepted=False), {**sample("t", 2), "score": None}, unasked,
                 {**sample("t", 4, accepted=False), "error": "EngineDeadError", "rejection": None}]
-    frame = task_samples({"auto-1024": cell("auto", 1024, samples_)})
+    frame = task_samples(typed_cells({"auto-1024": cell("auto", 1024, samples_)}))
     assert list(frame.status) == ["scored", "rejected", "unscored", "error", "error"]
     pooled = row(task_accuracy(frame), level="cell")
     assert (pooled.samples, pooled.n, pooled.rejected, pooled.errors) == (5, 1, 1, 2)
@@ -109,7 +110,7 @@ def test_status_separates_errors_from_rejections():
 def test_correct_falls_back_to_score():
     loose = {**sample("t", 0), "correct": None, "score": 1.0}
     wrong = {**sample("t", 1), "correct": None, "score": 0.5}
-    frame = task_samples({"auto-1024": cell("auto", 1024, [loose, wrong])})
+    frame = task_samples(typed_cells({"auto-1024": cell("auto", 1024, [loose, wrong])}))
     assert list(frame.scored_correct) == [True, False]
 
 
@@ -117,7 +118,7 @@ def test_accuracy_levels_rejected_and_errors_outside_n():
     samples_ = ([sample("kveval_passkey", i, correct=i < 4) for i in range(6)]
                 + [sample("kveval_passkey", 6 + i, accepted=False) for i in range(2)]
                 + [sample("kveval_passkey", 8, error="boom"), cwe(0), cwe(1, correct=False)])
-    accuracy = task_accuracy(task_samples({"auto-1024": cell("auto", 1024, samples_)}))
+    accuracy = task_accuracy(task_samples(typed_cells({"auto-1024": cell("auto", 1024, samples_)})))
     assert list(accuracy.columns) == ACCURACY_COLUMNS
     assert list(accuracy.level) == ["point", "task", "point", "task", "cell"]
     passkey = row(accuracy, level="task", task="kveval_passkey")
@@ -135,7 +136,7 @@ def test_accuracy_levels_rejected_and_errors_outside_n():
 
 
 def test_all_rejected_point_has_no_accuracy():
-    accuracy = task_accuracy(task_samples(grid_cells()))
+    accuracy = task_accuracy(task_samples(typed_cells(grid_cells())))
     point = row(accuracy, cell="auto-1024", level="point", task="kveval_passkey", length_fraction=1.0, depth=0.5)
     assert (point.n, point.rejected, point.target_tokens) == (0, 2, 1024)
     assert math.isnan(point.accuracy) and math.isnan(point.wilson_low)
@@ -144,7 +145,7 @@ def test_all_rejected_point_has_no_accuracy():
 # --- comparisons -----------------------------------------------------------------------------------
 
 def test_comparison_counts_recovery_and_mcnemar():
-    comparisons = task_comparisons(task_samples(grid_cells()))
+    comparisons = task_comparisons(task_samples(typed_cells(grid_cells())))
     assert list(comparisons.columns) == COMPARISON_COLUMNS
     assert list(comparisons.task) == ["kveval_passkey", "kveval_cwe", ALL_TASKS]
     pooled = row(comparisons, task=ALL_TASKS)
@@ -164,8 +165,8 @@ def test_pairing_uses_only_samples_both_cells_scored():
             sample("t", 5, correct=False), sample("t", 6)]
     fp8 = [sample("t", 0), sample("t", 1, accepted=False), sample("t", 2, correct=False), sample("t", 3),
            sample("t", 4, error="boom"), sample("t", 5)]  # t-6 missing in fp8
-    comparisons = task_comparisons(task_samples({"auto-1024": cell("auto", 1024, auto),
-                                                 "fp8-1024": cell("fp8", 1024, fp8)}))
+    comparisons = task_comparisons(task_samples(typed_cells({"auto-1024": cell("auto", 1024, auto),
+                                                 "fp8-1024": cell("fp8", 1024, fp8)})))
     pooled = row(comparisons, task=ALL_TASKS)
     assert pooled.n_paired == 3                       # samples 0, 2, 5
     assert (pooled.both, pooled.baseline_only, pooled.cell_only, pooled.neither) == (1, 1, 1, 0)
@@ -179,18 +180,18 @@ def test_comparisons_pair_within_the_same_max_model_len_only():
              "auto-2048": cell("auto", 2048, [sample("t", i, length=2048, correct=False) for i in range(4)]),
              "fp8-2048": cell("fp8", 2048, [sample("t", i, length=2048, correct=i < 2) for i in range(4)]),
              "fp8-4096": cell("fp8", 4096, [sample("t", i, length=4096) for i in range(4)])}
-    comparisons = task_comparisons(task_samples(cells))
+    comparisons = task_comparisons(task_samples(typed_cells(cells)))
     assert set(zip(comparisons.cell, comparisons.reference)) == {("fp8-2048", "auto-2048")}
     pooled = row(comparisons, task=ALL_TASKS)
     assert (pooled.baseline_accuracy, pooled.cell_accuracy, pooled.cell_only) == (0.0, 0.5, 2)
     assert pooled.recovery is None                   # the baseline got none right
-    evidence = task_evidence(cells)
+    evidence = task_evidence(typed_cells(cells))
     assert evidence["cells"]["fp8-2048"]["recovery"] is None
     assert evidence["unmatched"] == [{"cell": "fp8-4096", "reason": "no auto cell with task results at max_model_len 4096"}]
 
 
 def test_empty_samples_give_headed_frames():
-    empty = task_samples({})
+    empty = task_samples(typed_cells({}))
     assert list(task_accuracy(empty).columns) == ACCURACY_COLUMNS
     assert list(task_comparisons(empty).columns) == COMPARISON_COLUMNS
     assert list(depth_length_grid(empty).columns) == GRID_COLUMNS
@@ -199,7 +200,7 @@ def test_empty_samples_give_headed_frames():
 # --- grid --------------------------------------------------------------------------------------------
 
 def test_depth_length_grid_values():
-    grid = depth_length_grid(task_samples(grid_cells()))
+    grid = depth_length_grid(task_samples(typed_cells(grid_cells())))
     assert list(grid.columns) == GRID_COLUMNS
     assert set(grid.cell) == {"auto-1024", "fp8-1024"}
     assert len(grid) == 2 * 3 * 3                      # cwe has no depth: left out
@@ -216,7 +217,7 @@ def test_depth_length_grid_values():
 # --- evidence ----------------------------------------------------------------------------------------
 
 def test_task_evidence_shape_and_json():
-    evidence = task_evidence(grid_cells())
+    evidence = task_evidence(typed_cells(grid_cells()))
     json.dumps(evidence, allow_nan=False)
     assert set(evidence) == {"baseline_kv", "tasks", "samples", "sample_rows", "accuracy", "comparisons", "grid",
                              "cells", "unmatched", "errors", "task_errors", "runs"}
@@ -232,24 +233,24 @@ def test_task_evidence_shape_and_json():
 
 
 def test_task_evidence_empty_when_no_cell_ran_tasks():
-    assert task_evidence({}) == {}
-    assert task_evidence({"auto-1024": started_cell("auto", 1024, 4096, [])}) == {}
-    assert task_evidence({"auto-1024": cell("auto", 1024, [])}) == {}
+    assert task_evidence(typed_cells({})) == {}
+    assert task_evidence(typed_cells({"auto-1024": started_cell("auto", 1024, 4096, [])})) == {}
+    assert task_evidence(typed_cells({"auto-1024": cell("auto", 1024, [])})) == {}
 
 
 def test_task_evidence_reports_single_failed_tasks():
     crashed = cell("fp8", 1024, [sample("kveval_passkey", 0)])
     crashed["phases"]["tasks"]["task_errors"] = {"kveval_cwe": "ValueError: bad yaml"}
-    evidence = task_evidence({"auto-1024": cell("auto", 1024, [sample("kveval_passkey", 0)]), "fp8-1024": crashed})
+    evidence = task_evidence(typed_cells({"auto-1024": cell("auto", 1024, [sample("kveval_passkey", 0)]), "fp8-1024": crashed}))
     assert evidence["task_errors"] == {"fp8-1024": {"kveval_cwe": "ValueError: bad yaml"}}
     assert evidence["cells"]["fp8-1024"]["n"] == 1
 
 
 def test_task_evidence_reports_crashed_phases():
     cells = {**grid_cells(), "fp8-2048": cell("fp8", 2048, error="RuntimeError: lm-eval crashed")}
-    evidence = task_evidence(cells)
+    evidence = task_evidence(typed_cells(cells))
     assert evidence["errors"] == {"fp8-2048": "RuntimeError: lm-eval crashed"}
     assert set(evidence["cells"]) == {"fp8-1024"} and "fp8-2048" not in evidence["runs"]
-    only_crash = task_evidence({"fp8-2048": cells["fp8-2048"]})
+    only_crash = task_evidence(typed_cells({"fp8-2048": cells["fp8-2048"]}))
     assert only_crash["errors"] == {"fp8-2048": "RuntimeError: lm-eval crashed"}
     assert only_crash["samples"] == 0 and only_crash["cells"] == {} and only_crash["grid"] == []

@@ -6,6 +6,7 @@ import pytest
 from kveval.analysis.throughput import throughput_table
 from kveval.worker.phases.throughput import levels_for
 from tests.support.constructed import complete_cell
+from tests.support.evidence import typed_cells
 
 
 def test_levels_add_the_cells_own_maximum_and_stay_below_max_num_seqs():
@@ -28,7 +29,7 @@ def _cell(kv, runs, max_concurrency, started=False):
 def test_aggregation_and_ratio_against_the_baseline():
     cells = {"auto-1024": _cell("auto", [_run(1, 2.0, [0.5], [0.1]), _run(4, 8.0, [0.5, 1, 2, 4], [0.1] * 4)], 1.75),
              "fp8-1024": _cell("fp8", [_run(1, 2.0, [0.5], [0.1]), _run(4, 4.0, [0.5] * 4, [0.2] * 4)], 3.5)}
-    table = throughput_table(cells)
+    table = throughput_table(typed_cells(cells))
     auto4 = table[(table.cell == "auto-1024") & (table.concurrency == 4)].iloc[0]
     assert auto4.requests_per_s == 0.5 and auto4.output_tok_s == 8.0
     assert auto4.ttft_ms_p50 == pytest.approx(1500.0) and auto4.ttft_ms_p99 == pytest.approx(3940.0)
@@ -87,11 +88,11 @@ def test_kl_by_position_figure_is_drawn_for_kv_comparisons_only(tmp_path):
 def test_preemptions_come_from_the_engine_counter_per_level_and_older_runs_still_read():
     counted = {**_run(4, 8.0, [0.5] * 4, [0.1] * 4), "preemptions": 3}
     older = _run(1, 2.0, [0.5], [0.1])  # a run stored before the counter: per-request fields only
-    table = throughput_table({"auto-1024": _cell("auto", [older, counted], 1.75)}).set_index("concurrency")
+    table = throughput_table(typed_cells({"auto-1024": _cell("auto", [older, counted], 1.75)})).set_index("concurrency")
     assert table.loc[4].preemptions == 3 and table.loc[1].preemptions == 0
     unknown = {**_run(4, 8.0, [0.5] * 4, [0.1] * 4), "preemptions": None}
     unknown["requests"] = [{**r, "preemptions": None} for r in unknown["requests"]]
-    assert throughput_table({"auto-1024": _cell("auto", [unknown], 1.75)}).preemptions.isna().all()
+    assert throughput_table(typed_cells({"auto-1024": _cell("auto", [unknown], 1.75)})).preemptions.isna().all()
 
 
 def test_findings_name_the_levels_beyond_ten_percent_of_the_baseline():
