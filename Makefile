@@ -63,7 +63,7 @@ demo-full: $(STAMP)
 # loadscope: a module's tests on one worker, so a module-scoped fake run is made once, not once per worker.
 UNIT_PYTEST := $(BIN)/python -m pytest -m "not engine" -n 2 --dist loadscope
 
-test: $(STAMP) browser
+test: $(STAMP) browser lint typecheck
 	$(UNIT_PYTEST)
 	$(BIN)/python -m pytest -m engine
 
