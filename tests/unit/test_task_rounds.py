@@ -21,9 +21,11 @@ from kveval.gate import FAIL, INCONCLUSIVE, PASS, Check, Reason, Thresholds, Ver
 from kveval.inputs.budget import for_platform, parse_budget
 from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.suites import SUITES
-from kveval.run import compare as compare_module
+from kveval.run import cells as cells_module
 from kveval.run import rounds as rounds_module
-from kveval.run.compare import RunSetup, _phase_options, _run_cells
+from kveval.run.cells import run_plans
+from kveval.run.settings import build_phase_options
+from kveval.run.setup import RunSetup
 from kveval.run.options import CompareOptions, validate_options
 from kveval.run.round_plan import Costs, LengthShape, plan_round, undecided_by_tasks
 from tests.support.constructed import failed_cell, planned_manifest, scoring_phase, started_cell
@@ -252,7 +254,7 @@ def _run_dir(tmp_path, budget, fp8_wrong=frozenset()):
     for name, facts in cells.items():
         write_json_atomic(run.cell_path(name), facts)
     options = CompareOptions(kv=("fp8", "auto"), max_model_len=(1024,), phases=("scoring", "tasks"), budget=budget)
-    phase_options = _phase_options(options, SUITES["quick"], [], ["kveval_passkey"])
+    phase_options = build_phase_options(options, SUITES["quick"], [], ["kveval_passkey"])
     setup = RunSetup(options, run, SimpleNamespace(path="/m"), manifest, [], phase_options, None, True)
     return setup
 
@@ -285,8 +287,8 @@ class StandIn:
 def _loop(setup, stand_in, monkeypatch):
     monkeypatch.setattr(rounds_module, "load_tokenizer", lambda *a, **k: None)
     monkeypatch.setattr(rounds_module, "write_task_data", stand_in.write_task_data)
-    monkeypatch.setattr(compare_module, "run_cell_process", stand_in.run_cell_process)
-    rounds_module.run_task_rounds(setup, T, Quiet(), lambda plans: _run_cells(setup.run, plans, True, setup.options,
+    monkeypatch.setattr(cells_module, "run_cell_process", stand_in.run_cell_process)
+    rounds_module.run_task_rounds(setup, T, Quiet(), lambda plans: run_plans(setup.run, plans, True, setup.options,
                                                                                 Quiet()))
     from kveval.pipeline import judge_stored_run
 
