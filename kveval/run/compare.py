@@ -17,7 +17,7 @@ from kveval.run.calibration import checkpoints_for
 from kveval.run.cells import run_plans
 from kveval.run.fork_server import ForkServer
 from kveval.run.parent_clock import LOOK
-from kveval.run.plan import cell_plan, planned_cell
+from kveval.run.plan import cell_plan
 from kveval.run.reference import REFERENCE_SUFFIX, plan_references
 from kveval.run.remedy import plan_remedy
 from kveval.run.rounds import run_task_rounds
@@ -30,7 +30,7 @@ from kveval.run.warm_process import WarmProcess
 def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     """Every planned cell; then, when the verdict asks for it, the remedy cells (kept in the manifest).
     Ctrl-C keeps finished cells and writes a partial review before it stops the run."""
-    run, manifest, options = setup.run, setup.manifest, setup.options
+    run, state, options = setup.run, setup.state, setup.options
     # The fork server, or the next cell's process started while this one runs; ended with the run.
     warm = setup.starter
     try:
@@ -47,8 +47,7 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
         for attempt in range(0 if options.search else 2):
             # A look only decides what runs next: the review is written once, at the end (api.report).
             with setup.clock.step(LOOK):
-                stored = run.manifest()   # as written: `manifest` is the dict this run adds to
-                evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
+                evidence, verdict = stored_run_verdict(run, state.manifest, state.cells(), thresholds)
             remedy = plan_remedy(verdict, evidence, options.remedy)
             extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype,
                                setup.calibrated)
@@ -56,13 +55,11 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
             if attempt and not extra:
                 break
             if remedy["notes"]:
-                stored = run.manifest()
+                stored = state.manifest
                 earlier = stored.remedy.cells if stored.remedy is not None else []  # a resume's, or the first pass's
-                manifest["remedy"] = {"mode": options.remedy, "notes": remedy["notes"],
-                                      "cells": list(dict.fromkeys([*earlier, *(plan.id for plan in extra)]))}
-                known = {c.id for c in stored.cells}
-                manifest["cells"] += [planned_cell(plan) for plan in extra if plan.id not in known]
-                run.write_manifest(manifest)
+                state.change(remedy={"mode": options.remedy, "notes": remedy["notes"],
+                                     "cells": list(dict.fromkeys([*earlier, *(plan.id for plan in extra)]))},
+                             cells=state.with_planned(extra))
                 for note in remedy["notes"]:
                     show.note(note)
             run_plans(run, extra, True, options, show, setup.devices, setup.ray, warm, clock, setup.base_env)
@@ -73,8 +70,7 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
         end_starter(warm)   # no process left waiting while the partial review is written
         # Finished cells are on disk already; render what exists so the user has a review now.
         _note_run_time(setup)
-        stored = run.manifest()
-        judge_stored_run(run, stored, run.cell_results(stored), thresholds)
+        judge_stored_run(run, state.manifest, state.cells(), thresholds)
         raise RunInterrupted(run.path) from None
     finally:
         end_starter(warm)
@@ -85,14 +81,13 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
 def _search(setup: RunSetup, thresholds: Thresholds, show, run_cells) -> None:
     """--search: the next candidate of run/search.ladder at every length not yet decided, judged by the
     same gate (task rounds included), until one PASSes at each length or the ladder is exhausted."""
-    run, manifest, options = setup.run, setup.manifest, setup.options
+    run, state, options = setup.run, setup.state, setup.options
     unavailable: dict[str, str] = {}
     ran: set[str] = set()
     lengths = [int(x) for x in options.max_model_len]
     while True:
         with setup.clock.step(LOOK):
-            stored = run.manifest()
-            evidence, verdict = stored_run_verdict(run, stored, run.cell_results(stored), thresholds)
+            evidence, verdict = stored_run_verdict(run, state.manifest, state.cells(), thresholds)
         diagnosis = evidence.diagnosis.get(SEARCH_DTYPE)
         candidates = [spec for spec in ladder(diagnosis if isinstance(diagnosis, schema.Diagnosis) else None)
                       if spec.text not in unavailable]
@@ -110,18 +105,17 @@ def _search(setup: RunSetup, thresholds: Thresholds, show, run_cells) -> None:
                 show.note(f"Search: fp8 with {scaled} scales skipped: {error}")
                 continue
             setup.calibrated.update({word: checkpoint.path for word, checkpoint in made.items()})
-            manifest.setdefault("calibration", {}).update(
-                {word: checkpoint.model_dump(mode="json") for word, checkpoint in made.items()})
+            calibration = {word: schema.dump(entry) for word, entry in (state.manifest.calibration or {}).items()}
+            state.change(calibration={**calibration, **{word: checkpoint.model_dump(mode="json")
+                                                         for word, checkpoint in made.items()}})
         if any(spec.scaled and spec.scaled not in setup.calibrated for spec in wanted):
             continue   # recompute the step without the candidates that could not be prepared
-        manifest["search"] = {"candidates": [spec.text for spec in candidates], "unavailable": unavailable,
-                              "lengths": [outcome.model_dump() for outcome in outcomes]}
         plans = [cell_plan(options, setup.model.path, setup.phase_options, by_text[outcome.next],
                            outcome.max_model_len, setup.baseline_dtype, setup.calibrated)
                  for outcome in outcomes if outcome.next]
-        known = {cell["id"] for cell in manifest["cells"]}
-        manifest["cells"] += [planned_cell(plan) for plan in plans if plan.id not in known]
-        run.write_manifest(manifest)
+        state.change(search={"candidates": [spec.text for spec in candidates], "unavailable": unavailable,
+                             "lengths": [outcome.model_dump() for outcome in outcomes]},
+                     cells=state.with_planned(plans))
         if not plans or {plan.id for plan in plans} <= ran:   # nothing new to run: the search has ended
             return
         ran |= {plan.id for plan in plans}
@@ -135,28 +129,24 @@ def _search(setup: RunSetup, thresholds: Thresholds, show, run_cells) -> None:
 
 def _note_run_time(setup: RunSetup) -> None:
     """The run's wall time so far, into the manifest's timing: the review written next shows it."""
-    if "timing" in setup.manifest:
-        setup.manifest["timing"]["run_seconds"] = round(time.monotonic() - setup.started, 3)
-        setup.manifest["timing"]["steps"] = setup.clock.record()
-        setup.run.write_manifest(setup.manifest)
+    timing = setup.state.manifest.timing
+    if timing is not None:
+        setup.state.change(timing={**schema.dump(timing), "run_seconds": round(time.monotonic() - setup.started, 3),
+                                   "steps": setup.clock.record()})
 
 
 def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | ForkServer | None = None) -> None:
     """An `auto` cell for quality only at each length where `auto` failed for KV capacity and a tested
     cell started (run/reference.py); kept in the manifest so that a resume reuses it."""
-    run, manifest = setup.run, setup.manifest
-    stored = run.manifest()
-    planned = plan_references(run.cell_results(stored), setup.plans, stored)
+    run, state = setup.run, setup.state
+    planned = plan_references(state.cells(), setup.plans, state.manifest)
     if not planned:
         return
-    references = manifest.setdefault("quality_references", {})
-    known = {c.id for c in stored.cells}
+    references = {cell: schema.dump(entry) for cell, entry in (state.manifest.quality_references or {}).items()}
     for plan, why in planned:
         references[plan.id] = {"for": plan.id.removesuffix(REFERENCE_SUFFIX),
                                "kv_cache_memory_bytes": plan.engine["kv_cache_memory_bytes"], "why": why}
-        if plan.id not in known:
-            manifest["cells"].append(planned_cell(plan))
         show.note(f"Quality reference: {why}")
-    run.write_manifest(manifest)
+    state.change(quality_references=references, cells=state.with_planned([plan for plan, _ in planned]))
     run_plans(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray, warm,
                setup.clock, setup.base_env)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kveval.errors import KvevalError
+from kveval.files import schema
 from kveval.files.cell_spec import PhaseOptions
 from kveval.files.run_lock import RunDirBusy, RunLock
 from kveval.files.run_lock import acquire as acquire_run_lock
@@ -40,7 +41,7 @@ from kveval.run.resume import earlier_chosen_budget, prepare_run_dir
 from kveval.run.settings import (build_phase_options, build_prompts, cpu_concurrency, read_user_prompts,
                                  suite_and_tasks)
 from kveval.run.starter import cell_starter, cells_env, end_starter
-from kveval.run.state import new_manifest
+from kveval.run.state import RunState, new_manifest
 from kveval.run.vllm_vocabulary import check_against_vllm, vllm_vocabulary
 from kveval.run.warm_process import WarmProcess
 
@@ -54,11 +55,11 @@ def _needs_vocabulary(options: CompareOptions) -> bool:
 
 @dataclass
 class RunSetup:
-    """Everything decided before the first engine starts; the manifest is already on disk."""
+    """Everything decided before the first engine starts; the manifest is already on disk (`state`)."""
     options: CompareOptions
     run: RunDir
     model: ModelInfo
-    manifest: dict
+    state: RunState     # the typed manifest and its one writer (run/state.py)
     plans: list[CellPlan]
     phase_options: PhaseOptions
     baseline_dtype: str | None
@@ -226,13 +227,13 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
                 baseline_import.copy_cells(baseline[0], run, imported)
                 manifest["imported_baseline"] = baseline_import.import_record(options.baseline_from, baseline[1],
                                                                               baseline[2], imported, manifest)
-            run.write_manifest(manifest)
+            state = RunState.write_new(run, manifest)
             write_json_atomic(run.workloads_path, [p.to_dict() for p in prompts], compact=True)
             write_json_atomic(run.scoring_path, documents, compact=True)
         except OSError as error:
             raise KvevalError(f"--out {run.path}: cannot write the run's files ({error.strerror or error})") from None
         show.note(f"Run directory: {run.path}  ({len(plans)} cells, {len(prompts)} prompts per cell)")
-        works = _preflight(run, plans, prompts, documents, manifest, options, shape, imported, gpus_for_cells, show)
+        works = _preflight(state.manifest, plans, prompts, documents, manifest["task_data"], options, shape, imported, gpus_for_cells, show)
         # The parent's own time (issue 18): set-up, the diagnosis pass, and later the whole run (run_matrix).
         timing = {"setup_seconds": round(time.monotonic() - started, 3), "diagnosis_seconds": None, "run_seconds": None,
                   "cells_overlap": ray is not None or len(devices or []) > devices_per_cell(options.engine_args),
@@ -242,11 +243,10 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
             if no_diagnosis:   # known not to load: recorded as the pass's failure, without trying it
                 skip_diagnosis(run, no_diagnosis)
             else:
-                run_diagnosis(run, source, run.manifest().kv_scales, show, fork)
+                run_diagnosis(run, source, state.manifest.kv_scales, show, fork)
             timing["diagnosis_seconds"] = round(time.monotonic() - begun, 3)
-        manifest["timing"] = timing
-        run.write_manifest(manifest)
-        return RunSetup(options, run, model, manifest, plans, phase_options, baseline_dtype, reuse, devices, ray, lock,
+        state.change(timing=timing)
+        return RunSetup(options, run, model, state, plans, phase_options, baseline_dtype, reuse, devices, ray, lock,
                         started, calibrated, tokenizer, source.trust_remote_code, works=works)
     except BaseException:
         if ray is not None:  # the Python API may call compare again in this process
@@ -256,16 +256,15 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         raise
 
 
-def _preflight(run: RunDir, plans: list[CellPlan], prompts: list[PromptSpec], documents: list[dict], manifest: dict,
-               options: CompareOptions, shape: TaskShape, imported: list[str], gpus: int, show) -> dict[str, CellWork]:
+def _preflight(manifest: schema.Manifest, plans: list[CellPlan], prompts: list[PromptSpec], documents: list[dict],
+               task_data: dict, options: CompareOptions, shape: TaskShape, imported: list[str], gpus: int, show) -> dict[str, CellWork]:
     """Before the first engine (run/preflight.py): each cell's work, and those that cannot fit; a few lines."""
-    typed = run.manifest()
-    tasks = bool(typed.options.tasks) and "tasks" in options.phases
+    tasks = bool(manifest.options.tasks) and "tasks" in options.phases
     works = {plan.id: cell_work(plan, prompts, documents,
-                                task_docs(manifest["task_data"], plan.max_model_len, options.task_limit) if tasks else 0,
+                                task_docs(task_data, plan.max_model_len, options.task_limit) if tasks else 0,
                                 shape.fractions) for plan in plans}
     budget = parse_size(options.kv_cache_memory) if options.kv_cache_memory is not None else None
-    problems = [line for line in (fit_problem(plan, typed.model, budget, gpus > 0, bool(imported)) for plan in plans)
+    problems = [line for line in (fit_problem(plan, manifest.model, budget, gpus > 0, bool(imported)) for plan in plans)
                 if line]
     for line in preflight_lines(list(works.values()), imported, problems, str(options.baseline_from)):
         show.note(line)

@@ -1,11 +1,21 @@
-"""The manifest of a compare run, as first written (new_manifest)."""
+"""A compare run's state in the parent: the typed manifest and its cells, behind the one writer of
+manifest.json (RunState), and the manifest as set-up first builds it (new_manifest).
+
+Every change goes through `RunState.change`: checked against the schema (files/schema/manifest.py), written
+atomically (files/rundir.py write_json_atomic), once per change, and kept typed in memory, so that no later
+step reads back from disk what this process wrote. The file keeps the key order and presence rules it
+always had: a key is written only when given, a new one goes last (a resume compares manifests).
+"""
 from __future__ import annotations
 
 import datetime as _dt
+import json
+from typing import Any
 
 from kveval import defaults
 from kveval.files.cell_spec import PhaseOptions
-from kveval.files.rundir import SCHEMA_VERSION
+from kveval.files import schema
+from kveval.files.rundir import SCHEMA_VERSION, RunDir, write_json_atomic
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.model_config import ModelFacts, prompt_format
 from kveval.inputs.models import ModelInfo
@@ -62,3 +72,46 @@ def new_manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model:
         "cells": [planned_cell(plan) for plan in plans],
         **environment_facts,
     }
+
+
+class RunState:
+    """The run as the parent holds it: `manifest` (typed, what looks and later steps read) and its cells,
+    with `change` the only way the manifest changes."""
+
+    def __init__(self, run: RunDir, manifest: schema.Manifest):
+        self.run = run
+        self.manifest = manifest
+
+    @classmethod
+    def write_new(cls, run: RunDir, data: dict[str, Any]) -> RunState:
+        """The manifest set-up built (new_manifest and what set-up adds), checked and written: its first write."""
+        state = cls.__new__(cls)
+        state.run = run
+        state._write(data)
+        return state
+
+    def change(self, **entries: Any) -> None:
+        """Top-level manifest entries set (each a typed model or its JSON value), checked and written in one
+        atomic write. A key not yet in the manifest goes last."""
+        data = schema.dump(self.manifest)
+        for key, value in entries.items():
+            data[key] = schema.dump(value) if isinstance(value, schema.FileModel) else value
+        self._write(data)
+
+    def with_planned(self, plans: list[CellPlan]) -> list[dict[str, Any]]:
+        """The manifest's planned cells, then each of `plans` not among them yet (for `change(cells=...)`)."""
+        known = {cell.id for cell in self.manifest.cells}
+        return [*(schema.dump(cell) for cell in self.manifest.cells),
+                *(planned_cell(plan) for plan in plans if plan.id not in known)]
+
+    def cells(self) -> dict[str, schema.CellResult]:
+        """The typed cells in the planned order, rounds merged (RunDir.cell_results over the manifest held
+        here; a cell file already read is not parsed again)."""
+        return self.run.cell_results(self.manifest)
+
+    def _write(self, data: dict[str, Any]) -> None:
+        # Checked first: kveval never writes a file it would refuse (as RunDir.write_manifest).
+        path = self.run.manifest_path
+        typed = schema.parse(schema.Manifest, json.loads(json.dumps(data, default=str)), str(path))
+        write_json_atomic(path, data)
+        self.manifest = typed
