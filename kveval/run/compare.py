@@ -51,16 +51,16 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
             remedy = plan_remedy(verdict, evidence, options.remedy)
             extra = [cell_plan(options, setup.model.path, setup.phase_options, spec, length, setup.baseline_dtype,
                                setup.calibrated)
-                     for spec, length in remedy["cells"]]
+                     for spec, length in remedy.cells]
             if attempt and not extra:
                 break
-            if remedy["notes"]:
+            if remedy.notes:
                 stored = state.manifest
                 earlier = stored.remedy.cells if stored.remedy is not None else []  # a resume's, or the first pass's
-                state.change(remedy={"mode": options.remedy, "notes": remedy["notes"],
+                state.change(remedy={"mode": options.remedy, "notes": remedy.notes,
                                      "cells": list(dict.fromkeys([*earlier, *(plan.id for plan in extra)]))},
                              cells=state.with_planned(extra))
-                for note in remedy["notes"]:
+                for note in remedy.notes:
                     show.note(note)
             run_plans(run, extra, True, options, show, setup.devices, setup.ray, warm, clock, setup.base_env)
             # Cells undecided only by task accuracy: more task samples, in rounds, until decided or the budget is spent.
