@@ -41,7 +41,7 @@ from kveval.run.resume import earlier_chosen_budget, prepare_run_dir
 from kveval.run.settings import (build_phase_options, build_prompts, cpu_concurrency, read_user_prompts,
                                  suite_and_tasks)
 from kveval.run.starter import cell_starter, cells_env, end_starter
-from kveval.run.state import RunState, new_manifest
+from kveval.run.state import RunState, SetUpFacts, new_manifest
 from kveval.run.vllm_vocabulary import check_against_vllm, vllm_vocabulary
 from kveval.run.warm_process import WarmProcess
 
@@ -189,22 +189,11 @@ def _set_up_locked_run(options: CompareOptions, suite: Suite, shape: TaskShape, 
         calibrated = {word: checkpoint.path for word, checkpoint in checkpoints.items()}
         plans = plan_cells(options, model.path, phase_options, baseline_dtype,
                            efficiency_sample=suite.efficiency_sample, calibrated=calibrated)
+        identity = model_identity(model.path, source.revision, kveval_home() / WEIGHT_HASHES_FILE)
         manifest = new_manifest(options, suite, shape, model, tokenizer, facts, prompts, documents, phase_options,
-                             kv_scales, baseline_dtype, plans, hardware)
-        manifest["model"]["kv_layout"] = layout
+                                kv_scales, baseline_dtype, plans, hardware,
+                                SetUpFacts(layout, identity, checkpoints, devices, budget_note))
         _note_thinking_switch(manifest["prompt_format"], options.chat_template_kwargs, show)
-        if facts.weights_quantization is not None:   # served as they are: the review names them
-            manifest["model"]["weights_quantization"] = facts.weights_quantization.label
-        if facts.encoder is not None:   # multimodal: the text model runs, the encoder is fixed memory (review says so)
-            manifest["model"]["encoder"] = facts.encoder.model_dump(mode="json")
-        if checkpoints:
-            manifest["calibration"] = {word: checkpoint.model_dump(mode="json") for word, checkpoint in checkpoints.items()}
-        # Which weights were judged: the revision asked for, a local model's weights hash (kveval diff, resume).
-        manifest["model"].update(model_identity(model.path, source.revision,
-                                                kveval_home() / WEIGHT_HASHES_FILE).model_dump(mode="json"))
-        manifest["options"]["gpus"] = devices
-        manifest["options"]["executor"] = options.executor
-        manifest["options"]["kv_budget_note"] = budget_note
         baseline, imported = None, []
         if options.baseline_from is not None:   # before anything is written: a refusal leaves no trace
             baseline = baseline_import.load_source(options.baseline_from)

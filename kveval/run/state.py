@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from kveval import defaults
-from kveval.files.cell_spec import PhaseOptions
 from kveval.files import schema
+from kveval.files.cell_spec import PhaseOptions
 from kveval.files.rundir import SCHEMA_VERSION, RunDir, write_json_atomic
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.model_config import ModelFacts, prompt_format
+from kveval.inputs.model_identity import ModelIdentity
 from kveval.inputs.models import ModelInfo
 from kveval.inputs.slo import parse_slo
 from kveval.inputs.suites import Suite
@@ -25,14 +27,49 @@ from kveval.inputs.task_selection import TaskShape
 from kveval.inputs.units import parse_size
 from kveval.inputs.workloads import PromptSpec
 from kveval.run import baseline_import
+from kveval.run.calibration import CalibratedCheckpoint
 from kveval.run.cell_process import CellPlan
 from kveval.run.options import CompareOptions
 from kveval.run.plan import planned_cell
 
 
+@dataclass(frozen=True)
+class SetUpFacts:
+    """What set-up learns beside the options and the model's config, recorded in the manifest."""
+    kv_layout: Any                          # inputs/model_config.ModelFacts.kv_layout
+    identity: ModelIdentity                 # which weights were judged
+    checkpoints: dict[str, CalibratedCheckpoint]   # scaled word -> calibrated checkpoint
+    devices: list[str] | None               # --gpus, resolved
+    budget_note: str | None                 # why kveval chose the KV budget on a CPU, when it did
+
+
 def new_manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: ModelInfo, tokenizer,
                  facts: ModelFacts, prompts: list[PromptSpec], documents: list[dict], phase_options: PhaseOptions,
-                 kv_scales: dict, baseline_dtype: str | None, plans: list[CellPlan], environment_facts: dict) -> dict:
+                 kv_scales: dict, baseline_dtype: str | None, plans: list[CellPlan], environment_facts: dict,
+                 set_up: SetUpFacts | None = None) -> dict:
+    """The manifest before its task data (written into the run after the resume check): what a resume
+    compares. `set_up`: the facts set-up adds, in the order a resume's fingerprint has always seen them."""
+    manifest = _manifest(options, suite, shape, model, tokenizer, facts, prompts, documents, phase_options, kv_scales,
+                         baseline_dtype, plans, environment_facts)
+    if set_up is None:
+        return manifest
+    manifest["model"]["kv_layout"] = set_up.kv_layout
+    if facts.weights_quantization is not None:   # served as they are: the review names them
+        manifest["model"]["weights_quantization"] = facts.weights_quantization.label
+    if facts.encoder is not None:   # multimodal: the text model runs, the encoder is fixed memory (review says so)
+        manifest["model"]["encoder"] = facts.encoder.model_dump(mode="json")
+    if set_up.checkpoints:
+        manifest["calibration"] = {word: checkpoint.model_dump(mode="json")
+                                   for word, checkpoint in set_up.checkpoints.items()}
+    # Which weights were judged: the revision asked for, a local model's weights hash (kveval diff, resume).
+    manifest["model"].update(set_up.identity.model_dump(mode="json"))
+    manifest["options"].update(gpus=set_up.devices, executor=options.executor, kv_budget_note=set_up.budget_note)
+    return manifest
+
+
+def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: ModelInfo, tokenizer,
+              facts: ModelFacts, prompts: list[PromptSpec], documents: list[dict], phase_options: PhaseOptions,
+              kv_scales: dict, baseline_dtype: str | None, plans: list[CellPlan], environment_facts: dict) -> dict:
     task_names = list(phase_options.tasks.tasks)
     return {
         "schema_version": SCHEMA_VERSION,
