@@ -36,10 +36,10 @@ def run_matrix(setup: RunSetup, thresholds: Thresholds, show) -> None:
     try:
         clock = setup.clock
         run_plans(run, setup.plans, setup.reuse, options, show, setup.devices, setup.ray, warm, clock,
-                   setup.base_env, setup.works)
+                  setup.base_env, setup.works)
         _run_quality_references(setup, show, warm)
         run_cells = lambda plans: run_plans(run, plans, True, options, show, setup.devices, setup.ray, warm,  # noqa: E731
-                                             clock, setup.base_env)
+                                            clock, setup.base_env)
         if options.search:
             run_task_rounds(setup, thresholds, show, run_cells)
             _search(setup, thresholds, show, run_cells)
@@ -149,4 +149,4 @@ def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | ForkServe
         show.note(f"Quality reference: {why}")
     state.change(quality_references=references, cells=state.with_planned([plan for plan, _ in planned]))
     run_plans(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray, warm,
-               setup.clock, setup.base_env)
+              setup.clock, setup.base_env)

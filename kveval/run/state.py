@@ -121,11 +121,8 @@ class RunState:
 
     @classmethod
     def write_new(cls, run: RunDir, data: dict[str, Any]) -> RunState:
-        """The manifest set-up built (new_manifest and what set-up adds), checked and written: its first write."""
-        state = cls.__new__(cls)
-        state.run = run
-        state._write(data)
-        return state
+        """The manifest set-up built (new_manifest, then its task data), checked and written: its first write."""
+        return cls(run, _written(run, data))
 
     def change(self, **entries: Any) -> None:
         """Top-level manifest entries set (each a typed model or its JSON value), checked and written in one
@@ -133,7 +130,7 @@ class RunState:
         data = schema.dump(self.manifest)
         for key, value in entries.items():
             data[key] = schema.dump(value) if isinstance(value, schema.FileModel) else value
-        self._write(data)
+        self.manifest = _written(self.run, data)
 
     def with_planned(self, plans: list[CellPlan]) -> list[dict[str, Any]]:
         """The manifest's planned cells, then each of `plans` not among them yet (for `change(cells=...)`)."""
@@ -146,9 +143,11 @@ class RunState:
         here; a cell file already read is not parsed again)."""
         return self.run.cell_results(self.manifest)
 
-    def _write(self, data: dict[str, Any]) -> None:
-        # Checked first: kveval never writes a file it would refuse (as RunDir.write_manifest).
-        path = self.run.manifest_path
-        typed = schema.parse(schema.Manifest, json.loads(json.dumps(data, default=str)), str(path))
-        write_json_atomic(path, data)
-        self.manifest = typed
+
+def _written(run: RunDir, data: dict[str, Any]) -> schema.Manifest:
+    """`data` checked against the schema first (kveval never writes a file it would refuse), then written
+    atomically as manifest.json; the typed manifest it is."""
+    path = run.manifest_path
+    typed = schema.parse(schema.Manifest, json.loads(json.dumps(data, default=str)), str(path))
+    write_json_atomic(path, data)
+    return typed
