@@ -82,7 +82,9 @@ def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
             max_model_len: Sequence[int] | None = None, *, progress: Any = None, **kwargs) -> RunResult:
     """Run the (KV configuration x max_model_len) matrix, store every fact, write review.md.
     Keyword arguments: the fields of kveval.run.options.CompareOptions (see compare_options)."""
-    from kveval.run.compare import end_starter, run_matrix, set_up_run
+    from kveval.run.compare import run_matrix
+    from kveval.run.setup import set_up_run
+    from kveval.run.starter import end_starter
     from kveval.run.progress import ConsoleProgress
 
     options = compare_options(model, kv, max_model_len, **kwargs)

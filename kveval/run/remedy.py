@@ -15,6 +15,8 @@ the remedied spec fails too, the headline says that nothing tried passes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from kveval.analysis.kv_range import keeps_every_layer, plan_keep_layers
 from kveval.files import schema
 from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, Verdict
@@ -24,10 +26,17 @@ from kveval.inputs.kvspec import KVSpec, keep_spec
 REMEDY_MODES = ("auto", "always", "off")
 
 
-def plan_remedy(verdict: Verdict, evidence: schema.Evidence, mode: str = "auto") -> dict:
-    """{"cells": [(KVSpec, max_model_len), ...], "notes": [sentences]} — cells not yet in the run."""
+@dataclass(frozen=True)
+class RemedyPlan:
+    """What plan_remedy proposes: remedy cells not yet in the run, and the sentences that say why (or why none)."""
+    cells: list[tuple[KVSpec, int]] = field(default_factory=list)   # (configuration, max_model_len)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_remedy(verdict: Verdict, evidence: schema.Evidence, mode: str = "auto") -> RemedyPlan:
+    """The remedy cells not yet in the run, and the notes that say why."""
     if mode == "off":
-        return {"cells": [], "notes": []}
+        return RemedyPlan()
     cells = evidence.cells
     diagnoses = evidence.diagnosis
     planned, notes = [], []
@@ -77,4 +86,4 @@ def plan_remedy(verdict: Verdict, evidence: schema.Evidence, mode: str = "auto")
         notes.append(f"Remedy for {dtype}: keep layer{'s' if len(keep) > 1 else ''} {', '.join(map(str, keep))} in the "
                      f"model dtype ({why}), tried at {', '.join(str(length) for length, _ in sorted(lengths))} "
                      f"as `{spec.text}`")
-    return {"cells": planned, "notes": notes}
+    return RemedyPlan(planned, notes)

@@ -34,6 +34,8 @@ from kveval.pipeline import stored_run_verdict
 from kveval.run.cell_process import CellPlan
 from kveval.run.parent_clock import LOOK, ROUND_DATA
 from kveval.run.plan import cell_plan, scoring_documents
+from kveval.run.setup import RunSetup
+from kveval.run.state import RunState
 from kveval.run.round_plan import (DIVERGENCE_CODES, MAX_SCORED_SEQUENCES, MAX_ROUNDS, Costs, LengthRound, LengthShape,
                                    RoundPlan, plan_round, scored_sequence_count, task_decided)
 from kveval.inputs.suites import SUITES
@@ -105,7 +107,7 @@ def seconds_used(run: RunDir, rounds: list[schema.TaskRound]) -> float:
     return total
 
 
-def _round_plans(setup, number: int, length_round: LengthRound, data_dir: str | None, probes_file: str | None,
+def _round_plans(setup: RunSetup, number: int, length_round: LengthRound, data_dir: str | None, probes_file: str | None,
                  kv_of: dict[str, KVSpec], references: dict[str, schema.ReferenceCell],
                  documents_file: str | None = None) -> list[CellPlan]:
     """One cell plan per cell of the round, engine settings as the cell's own: the tasks phase for its
@@ -168,7 +170,7 @@ def _forget_if_changed(run: RunDir, plan: CellPlan) -> None:
 class _Data:
     """Writes a round's task data and probes; the tokenizer is loaded on the first round only."""
 
-    def __init__(self, setup, options: schema.Options):
+    def __init__(self, setup: RunSetup, options: schema.Options):
         self.setup, self.options, self.tokenizer = setup, options, None
 
     def _tokenizer(self):
@@ -238,19 +240,19 @@ def _probes_used(rounds: list[schema.TaskRound]) -> int:
     return max(seen.values(), default=0)
 
 
-def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) -> None:
+def run_task_rounds(setup: RunSetup, thresholds: Thresholds, show, run_cells: RunCells) -> None:
     """Rounds until every tested cell is decided by its task samples and probe outputs or the budget is
     spent; then the cells whose task or degeneration comparison is still open are marked final (their
     last look spends the alpha left)."""
     budget = parse_budget(setup.options.budget)
-    stored = setup.run.manifest()   # what the rounds read; the dict is what they add to and write
+    stored = setup.state.manifest   # as set-up (or a resume) left it: the earlier record, if any
     shapes = round_shapes(stored)
     task_rounds = "tasks" in setup.options.phases and bool(shapes)
     probe_pool = round_probe_pool_size() if "generation" in setup.options.phases else 0
     scoring = "scoring" in setup.options.phases
     if not budget.samples or not (task_rounds or probe_pool or scoring):
         return
-    run, manifest = setup.run, setup.manifest
+    run, state = setup.run, setup.state
     # Planned afresh on a resume too: the plan is a function of the stored files, so finished round cells
     # are reused (module docstring).
     # A larger --budget extends the design: rounds an earlier record planned are planned again under the
@@ -262,8 +264,7 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     record = {"budget": budget.to_dict(), "n_max": budget.samples, "rounds": [], "final": [], "stopped": None,
               "notes": [], "final_degeneration": [], "first_n_max": caps.get(0, budget.samples),
               "documents_n_max": MAX_SCORED_SEQUENCES if scoring else None, "final_divergence": []}
-    manifest["task_rounds"] = record
-    run.write_manifest(manifest)
+    state.change(task_rounds=record)
     data = _Data(setup, stored.options)
     references = stored.quality_references or {}
     stopped = f"{MAX_ROUNDS} rounds, the most kveval runs"
@@ -271,10 +272,9 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
     for number in range(1, MAX_ROUNDS + 2):
         # A look only plans the next round: the review is written once, at the end (api.report).
         with setup.clock.step(LOOK):
-            written = run.manifest()   # `manifest` (and `record`) as last written
-            cells = run.cell_results(written)
-            evidence, verdict = stored_run_verdict(run, written, cells, thresholds)
-        rounds_run = written.task_rounds.rounds
+            cells = state.cells()
+            evidence, verdict = stored_run_verdict(run, state.manifest, cells, thresholds)
+        rounds_run = state.manifest.task_rounds.rounds
         paired = _paired(evidence)
         if waiting and not any(paired.get(c, 0) > n for c, n in waiting.items()):
             stopped = f"round {number - 1} paired no new sample (see its cells' logs)"
@@ -316,11 +316,11 @@ def run_task_rounds(setup, thresholds: Thresholds, show, run_cells: RunCells) ->
                                   probes["file"] if probes and length_round.probe_cells else None, kv_of, references,
                                   documents)
             show.note(_round_note(number, length_round))
-        run.write_manifest(manifest)
+        state.change(task_rounds=record)
         for cell_round in plans:
             _forget_if_changed(run, cell_round)
         run_cells(plans)
-    _finish(run, manifest, record, evidence, verdict, stopped, show)
+    _finish(state, record, evidence, verdict, stopped, show)
 
 
 def _finalized(earlier: schema.TaskRounds | None) -> tuple[dict[str, set[str]], int]:
@@ -367,7 +367,7 @@ def _why_stopped(plan: RoundPlan) -> str:
     return "every tested cell is decided, or undecided for a reason more task samples and probes cannot settle"
 
 
-def _finish(run: RunDir, manifest: dict, record: dict, evidence, verdict, stopped: str, show) -> None:
+def _finish(state: RunState, record: dict, evidence, verdict, stopped: str, show) -> None:
     """Mark as final every tested cell whose task or degeneration comparison is still open at the last
     judgment (`evidence` and `verdict`, of every round's samples): no look follows, so the last one spends the alpha left."""
     tasks = evidence.tasks
@@ -379,6 +379,6 @@ def _finish(run: RunDir, manifest: dict, record: dict, evidence, verdict, stoppe
         record["final_divergence"] = sorted({r.cell for r in verdict.reasons
                                              if r.code in DIVERGENCE_CODES and r.cell is not None})
     record["stopped"] = stopped
-    run.write_manifest(manifest)
+    state.change(task_rounds=record)
     if record["rounds"]:
         show.note(f"Rounds stopped: {stopped}")

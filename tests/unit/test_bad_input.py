@@ -216,7 +216,7 @@ def test_the_review_names_a_shared_device_and_links_the_logs_and_says_what_to_do
 
 
 def test_an_engine_argument_vllm_rejects_is_a_usage_error_not_a_finding():
-    from kveval.run.compare import rejected_engine_arg
+    from kveval.run.cells import rejected_engine_arg
 
     facts = {"started": False, "failure": {"reason": "other", "message": "pydantic_core._pydantic_core.ValidationError: "
              "1 validation error for SchedulerConfig max_num_seqs Input should be greater than 0"}}

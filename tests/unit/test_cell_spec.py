@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from kveval.files.cell_spec import CellSpec, PhaseOptions, TasksOptions
 from kveval.inputs.suites import SUITES
-from kveval.run.compare import _phase_options
+from kveval.run.settings import build_phase_options
 from kveval.run.options import CompareOptions
 
 
@@ -23,7 +23,7 @@ def _spec(phase_options: PhaseOptions | None) -> CellSpec:
 
 def test_the_suite_and_the_users_options_set_every_phase_setting():
     suite = SUITES["quick"]
-    options = _phase_options(CompareOptions(speed_runs=5, task_limit=7, concurrency=(1, 2)), suite, [], ["passkey"])
+    options = build_phase_options(CompareOptions(speed_runs=5, task_limit=7, concurrency=(1, 2)), suite, [], ["passkey"])
     assert options.scoring.top_k == suite.scoring_top_k and options.scoring.noise is True
     assert options.speed.runs == 5 and options.speed.warmup == suite.speed_warmup
     assert options.speed.max_tokens == suite.speed_max_tokens
@@ -41,7 +41,7 @@ def test_a_phase_setting_has_no_default_of_its_own():
 
 
 def test_the_message_survives_its_file_and_refuses_unknown_keys():
-    options = _phase_options(CompareOptions(), SUITES["standard"], [], [])
+    options = build_phase_options(CompareOptions(), SUITES["standard"], [], [])
     spec = _spec(options)
     assert CellSpec.model_validate(json.loads(json.dumps(spec.model_dump(mode="json")))) == spec
     assert CellSpec.model_validate(json.loads(json.dumps(_spec(None).model_dump(mode="json")))).phase_options is None

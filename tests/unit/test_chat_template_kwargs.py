@@ -45,7 +45,7 @@ def _refused(args: list[str], fragment: str, tmp_path, monkeypatch) -> str:
     def no_engine(*_, **__):
         raise AssertionError("the run was set up: an engine could have started")
 
-    monkeypatch.setattr("kveval.run.compare.set_up_run", no_engine)
+    monkeypatch.setattr("kveval.run.setup.set_up_run", no_engine)
     result = CliRunner().invoke(cli, ["compare", "--out", str(tmp_path / "o"), *args])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and not isinstance(result.exception, AssertionError)
@@ -138,11 +138,11 @@ def test_the_worker_gets_them_in_its_spec_and_its_lm_eval_prompts_match_the_pare
     from lm_eval.api.instance import Instance
 
     from kveval.inputs.suites import SUITES
-    from kveval.run.compare import _phase_options
+    from kveval.run.settings import build_phase_options
     from kveval.run.options import CompareOptions
     from kveval.worker.lmeval_lm import EngineLM
 
-    options = _phase_options(CompareOptions(chat_template_kwargs=NO_THINKING), SUITES["quick"], [], ["passkey"])
+    options = build_phase_options(CompareOptions(chat_template_kwargs=NO_THINKING), SUITES["quick"], [], ["passkey"])
     assert options.tasks.chat_template_kwargs == NO_THINKING
     spec = CellSpec(cell_id="fp8-1024", run_dir="/r", engine={"model": "/m"}, kv_spec="fp8", phases=["tasks"],
                     phase_options=options, workloads_path="/r/w.json", result_path="/r/c.json",
@@ -177,14 +177,15 @@ def _manifest_options(chat_template_kwargs) -> dict:
     from kveval.inputs.models import ModelInfo
     from kveval.inputs.suites import SUITES
     from kveval.inputs.task_selection import task_shape
-    from kveval.run.compare import _manifest, _phase_options
+    from kveval.run.settings import build_phase_options
+    from kveval.run.state import new_manifest
     from kveval.run.options import CompareOptions
     from tests.support.char_tokenizer import CharTokenizer
 
     options = CompareOptions(kv=("fp8", "auto"), max_model_len=(1024,), chat_template_kwargs=chat_template_kwargs)
     suite = SUITES["quick"]
-    phase_options = _phase_options(options, suite, [], ["passkey"])
-    manifest = _manifest(options, suite, task_shape(suite, ["passkey"]), ModelInfo("m", "/m", "local directory", True),
+    phase_options = build_phase_options(options, suite, [], ["passkey"])
+    manifest = new_manifest(options, suite, task_shape(suite, ["passkey"]), ModelInfo("m", "/m", "local directory", True),
                          CharTokenizer(), ModelFacts(), [], [], phase_options, {}, None, [], {})
     return manifest["options"]
 

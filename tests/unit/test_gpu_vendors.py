@@ -153,11 +153,11 @@ def test_amd_cells_get_hip_visible_devices_too(monkeypatch):
     assert visible_devices_env(["0", "1"], "amd") == {"CUDA_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "0,1"}
     assert visible_devices_env(["1"], "nvidia") == {"CUDA_VISIBLE_DEVICES": "1"}
     assert visible_devices_env(["1"], None) == {"CUDA_VISIBLE_DEVICES": "1"}
-    from kveval.run import compare, parallel
+    from kveval.run import parallel, starter
 
     monkeypatch.setattr(environment, "gpu_vendor", lambda: "amd")
     monkeypatch.setattr(parallel, "gpu_vendor", lambda: "amd")
-    assert compare._cells_env(["2"]) == {"CUDA_VISIBLE_DEVICES": "2", "HIP_VISIBLE_DEVICES": "2"}
+    assert starter.cells_env(["2"]) == {"CUDA_VISIBLE_DEVICES": "2", "HIP_VISIBLE_DEVICES": "2"}
     seen = []
     parallel.run_in_parallel([type("Plan", (), {"id": "a"})()], ["3"], 1, lambda plan, env, stop: seen.append(env))
     assert seen == [{"CUDA_VISIBLE_DEVICES": "3", "HIP_VISIBLE_DEVICES": "3"}]

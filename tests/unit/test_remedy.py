@@ -9,7 +9,7 @@ from kveval.analysis.kv_range import diagnose
 from kveval.files import schema
 from kveval.gate import FAIL, NOT_STARTED, PASS, Verdict
 from kveval.render.headline import headline
-from kveval.run.remedy import plan_remedy
+from kveval.run.remedy import RemedyPlan, plan_remedy
 from tests.support.evidence import typed_evidence
 
 
@@ -39,21 +39,21 @@ def evidence(statuses: dict[str, str], diagnosis: dict | None, pools=None) -> tu
 def test_failing_fp8_gets_the_offending_layers_kept_at_the_failing_lengths():
     verdict, ev = evidence({"fp8-2048": PASS, "fp8-8192": FAIL, "fp8-32768": FAIL}, diagnose(ranges({0: 50, 4: 3})))
     plan = plan_remedy(verdict, ev, "auto")
-    assert [(spec.text, length) for spec, length in plan["cells"]] == [("fp8:keep=0,4", 8192), ("fp8:keep=0,4", 32768)]
-    assert "keep layers 0, 4" in plan["notes"][0]
+    assert [(spec.text, length) for spec, length in plan.cells] == [("fp8:keep=0,4", 8192), ("fp8:keep=0,4", 32768)]
+    assert "keep layers 0, 4" in plan.notes[0]
 
 
 def test_always_tries_every_started_length_and_off_tries_none():
     verdict, ev = evidence({"fp8-2048": PASS, "fp8-8192": NOT_STARTED}, diagnose(ranges({2: 1})))
-    assert [(spec.text, length) for spec, length in plan_remedy(verdict, ev, "always")["cells"]] == [("fp8:keep=2", 2048)]
-    assert plan_remedy(verdict, ev, "auto")["cells"] == []
-    assert plan_remedy(verdict, ev, "off") == {"cells": [], "notes": []}
+    assert [(spec.text, length) for spec, length in plan_remedy(verdict, ev, "always").cells] == [("fp8:keep=2", 2048)]
+    assert plan_remedy(verdict, ev, "auto").cells == []
+    assert plan_remedy(verdict, ev, "off") == RemedyPlan()
 
 
 def test_no_saturating_layer_means_no_remedy_and_says_why():
     verdict, ev = evidence({"fp8-8192": FAIL}, diagnose(ranges({})))
     plan = plan_remedy(verdict, ev, "auto")
-    assert plan["cells"] == [] and "not range-related" in plan["notes"][0]
+    assert plan.cells == [] and "not range-related" in plan.notes[0]
 
 
 def test_a_keep_set_of_every_layer_is_not_tried_and_says_why():
@@ -61,13 +61,13 @@ def test_a_keep_set_of_every_layer_is_not_tried_and_says_why():
     # spent a cell and two task rounds on what is the auto cache under another name.
     verdict, ev = evidence({"fp8-1024": FAIL}, diagnose(ranges({layer: 60 for layer in range(6)})))
     plan = plan_remedy(verdict, ev, "always")
-    assert plan["cells"] == []
-    assert plan["notes"] == ["No remedy for fp8: K or V leave the FP8 range in all 6 layers, and keeping them all in the "
-                             "model dtype is the `auto` cache: no capacity to gain; calibrated K/V scales (`--search`) "
-                             "are what could bring those values into the FP8 range"]
+    assert plan.cells == []
+    assert plan.notes == ["No remedy for fp8: K or V leave the FP8 range in all 6 layers, and keeping them all in the "
+                          "model dtype is the `auto` cache: no capacity to gain; calibrated K/V scales (`--search`) "
+                          "are what could bring those values into the FP8 range"]
     # One layer short of all still gains capacity, and is tried.
     verdict, ev = evidence({"fp8-1024": FAIL}, diagnose(ranges({layer: 60 for layer in range(5)})))
-    assert [spec.text for spec, _ in plan_remedy(verdict, ev)["cells"]] == ["fp8:keep=0,1,2,3,4"]
+    assert [spec.text for spec, _ in plan_remedy(verdict, ev).cells] == ["fp8:keep=0,1,2,3,4"]
 
 
 def test_outlier_layers_are_tried_when_nothing_clips():
@@ -79,7 +79,7 @@ def test_outlier_layers_are_tried_when_nothing_clips():
     assert diagnosis["offending_layers"] == [] and diagnosis["outlier_layers"] == [0, 1]
     verdict, ev = evidence({"fp8-8192": FAIL}, diagnosis)
     plan = plan_remedy(verdict, ev)
-    assert [(spec.text, length) for spec, length in plan["cells"]] == [("fp8:keep=0,1", 8192)] and "within 4× of the FP8 limit" in plan["notes"][0]
+    assert [(spec.text, length) for spec, length in plan.cells] == [("fp8:keep=0,1", 8192)] and "within 4× of the FP8 limit" in plan.notes[0]
 
 
 def test_headline_says_when_nothing_tried_passes():
@@ -97,12 +97,12 @@ def test_an_undecided_remedy_is_not_called_a_failed_one():
 
 def test_missing_diagnosis_is_said():
     verdict, ev = evidence({"fp8-8192": FAIL}, None)
-    assert "diagnosis did not run" in plan_remedy(verdict, ev)["notes"][0]
+    assert "diagnosis did not run" in plan_remedy(verdict, ev).notes[0]
 
 
 def test_remedy_cells_already_run_are_not_planned_again():
     verdict, ev = evidence({"fp8-8192": FAIL, "fp8:keep=0-8192": PASS}, diagnose(ranges({0: 9})))
-    assert plan_remedy(verdict, ev)["cells"] == []
+    assert plan_remedy(verdict, ev).cells == []
 
 
 def test_headline_names_failing_lengths_and_the_capacity_the_remedy_keeps():

@@ -316,7 +316,7 @@ def test_reports_readme_says_what_the_qwen_review_says_of_its_remedy():
     assert "Outlier layers 0, 1" in review
     assert "now keeps when no layer clips: `--kv fp8:keep=0,1`" in remedy
     remedy_now = plan_remedy(evaluate(evidence), evidence)
-    assert {spec.text for spec, _ in remedy_now["cells"]} == {"fp8:keep=0,1"}
-    assert any(note.startswith("Remedy for fp8: keep layers 0, 1") for note in remedy_now["notes"])
+    assert {spec.text for spec, _ in remedy_now.cells} == {"fp8:keep=0,1"}
+    assert any(note.startswith("Remedy for fp8: keep layers 0, 1") for note in remedy_now.notes)
     # and what was run explicitly is that configuration
     assert "`keep-layers/`: `kveval compare --model … --kv fp8:keep=0 fp8:keep=0,1 auto" in section

@@ -21,9 +21,12 @@ from kveval.gate import FAIL, INCONCLUSIVE, PASS, Check, Reason, Thresholds, Ver
 from kveval.inputs.budget import for_platform, parse_budget
 from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.suites import SUITES
-from kveval.run import compare as compare_module
+from kveval.run import cells as cells_module
 from kveval.run import rounds as rounds_module
-from kveval.run.compare import RunSetup, _phase_options, _run_cells
+from kveval.run.cells import run_plans
+from kveval.run.settings import build_phase_options
+from kveval.run.setup import RunSetup
+from kveval.run.state import RunState
 from kveval.run.options import CompareOptions, validate_options
 from kveval.run.round_plan import Costs, LengthShape, plan_round, undecided_by_tasks
 from tests.support.constructed import failed_cell, planned_manifest, scoring_phase, started_cell
@@ -247,13 +250,13 @@ def _run_dir(tmp_path, budget, fp8_wrong=frozenset()):
     manifest["task_data"] = {"data_dirs": {"1024": "taskdata/L1024"}, "skipped": {},
                              "files": {"1024": {"kveval_passkey": {"file": "kveval_passkey.jsonl", "docs": 12,
                                                                    "skipped": {}}}}}
-    run.write_manifest(manifest)
+    state = RunState.write_new(run, manifest)
     write_json_atomic(run.workloads_path, [])
     for name, facts in cells.items():
         write_json_atomic(run.cell_path(name), facts)
     options = CompareOptions(kv=("fp8", "auto"), max_model_len=(1024,), phases=("scoring", "tasks"), budget=budget)
-    phase_options = _phase_options(options, SUITES["quick"], [], ["kveval_passkey"])
-    setup = RunSetup(options, run, SimpleNamespace(path="/m"), manifest, [], phase_options, None, True)
+    phase_options = build_phase_options(options, SUITES["quick"], [], ["kveval_passkey"])
+    setup = RunSetup(options, run, SimpleNamespace(path="/m"), state, [], phase_options, None, True)
     return setup
 
 
@@ -285,8 +288,8 @@ class StandIn:
 def _loop(setup, stand_in, monkeypatch):
     monkeypatch.setattr(rounds_module, "load_tokenizer", lambda *a, **k: None)
     monkeypatch.setattr(rounds_module, "write_task_data", stand_in.write_task_data)
-    monkeypatch.setattr(compare_module, "run_cell_process", stand_in.run_cell_process)
-    rounds_module.run_task_rounds(setup, T, Quiet(), lambda plans: _run_cells(setup.run, plans, True, setup.options,
+    monkeypatch.setattr(cells_module, "run_cell_process", stand_in.run_cell_process)
+    rounds_module.run_task_rounds(setup, T, Quiet(), lambda plans: run_plans(setup.run, plans, True, setup.options,
                                                                                 Quiet()))
     from kveval.pipeline import judge_stored_run
 
@@ -321,7 +324,7 @@ def test_a_healthy_cell_gets_rounds_until_it_passes(healthy_loop):
 def test_a_resumed_run_reuses_finished_rounds(healthy_loop, monkeypatch):
     setup, stand_in, first, _ = healthy_loop
     assert stand_in.ran                                 # the first run did run rounds
-    setup.manifest.pop("task_rounds")                   # as set_up_run writes it again on a resume
+    setup.state = RunState(setup.run, setup.run.manifest())   # as a resume reads it back
     again = StandIn()
     second, review = _loop(setup, again, monkeypatch)
     assert again.ran == [] and second["task_rounds"] == first["task_rounds"]
@@ -371,10 +374,9 @@ def test_a_quality_reference_keeps_its_own_kv_budget_in_rounds(tmp_path):
     setup = _run_dir(tmp_path, "600")
     setup.options = CompareOptions(kv=("fp8", "auto"), max_model_len=(2048,), phases=("scoring", "tasks"),
                                    budget="600", kv_cache_memory="40MiB")
-    setup.manifest["quality_references"] = {"auto-2048.reference": {"for": "auto-2048",
-                                                                    "kv_cache_memory_bytes": 80 * 2 ** 20, "why": "..."}}
-    setup.run.write_manifest(setup.manifest)
-    references = setup.run.manifest().quality_references
+    setup.state.change(quality_references={"auto-2048.reference": {"for": "auto-2048",
+                                                                   "kv_cache_memory_bytes": 80 * 2 ** 20, "why": "..."}})
+    references = setup.state.manifest.quality_references
     plans = rounds_module._round_plans(setup, 1, LengthRound(2048, "auto-2048.reference", ["fp8-2048"], 24, 12, 1, None),
                                        "taskdata/L2048/r1", None, {"auto-2048.reference": KVSpec("auto"), "fp8-2048": KVSpec("fp8")},
                                        references)
@@ -392,8 +394,9 @@ def test_a_larger_budget_on_a_finished_run_replays_its_rounds_and_reopens_no_fin
     first, _ = _loop(setup, stand_in, monkeypatch)
     assert first["task_rounds"]["final"] == ["fp8-1024"]
     setup.options = dataclasses.replace(setup.options, budget="600")
-    setup.manifest["options"]["budget"] = parse_budget("600").to_dict()
-    setup.manifest["task_rounds"] = first["task_rounds"]   # as prepare_run_dir carries it on a resume
+    # As prepare_run_dir carries the rounds' record on a resume.
+    setup.state.change(options={**schema.dump(setup.state.manifest.options), "budget": parse_budget("600").to_dict()},
+                       task_rounds=first["task_rounds"])
     again = StandIn(fp8_wrong=wrong)
     second, review = _loop(setup, again, monkeypatch)
     assert again.ran == []

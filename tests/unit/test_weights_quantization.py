@@ -12,7 +12,7 @@ from kveval.files import schema
 from kveval.inputs.model_config import ModelSource, model_facts
 from kveval.inputs.weights_quantization import WeightsQuantization, range_pass_obstacle, weights_quantization
 from kveval.render.run_section import run_section
-from kveval.run.compare import _diagnosis_obstacle
+from kveval.run.setup import diagnosis_obstacle
 from kveval.run.options import CompareOptions
 from tests.support.evidence import typed_evidence, typed_manifest
 
@@ -49,12 +49,12 @@ def test_the_run_says_before_any_engine_what_it_loses(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "quantization_config": AWQ}), encoding="utf-8")
     facts = model_facts(ModelSource(path=str(tmp_path)))
-    line = _diagnosis_obstacle(CompareOptions(model=str(tmp_path)), facts, has_gpu=True)
+    line = diagnosis_obstacle(CompareOptions(model=str(tmp_path)), facts, has_gpu=True)
     assert line.startswith("The per-layer K/V diagnosis cannot run: its awq (4-bit) weights need")
     assert "the remedy" in line and "--search" in line and "\n" not in line
     # Nothing to say when no FP8 cell is asked for, or the diagnosis is off.
-    assert _diagnosis_obstacle(CompareOptions(model=str(tmp_path), kv=("auto",)), facts, True) is None
-    assert _diagnosis_obstacle(CompareOptions(model=str(tmp_path), diagnose=False), facts, True) is None
+    assert diagnosis_obstacle(CompareOptions(model=str(tmp_path), kv=("auto",)), facts, True) is None
+    assert diagnosis_obstacle(CompareOptions(model=str(tmp_path), diagnose=False), facts, True) is None
 
 
 def test_the_review_names_the_weights_served():

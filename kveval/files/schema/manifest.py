@@ -8,7 +8,7 @@ from pydantic import ConfigDict, Field
 from kveval.files.schema.base import FileModel, Number
 
 
-# --- manifest.json (run/compare.py; run/environment.py; inputs/models.ModelInfo; inputs/task_selection) ---
+# --- manifest.json (run/state.py, run/setup.py; run/environment.py; inputs/models.ModelInfo; inputs/task_selection) ---
 
 class ManifestModel(FileModel):
     """Base of every part of manifest.json: a key this kveval does not declare is refused (see the module
@@ -284,7 +284,7 @@ class ParentStep(ManifestModel):
 
 
 class RunTiming(ManifestModel):
-    """run/compare.py (issue 18): the parent's own time, outside every cell process."""
+    """run/setup.py, run/compare.py (issue 18): the parent's own time, outside every cell process."""
 
     setup_seconds: Number                       # model, tokenising, planning, task data, the run's input files
     diagnosis_seconds: Optional[Number] = None  # the K/V range pass (None: none ran)
