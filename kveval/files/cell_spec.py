@@ -2,7 +2,7 @@
 
 The parent (run/cell_process) writes a CellSpec; the cell process (worker/cell_main) reads it once and
 hands its phases typed options. Every phase setting is decided by the parent, from the suite
-(inputs/suites) and the user's options (run/compare._phase_options): no phase has a default of its
+(inputs/suites) and the user's options (run/settings.build_phase_options): no phase has a default of its
 own, so a value lives in one place.
 """
 from __future__ import annotations

@@ -93,7 +93,7 @@ CONTROLLED_ENGINE_ARGS = {
 EXECUTORS = ("local", "ray")
 
 
-# apply_chat_template's own arguments, which kveval sets itself (workloads._apply_template): a chat-template
+# apply_chat_template's own arguments, which kveval sets itself (workloads.chat._apply_template): a chat-template
 # argument is a variable the template reads, such as enable_thinking.
 RENDERING_ARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template")
 
