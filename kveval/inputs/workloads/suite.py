@@ -155,13 +155,18 @@ def _short_prompts(tokenizer, workloads: list[_Workload], data_dir: Path,
         raise ValueError(f"short workloads ask for {total} questions but "
                          f"{Path(data_dir) / 'questions.jsonl'} has only {len(questions)}")
     from_front = next(iter(SHORT_WORKLOADS))   # short_256; the other one reads from the back
+    return [prompt for w in workloads
+            for prompt in _question_prompts(tokenizer, w, questions[:w.count] if w.name == from_front
+                                            else questions[::-1][:w.count])]
+
+
+def _question_prompts(tokenizer, w: _Workload, questions: list) -> list[PromptSpec]:
+    """One chat prompt per question, named `<workload>-<i>`."""
     prompts = []
-    for w in workloads:
-        picked = questions[:w.count] if w.name == from_front else questions[::-1][:w.count]
-        for i, question in enumerate(picked):
-            _, ids = render_chat(tokenizer, question)
-            prompts.append(PromptSpec(f"{w.name}-{i}", w.name, w.kind, decode(tokenizer, ids),
-                                      tuple(ids), w.max_tokens, None))
+    for i, question in enumerate(questions):
+        _, ids = render_chat(tokenizer, question)
+        prompts.append(PromptSpec(f"{w.name}-{i}", w.name, w.kind, decode(tokenizer, ids),
+                                  tuple(ids), w.max_tokens, None))
     return prompts
 
 
@@ -176,14 +181,7 @@ def _probe_prompts(tokenizer, workloads: list[_Workload], data_dir: Path,
         raise ValueError(f"the probe workload asks for {w.count} questions but "
                          f"{Path(data_dir) / 'probes.jsonl'} has only {len(questions)}")
     random.Random(f"{seed}:probes").shuffle(questions)
-    prompts = []
-    for i, question in enumerate(questions[:w.count]):
-        _, ids = render_chat(tokenizer, question)
-        prompts.append(PromptSpec(f"{w.name}-{i}", w.name, w.kind, decode(tokenizer, ids),
-                                  tuple(ids), w.max_tokens, None))
-    return prompts
-
-
+    return _question_prompts(tokenizer, w, questions[:w.count])
 
 
 def _context_prompts(tokenizer, workloads: list[_Workload], data_dir: Path,
