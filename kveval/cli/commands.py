@@ -270,6 +270,10 @@ def compare_arguments(given: dict) -> dict:
                    "CPU) as the baseline and start only the other cells; refused, before any engine, unless both "
                    "runs have the same weights, tokenizer, chat template, prompts, documents, task samples, seed and "
                    "sampling settings, and an auto cell at each --max-model-len.")
+@click.option("--reference", type=click.Choice(["auto", "offload", "off"]), default="auto", show_default=True,
+              help="Where auto cannot hold a length FP8 holds: auto starts a quality-only auto cell there on an "
+                   "emulated budget (--kv-cache-memory, a CPU); offload starts it on this card's own memory share "
+                   "with weights moved to host memory (vLLM's cpu_offload_gb: slow); off starts none.")
 @click.option("--fresh", is_flag=True,
               help="--out holds a run with other settings (or a damaged one): move it aside to OUT.replaced-<time> "
                    "and start anew.")
@@ -298,7 +302,7 @@ def compare(**given) -> None:
 
 
 # `kveval baseline`: compare's options less those a baseline run sets itself (issue 39).
-_NOT_FOR_BASELINE = {"kv", "phases", "remedy", "search", "diagnose", "baseline_from", "prefer", "slo", "concurrency",
+_NOT_FOR_BASELINE = {"kv", "phases", "remedy", "search", "diagnose", "baseline_from", "reference", "prefer", "slo", "concurrency",
                      "repeat_target", "repeat_budget", "speed_runs", "speed_warmup", "budget", "thresholds",
                      "gate_config"}
 

@@ -76,8 +76,21 @@ def _uncalibrated_note(out: _Collector, where: list[str], floor: schema.NoiseFlo
 def _baseline_options(baseline_kv: str) -> str:
     """What would give a baseline where `auto` cannot hold the length on this budget (issue 39)."""
     return (f"the {baseline_kv} cache cannot hold this length here: give --baseline-from RUN_DIR, a baseline run made "
-            f"where it fits (`kveval baseline --model M --max-model-len N` on a larger GPU or a CPU), or let the "
-            f"quality reference start (an emulated budget: --kv-cache-memory, on a CPU or a larger GPU)")
+            f"where it fits (`kveval baseline --model M --max-model-len N` on a larger GPU or a CPU), or "
+            f"--reference offload (a quality-only {baseline_kv} cell on this card with weights moved to host memory; "
+            "slow), or let the quality reference start on an emulated budget (--kv-cache-memory)")
+
+
+def _reference_note(name: str, cell: str, reference: schema.QualityReference, baseline_kv: str) -> str:
+    """The one line saying what a cell was judged against where `auto` did not start (run/reference.py)."""
+    if reference.cpu_offload_gb:
+        how = (f"on the same share of the card with {reference.cpu_offload_gb:g} GiB of weights offloaded to host "
+               "memory (cpu_offload_gb), for quality only (not a capacity or speed figure)")
+        return f"{name} is judged against {cell}: {reference.for_} did not start on this card's memory, so kveval " \
+               f"started `{baseline_kv}` at this length {how}"
+    return (f"{name} is judged against {cell}: {reference.for_} did not start on the run's KV budget, so kveval "
+            f"started `{baseline_kv}` at this length with {(reference.kv_cache_memory_bytes or 0) / 2 ** 20:,.0f} MiB "
+            "for quality only (not a capacity figure)")
 
 
 def _imported_note(imported: schema.ImportedBaseline, profile: str, multiplier: float) -> str:
@@ -190,10 +203,8 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
         comparison = comparisons.get(name)
         reference = references.get(comparison.reference) if comparison else None
         if reference is not None:
-            out.reason(NOTE, name, f"{name} is judged against {comparison.reference}: {reference.for_} did not "
-                                   f"start on the run's KV budget, so kveval started `{baseline_kv}` at this length with "
-                                   f"{(reference.kv_cache_memory_bytes or 0) / 2 ** 20:,.0f} MiB "
-                                   "for quality only (not a capacity figure)", code="quality_reference")
+            out.reason(NOTE, name, _reference_note(name, comparison.reference, reference, baseline_kv),
+                       code="quality_reference")
         _divergence(out, name, comparison, unmatched_div.get(name) or "no divergence data", floor, budget,
                     dataclasses.replace(tried, noise_multiplier=max(tried.noise_multiplier, UNCALIBRATED_NOISE_MULTIPLIER))
                     if name in widened else tried)

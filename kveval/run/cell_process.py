@@ -47,6 +47,19 @@ class CellPlan:
         """The manifest's planned cell (schema.PlannedCell): the spec text is `kv_spec`, as in the cells."""
         return {"id": self.id, "kv_spec": self.kv.text, "max_model_len": self.max_model_len}
 
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        """The KV budget the cell is started with; None: the device's own memory decides (a physical budget)."""
+        return self.engine.get("kv_cache_memory_bytes")
+
+    def with_memory(self, kv_cache_memory_bytes: int | None, cpu_offload_gb: float | None = None) -> "CellPlan":
+        """The same cell on another KV budget and/or with weights offloaded to host memory (a quality
+        reference, run/reference.py); vLLM's cpu_offload_gb travels with the other engine arguments."""
+        engine = {**self.engine, "kv_cache_memory_bytes": kv_cache_memory_bytes}
+        if cpu_offload_gb:
+            engine["extra"] = {**(self.engine.get("extra") or {}), "cpu_offload_gb": cpu_offload_gb}
+        return dataclasses.replace(self, engine=engine)
+
 
 class CellEvent(BaseModel):
     """One line of a cell's progress events (worker/cell_main and its phases emit them): `phase` began,
@@ -252,7 +265,7 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
         # resume after space is freed measures it again) rather than fill the review with failures.
         raise DiskFull(run_dir.cell_path(plan.id))
     death = explain_death(exit_code, timed_out=timed_out, timeout_s=timeout_s, stopped_by_user=interrupted,
-                          kv_cache_memory_bytes=plan.engine.get("kv_cache_memory_bytes"), log_tail=log_tail(log, 40),
+                          kv_cache_memory_bytes=plan.kv_cache_memory_bytes, log_tail=log_tail(log, 40),
                           stalled=stalled)
     if not isinstance(facts, dict) or not facts.get("started"):
         # Died before the engine was up: a start-up failure, in vLLM's words if it left any.

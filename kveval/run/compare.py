@@ -18,7 +18,7 @@ from kveval.run.cells import run_plans
 from kveval.run.fork_server import ForkServer
 from kveval.run.parent_clock import LOOK
 from kveval.run.plan import cell_plan
-from kveval.run.reference import REFERENCE_SUFFIX, plan_references
+from kveval.run.reference import plan_references
 from kveval.run.remedy import plan_remedy
 from kveval.run.rounds import run_task_rounds
 from kveval.run.search import SEARCH_DTYPE, ladder, search_step, statuses_of
@@ -139,14 +139,16 @@ def _run_quality_references(setup: RunSetup, show, warm: WarmProcess | ForkServe
     """An `auto` cell for quality only at each length where `auto` failed for KV capacity and a tested
     cell started (run/reference.py); kept in the manifest so that a resume reuses it."""
     run, state = setup.run, setup.state
-    planned = plan_references(state.cells(), setup.plans, state.manifest)
+    planned, unplanned = plan_references(state.cells(), setup.plans, state.manifest, setup.options.reference)
+    for line in unplanned:
+        show.note(f"No quality reference: {line}")
     if not planned:
         return
-    references = {cell: schema.dump(entry) for cell, entry in (state.manifest.quality_references or {}).items()}
-    for plan, why in planned:
-        references[plan.id] = {"for": plan.id.removesuffix(REFERENCE_SUFFIX),
-                               "kv_cache_memory_bytes": plan.engine["kv_cache_memory_bytes"], "why": why}
-        show.note(f"Quality reference: {why}")
-    state.change(quality_references=references, cells=state.with_planned([plan for plan, _ in planned]))
-    run_plans(run, [plan for plan, _ in planned], True, setup.options, show, setup.devices, setup.ray, warm,
+    references = dict(state.manifest.quality_references or {})
+    for reference in planned:
+        references[reference.plan.id] = reference.record
+        show.note(f"Quality reference: {reference.why}")
+    state.change(quality_references={cell: schema.dump(entry) for cell, entry in references.items()},
+                 cells=state.with_planned([reference.plan for reference in planned]))
+    run_plans(run, [reference.plan for reference in planned], True, setup.options, show, setup.devices, setup.ray, warm,
               setup.clock, setup.base_env)

@@ -12,6 +12,7 @@ from kveval.errors import KvevalError
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
 from kveval.inputs.slo import SloError, parse_slo
+from kveval.run.reference import REFERENCE_MODES
 from kveval.run.remedy import REMEDY_MODES
 
 
@@ -64,6 +65,7 @@ class CompareOptions:
     slo: Sequence[str] | None = None            # e.g. ("ttft_p99=2s",): inputs/slo.py
     # Issue 39: the `auto` cells of an earlier run (another GPU, a CPU) as the baseline; only FP8 cells start.
     baseline_from: str | Path | None = None
+    reference: str = "auto"                     # run/reference.py: auto (emulated budgets), offload, off
 
     @property
     def kv_specs(self) -> tuple[KVSpec, ...]:
@@ -222,6 +224,10 @@ def validate_options(options: CompareOptions) -> None:
         budget = parse_budget(options.budget)
     except ValueError as error:
         raise KvevalError(str(error)) from None
+    if options.reference not in REFERENCE_MODES:
+        raise KvevalError(f"--reference {options.reference}: one of {', '.join(REFERENCE_MODES)}")
+    if options.reference == "offload" and options.baseline_from is not None:
+        raise KvevalError("--reference offload and --baseline-from both give the auto baseline; give one")
     if options.baseline_from is not None and options.budget is not None and budget.samples:
         raise KvevalError(f"--budget {options.budget} and --baseline-from: rounds of new samples need the baseline's "
                           "engine, which this run does not start; leave --budget out (or give --budget 0)")

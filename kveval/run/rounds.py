@@ -118,9 +118,9 @@ def _round_plans(setup: RunSetup, number: int, length_round: LengthRound, data_d
         base = cell_plan(setup.options, setup.model.path, setup.phase_options, kv_of[cell], length_round.max_model_len,
                          setup.baseline_dtype, setup.calibrated)
         reference = references.get(cell)
-        if reference is not None:  # a quality reference keeps the KV budget it was started with (run/reference.py)
-            base = dataclasses.replace(base, engine={**base.engine,
-                                                     "kv_cache_memory_bytes": reference.kv_cache_memory_bytes})
+        if reference is not None:  # a quality reference keeps the memory it was started with (run/reference.py)
+            base = base.with_memory(reference.kv_cache_memory_bytes,
+                                    float(reference.cpu_offload_gb) if reference.cpu_offload_gb else None)
         is_reference = cell == length_round.reference
         phases = []
         if probes_file and (cell in length_round.probe_cells or (is_reference and length_round.probe_cells)):

@@ -99,6 +99,7 @@ def _manifest(options: CompareOptions, suite: Suite, shape: TaskShape, model: Mo
             **({"prefer": options.prefer} if options.prefer != defaults.PREFER else {}),
             **({"slo": [target.text for target in parse_slo(options.slo)]} if options.slo else {}),
             **({"baseline_from": str(options.baseline_from)} if options.baseline_from is not None else {}),
+            **({"reference": options.reference} if options.reference != "auto" else {}),
         },
         "prompt_ids": [p.id for p in prompts],
         "prompt_format": prompt_format(tokenizer),

@@ -4,7 +4,8 @@ KVEVAL_ENGINE=fake; nothing else in kveval knows it exists.
 
 It is a deterministic toy, not a model. What it keeps true to vLLM is what kveval's logic depends on:
 - the KV pool: bytes per token from the model's config (2 bytes per value in the model dtype, 1 in
-  FP8, kept layers in the model dtype), `kv_cache_memory_bytes` (default 1 GiB), 16-token blocks; a
+  FP8, kept layers in the model dtype), `kv_cache_memory_bytes` (default: 1 GiB at gpu_memory_utilization 0.9,
+  scaled by the share given, plus `cpu_offload_gb`), 16-token blocks; a
   max_model_len that does not fit is refused with vLLM's own kv_capacity words;
 - greedy generation: the same prompt gives the same tokens; an FP8 cell's answer leaves auto's at a
   point set by its damage;
@@ -43,9 +44,28 @@ from kveval.worker.engine_settings import EngineSettings as BaseEngineSettings
 _BLOCK = 16
 _MAX_NUM_SEQS = 256         # vLLM's default for the LLM class on a CPU
 _DEFAULT_KV_BYTES = 1 << 30
+_DEFAULT_UTILIZATION = 0.9   # vLLM's gpu_memory_utilization default
 _FIRST_TOKEN = 200          # generated tokens come from ordinary vocabulary, clear of special tokens
 _SPAN = 4000
 _ANSWER_TOKENS_PER_UNIT_NOISE = 40   # an FP8 answer follows auto's for about this many tokens / noise
+
+
+class _Offload(BaseModel):
+    """The one vLLM argument among the cell's others that the toy's pool depends on."""
+
+    model_config = ConfigDict(extra="ignore")
+    cpu_offload_gb: float = 0.0
+
+
+def _kv_budget(settings: "EngineSettings") -> int:
+    """The pool's bytes: `kv_cache_memory_bytes` when given (an emulated budget); else a toy device whose KV
+    share is 1 GiB at vLLM's default gpu_memory_utilization (0.9), scaled by the share asked, plus the bytes
+    of weights `cpu_offload_gb` moves to host memory (a physical budget, issue 39's offload reference)."""
+    if settings.kv_cache_memory_bytes:
+        return settings.kv_cache_memory_bytes
+    share = settings.gpu_memory_utilization or _DEFAULT_UTILIZATION
+    offloaded = _Offload.model_validate(settings.extra).cpu_offload_gb
+    return int(_DEFAULT_KV_BYTES * share / _DEFAULT_UTILIZATION + offloaded * 2 ** 30)
 
 
 class EngineSettings(BaseEngineSettings):
@@ -162,8 +182,8 @@ class Engine:
         kind = "fp8" if fp8 else "auto"
         self.loop_rate = (damage.loops or _Loops()).rate(kind)
         self._loop_kind = kind
-        budget = settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES
-        self.pool_tokens = budget // self.bytes_per_token // _BLOCK * _BLOCK
+        self.kv_budget = _kv_budget(settings)
+        self.pool_tokens = self.kv_budget // self.bytes_per_token // _BLOCK * _BLOCK
 
     @classmethod
     def start(cls, settings: EngineSettings) -> "Engine":
@@ -180,7 +200,7 @@ class Engine:
         engine = cls(settings, config, damage)
         if engine.pool_tokens < settings.max_model_len:
             need = settings.max_model_len * engine.bytes_per_token / 2 ** 30
-            have = (settings.kv_cache_memory_bytes or _DEFAULT_KV_BYTES) / 2 ** 30
+            have = engine.kv_budget / 2 ** 30
             raise ValueError(f"To serve at least one request with the models's max seq len ({settings.max_model_len}), "
                              f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
                              f"({have:.2f} GiB). Based on the available memory, the estimated maximum model length is "

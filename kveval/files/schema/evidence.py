@@ -371,6 +371,7 @@ class QualityReference(FileModel):
     for_: str = Field(alias="for")        # the baseline cell it stands in for
     kv_cache_memory_bytes: Optional[int]
     why: str
+    cpu_offload_gb: Optional[Number] = None   # --reference offload: weights moved to host memory (issue 39)
 
 
 class Evidence(FileModel):

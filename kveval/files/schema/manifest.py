@@ -102,6 +102,7 @@ class Options(ManifestModel):
     prefer: Optional[str] = None             # --prefer when not capacity (issue 41); absent: capacity
     slo: Optional[list[str]] = None          # --slo targets, normalized (inputs/slo.py); absent: none
     baseline_from: Optional[str] = None      # --baseline-from RUN_DIR (issue 39); absent: the run's own baseline
+    reference: Optional[Literal["offload", "off"]] = None   # --reference (issue 39); absent: auto
 
 
 class PromptFormat(ManifestModel):
@@ -250,8 +251,9 @@ class ReferenceCell(ManifestModel):
     """run/reference.py: an `auto` cell started for quality only, in place of the baseline `for`."""
 
     for_: str = Field(alias="for")        # the baseline cell it stands in for
-    kv_cache_memory_bytes: Optional[int]
+    kv_cache_memory_bytes: Optional[int]  # an emulated budget's reference: the KV it was given
     why: str
+    cpu_offload_gb: Optional[Number] = None   # a physical budget's reference: weights moved to host (--reference offload)
 
 
 class BaselineOrigin(ManifestModel):
