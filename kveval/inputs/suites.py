@@ -79,6 +79,29 @@ SUITES: dict[str, Suite] = {
 
 _SHORT = re.compile(r"^short_\d+$")
 
+# Issue 39: long lengths on a small card. A task sample costs its prompt's prefill, a share of max_model_len,
+# so the GPU's 5 samples per point cost 14.6M tokens per cell at 98,304 (6 tasks x 3 sizes x 3 depths x 0.55 of
+# the length, 270 prompts): hours per cell on a consumer card, a day for a run. The first look's task prompts
+# are therefore held to this many prefilled tokens per cell: 5 samples per point up to 32,768 (4.9M tokens),
+# 2 at 65,536, 1 at 98,304 (2.9M); rounds (--budget) add samples only where the first look did not decide.
+FIRST_LOOK_TASK_TOKENS = 5_000_000
+
+
+def sized_task_samples(samples: int, points: int, fractions: tuple[float, ...], longest: int) -> tuple[int, str | None]:
+    """Samples per task point for the first look on a GPU, at most `samples`, so that the longest cell's task
+    prompts stay within FIRST_LOOK_TASK_TOKENS; and a line saying so when it lowered them."""
+    per_sample = points * longest * (sum(fractions) / len(fractions)) if fractions and points else 0
+    if per_sample <= 0:
+        return samples, None
+    fitting = max(1, int(FIRST_LOOK_TASK_TOKENS // per_sample))
+    if fitting >= samples:
+        return samples, None
+    return fitting, (f"Task samples per point: {fitting} (not {samples}) at max_model_len {longest:,}: the first look's "
+                     f"task prompts are held to ~{FIRST_LOOK_TASK_TOKENS / 1e6:.0f}M prefilled tokens per cell "
+                     f"({points * fitting} prompts, ~{per_sample * fitting / 1e6:.1f}M tokens), so a long run on a "
+                     "small card takes hours, not a day; rounds add samples where it does not decide "
+                     "(--task-samples sets them)")
+
 
 def get_suite(name: str) -> Suite:
     try:

@@ -7,7 +7,7 @@ import dataclasses
 from kveval.errors import KvevalError
 from kveval.files.cell_spec import PhaseOptions, ScoringOptions, SpeedOptions, TasksOptions, ThroughputOptions
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
-from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, speed_workloads
+from kveval.inputs.suites import Suite, get_suite, scale_max_tokens, sized_task_samples, speed_workloads
 from kveval.inputs.task_selection import TaskSelectionError, TaskShape, check_lm_eval_names, task_shape
 from kveval.inputs.units import parse_size
 from kveval.inputs.workloads import PromptFileError, PromptSpec, build_workloads, load_user_prompts
@@ -17,8 +17,9 @@ from kveval.run.options import CompareOptions
 from kveval.run.plan import suite_counts
 
 
-def suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareOptions]:
-    """The suite, the task shape, and the options without the tasks phase when no task is asked for."""
+def suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareOptions, str | None]:
+    """The suite, the task shape, the options without the tasks phase when no task is asked for, and the
+    line saying the GPU's first-look task samples were sized down for a long length (None: they were not)."""
     try:
         suite = get_suite(options.suite)
         if options.kv_cache_memory is not None:
@@ -26,9 +27,14 @@ def suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareO
     except ValueError as error:
         raise KvevalError(str(error)) from None
     try:
-        samples = options.task_samples
+        samples, sized = options.task_samples, None
         if samples is None and suite.task_samples_gpu and _local_gpus(options):
             samples = suite.task_samples_gpu
+            if options.max_model_len:   # None: the default lengths, whose longest sizing leaves as they are
+                unsized = task_shape(suite, options.tasks, options.task_lengths, options.task_depths, samples,
+                                     options.task_limit)
+                points = len(unsized.names) * len(unsized.fractions) * len(unsized.depths)
+                samples, sized = sized_task_samples(samples, points, unsized.fractions, max(options.max_model_len))
         shape = task_shape(suite, options.tasks, options.task_lengths, options.task_depths, samples,
                            options.task_limit)
         if "tasks" in options.phases and shape.names:
@@ -36,7 +42,7 @@ def suite_and_tasks(options: CompareOptions) -> tuple[Suite, TaskShape, CompareO
     except TaskSelectionError as error:
         raise KvevalError(str(error)) from None
     phases = tuple(p for p in options.phases if p != "tasks" or shape.names)
-    return suite, shape, dataclasses.replace(options, phases=phases)
+    return suite, shape, dataclasses.replace(options, phases=phases), sized
 
 
 def _local_gpus(options: CompareOptions) -> bool:

@@ -83,7 +83,9 @@ def set_up_run(options: CompareOptions, show) -> RunSetup:
     process (or the fork server it comes from) starts importing now, beside the set-up."""
     started = time.monotonic()
     environment_at_start = dict(os.environ)
-    suite, shape, options = suite_and_tasks(options)
+    suite, shape, options, sized_note = suite_and_tasks(options)
+    if sized_note:
+        show.note(sized_note)
     user_prompts = read_user_prompts(options)
     lock = None
     if options.out is not None:
