@@ -5,7 +5,7 @@ from typing import Any
 
 import pandas as pd
 
-from kveval.analysis.cell_records import generation_records
+from kveval.analysis.cell_records import generation_records, prompts_of
 from kveval.files.schema import CellResult
 
 
@@ -17,19 +17,18 @@ def acceptance_matrix(workloads: list[dict[str, Any]], cells: dict[str, CellResu
     probes: its value counts the probes it ran and says how many ("accepted (20 of 142 run)"), never
     "20/142 accepted", which would read as 122 refusals."""
     rows = []
-    probes = [prompt for prompt in workloads if prompt.get("kind") == "probe"]
-    for prompt in workloads:
-        if prompt.get("kind") == "probe":
+    prompts = prompts_of(workloads)
+    probes = [prompt for prompt in prompts if prompt.kind == "probe"]
+    for prompt in prompts:
+        if prompt.kind == "probe":
             continue
-        row = {"prompt": prompt["id"], "prompt_tokens": len(prompt["token_ids"])}
-        for name, facts in cells.items():
-            row[name] = _status(facts, prompt["id"])
-        rows.append(row)
+        rows.append({"prompt": prompt.id, "prompt_tokens": prompt.tokens,
+                     **{name: _status(facts, prompt.id) for name, facts in cells.items()}})
     if probes:
-        row = {"prompt": f"{probes[0].get('workload') or 'probe'} ({len(probes)} prompts)",
-               "prompt_tokens": max(len(prompt["token_ids"]) for prompt in probes)}
+        row: dict[str, Any] = {"prompt": f"{probes[0].workload or 'probe'} ({len(probes)} prompts)",
+                               "prompt_tokens": max(prompt.tokens or 0 for prompt in probes)}
         for name, facts in cells.items():
-            statuses = [_status(facts, prompt["id"]) for prompt in probes]
+            statuses = [_status(facts, prompt.id) for prompt in probes]
             ran = [status for status in statuses if status != "not run"] or statuses
             accepted = ran.count("accepted")
             value = ran[0] if len(set(ran)) == 1 else f"{accepted}/{len(ran)} accepted"

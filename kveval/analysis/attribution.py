@@ -31,6 +31,7 @@ The gate (`gate/attribution.py`, `gate/defects.py`) turns these figures into ver
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -38,6 +39,7 @@ from scipy.stats import permutation_test
 
 from kveval.analysis.cell_records import BASELINE_KV, stored_spec
 from kveval.files.schema import CellResult
+from kveval.inputs.kvspec import KVSpec
 from kveval.analysis.divergence import compare_sequences, default_edges, scored_sequences
 
 N_RESAMPLES = 2 ** 16
@@ -75,14 +77,15 @@ def min_attainable_p(n_sequences: int) -> float:
 
 
 def _weighted_sum(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.sum(x, axis=axis)
+    return cast(np.ndarray, np.sum(x, axis=axis))
 
 
 @lru_cache(maxsize=None)
 def _sign_patterns(n: int) -> np.ndarray:
     """All 2^n sign patterns of n sequences, one a row."""
     bits = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
-    return 1.0 - 2.0 * bits
+    patterns: np.ndarray = 1.0 - 2.0 * bits
+    return patterns
 
 
 def _sign_flip(x: np.ndarray) -> tuple[float, float]:
@@ -96,10 +99,11 @@ def _sign_flip(x: np.ndarray) -> tuple[float, float]:
         null, observed = _sign_patterns(len(x)) @ x, float(np.sum(x))
         gamma = abs(observed) * np.finfo(float).eps * 100
         return float(np.mean(null >= observed - gamma)), float(np.mean(null <= observed + gamma))
-    return tuple(float(min(1.0, permutation_test((x,), _weighted_sum, permutation_type="samples", vectorized=True,
-                                                 n_resamples=N_RESAMPLES, alternative=alternative, batch=_BATCH,
-                                                 rng=np.random.default_rng(RANDOM_STATE)).pvalue))
-                 for alternative in ("greater", "less"))
+    above, below = (float(min(1.0, permutation_test((x,), _weighted_sum, permutation_type="samples", vectorized=True,
+                                                    n_resamples=N_RESAMPLES, alternative=alternative, batch=_BATCH,
+                                                    rng=np.random.default_rng(RANDOM_STATE)).pvalue))
+                    for alternative in ("greater", "less"))
+    return above, below
 
 
 def sign_flip_test(differences: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
@@ -126,11 +130,11 @@ def _paired(plain: pd.DataFrame, remedy: pd.DataFrame) -> pd.DataFrame:
     return plain[keys + ["kl"]].merge(remedy[keys + ["kl"]], on=keys, suffixes=("_plain", "_remedy")).dropna()
 
 
-def pair_figures(plain: pd.DataFrame, remedy: pd.DataFrame) -> dict:
+def pair_figures(plain: pd.DataFrame, remedy: pd.DataFrame) -> dict[str, Any]:
     """Paired figures of two position frames scored against the same baseline: the KL means over the
     paired positions, and the sign-flip tests by sequence, overall and per position range."""
     both = _paired(plain, remedy)
-    out: dict = {"n_positions": int(len(both))}
+    out: dict[str, Any] = {"n_positions": int(len(both))}
     if both.empty:
         return {**out, "n_sequences": 0, "min_p": None, "plain_kl_mean": None, "remedy_kl_mean": None,
                 "reduction": None, "p_plain_worse": None, "p_remedy_worse": None, "identical": False,
@@ -159,7 +163,7 @@ def pair_figures(plain: pd.DataFrame, remedy: pd.DataFrame) -> dict:
             "buckets": buckets}
 
 
-def _spec(facts: CellResult):
+def _spec(facts: CellResult) -> KVSpec | None:
     return stored_spec(facts.kv_spec or "auto")
 
 
@@ -167,47 +171,48 @@ def remedy_pairs(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -
     """(plain cell, remedy cell, baseline cell) at one max_model_len, all three scored. A remedy cell is
     any cell keeping layers; its plain cell has the same FP8 dtype (aliases included) and keeps none."""
     scored = {name: facts for name, facts in cells.items() if scored_sequences(facts)}
-    specs = {name: _spec(facts) for name, facts in scored.items()}
+    specs = {name: spec for name, facts in scored.items() if (spec := _spec(facts)) is not None}
     pairs = []
     for remedy, facts in sorted(scored.items()):
-        spec = specs[remedy]
+        spec = specs.get(remedy)
         if spec is None or not spec.keep:
             continue
         length = facts.max_model_len
         base = next((n for n, f in scored.items() if f.kv_spec == baseline_kv and f.max_model_len == length),
                     None)
-        plain = next((n for n in sorted(scored) if scored[n].max_model_len == length and specs[n] is not None
+        plain = next((n for n in sorted(scored) if scored[n].max_model_len == length and n in specs
                       and not specs[n].keep and _family(specs[n].dtype) == _family(spec.dtype)), None)
         if base and plain:
             pairs.append((plain, remedy, base))
     return pairs
 
 
-def remedy_attribution(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> list[dict]:
+def remedy_attribution(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> list[dict[str, Any]]:
     """Per (plain, remedy) pair at one length: the paired figures (`pair_figures`) and the kept layers."""
     out = []
     for plain, remedy, base in remedy_pairs(cells, baseline_kv):
         reference = scored_sequences(cells[base])
         plain_frame, _, _ = compare_sequences(reference, scored_sequences(cells[plain]))
         remedy_frame, _, _ = compare_sequences(reference, scored_sequences(cells[remedy]))
-        spec = _spec(cells[remedy])
-        out.append({"plain": plain, "remedy": remedy, "reference": base, "kept": list(spec.keep),
+        spec = _spec(cells[remedy])   # a remedy cell's spec reads (remedy_pairs)
+        out.append({"plain": plain, "remedy": remedy, "reference": base, "kept": list(spec.keep) if spec else [],
                     "max_model_len": cells[remedy].max_model_len,
                     **pair_figures(plain_frame, remedy_frame)})
     return out
 
 
-def identical_specs(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> list[dict]:
+def identical_specs(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> list[dict[str, Any]]:
     """Pairs of cells at one length whose KV specs differ in kept layers (same FP8 dtype) yet whose
     per-position KL against the same baseline is identical to the last digit: the difference between
     the two settings never reached the engine."""
-    scored = {name: facts for name, facts in cells.items() if scored_sequences(facts) and _spec(facts) is not None
-              and facts.kv_spec != baseline_kv}
+    specs = {name: spec for name, facts in cells.items() if scored_sequences(facts)
+             and (spec := _spec(facts)) is not None and facts.kv_spec != baseline_kv}
+    scored = {name: cells[name] for name in specs}
     found = []
     names = sorted(scored)
     for i, first in enumerate(names):
         for second in names[i + 1:]:
-            a, b = _spec(scored[first]), _spec(scored[second])
+            a, b = specs[first], specs[second]
             length = scored[first].max_model_len
             if scored[second].max_model_len != length or _family(a.dtype) != _family(b.dtype) or a.keep == b.keep:
                 continue

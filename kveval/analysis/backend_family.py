@@ -51,4 +51,5 @@ STATE_BACKEND_MARKS = ("GDN", "MAMBA", "LINEAR", "SHORT_CONV")
 def kv_cache_backend(names: list[str]) -> str | None:
     """The backend of the layers that cache K and V among an engine's attention groups (the first such)."""
     attention = [name for name in names if not any(mark in name.upper() for mark in STATE_BACKEND_MARKS)]
-    return (attention or names or [None])[0]
+    chosen = attention or names
+    return chosen[0] if chosen else None

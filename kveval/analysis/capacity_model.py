@@ -18,6 +18,7 @@ off, every layer is cached as full attention and the plain model applies.
 from __future__ import annotations
 
 import math
+from typing import Any
 from dataclasses import dataclass
 
 from kveval.analysis.cell_records import stored_spec
@@ -48,7 +49,7 @@ def bytes_per_token(layout: KvLayout | None, spec: KVSpec, model_dtype: str = "b
     return per_layer * (full * len(kept) + cache * (len(cached) - len(kept)))
 
 
-def predicted_pool(budget_bytes: float, per_token: int, block_size: int) -> dict:
+def predicted_pool(budget_bytes: float, per_token: int, block_size: int) -> dict[str, int]:
     """Whole blocks of `block_size` tokens that fit the budget, and the tokens they hold."""
     blocks = int(budget_bytes // (per_token * block_size))
     return {"blocks": blocks, "tokens": blocks * block_size}
@@ -86,7 +87,7 @@ def hybrid_blocks_per_request(layout: KvLayout, max_model_len: int, block_size: 
 
 
 def hybrid_pool(layout: KvLayout, spec: KVSpec, model_dtype: str, budget_bytes: float, block_size: int,
-                max_model_len: int, max_num_batched_tokens: int | None) -> dict | None:
+                max_model_len: int, max_num_batched_tokens: int | None) -> dict[str, int] | None:
     """Blocks, pool tokens (as vLLM reports them) and the longest max_model_len that starts, for a
     model with sliding-window layers under the hybrid allocator; None for layers kept in another dtype
     (mixed page sizes, which this model does not follow)."""
@@ -119,7 +120,7 @@ def state_blocks_per_request(prefix_caching: bool | None) -> int:
 
 
 def state_pool(layout: KvLayout, spec: KVSpec, model_dtype: str, budget_bytes: float, block_size: int,
-               max_model_len: int, prefix_caching: bool | None = None) -> dict | None:
+               max_model_len: int, prefix_caching: bool | None = None) -> dict[str, int] | None:
     """Blocks and pool tokens (as vLLM reports them: concurrency x L) of a model whose state layers (linear
     attention, Mamba) are paged with the K/V cache, on the block size the engine chose. vLLM raised that block
     size until one attention page (block x one layer's K/V bytes per token) holds a layer's state, and padded
@@ -179,7 +180,7 @@ def predict_cell(layout: KvLayout | None, spec: KVSpec, model_dtype: str, budget
                  length: int, capacity: Capacity | None, prefix_caching: bool | None = None) -> Prediction:
     """The prediction for one cell (`Prediction`), or `why` it is not predicted."""
     kind = _model_for(layout, capacity)
-    if kind is None:
+    if kind is None or layout is None:
         return Prediction(why="not predicted: the model's KV layout is not recorded")
     if kind == "state":
         per_token = bytes_per_token(layout, spec, model_dtype, every_layer_full=True)
@@ -213,7 +214,7 @@ def predict_cell(layout: KvLayout | None, spec: KVSpec, model_dtype: str, budget
 
 
 def capacity_rows(cells: dict[str, CellResult], layout: KvLayout | None, model_dtype: str, budget_bytes: int | None,
-                  baseline_kv: str = "auto") -> list[dict]:
+                  baseline_kv: str = "auto") -> list[dict[str, Any]]:
     """Per cell: predicted vs measured pool. The budget is --kv-cache-memory when given; otherwise
     the one the baseline cell's measured blocks imply (vLLM's default share of the device), so a
     cell that got far less than its dtype should (another process held memory) is still flagged.
@@ -229,7 +230,8 @@ def capacity_rows(cells: dict[str, CellResult], layout: KvLayout | None, model_d
         capacity = facts.capacity
         kv, length = facts.kv_spec, facts.max_model_len
         block = (capacity.block_size if capacity is not None else None) or run_block
-        budget, source = budget_bytes, "--kv-cache-memory"
+        budget: int | None = budget_bytes
+        source: str | None = "--kv-cache-memory"
         if budget is None:
             budget, source = implied.get(length, (None, None))
         spec = stored_spec(kv)
@@ -255,13 +257,13 @@ def capacity_rows(cells: dict[str, CellResult], layout: KvLayout | None, model_d
                "layout_model": kind,
                "started": facts.started}
         if measured and prediction.tokens:
-            row["deviation"] = measured / prediction.tokens - 1
-            row["flag"] = _flag(row["deviation"], source_is_implied=budget_bytes is None)
+            deviation = measured / prediction.tokens - 1
+            row = {**row, "deviation": deviation, "flag": _flag(deviation, source_is_implied=budget_bytes is None)}
         rows.append(row)
     return with_pool_ratios(rows, baseline_kv)
 
 
-def with_pool_ratios(rows: list[dict], baseline_kv: str) -> list[dict]:
+def with_pool_ratios(rows: list[dict[str, Any]], baseline_kv: str) -> list[dict[str, Any]]:
     """Each row's pool against the baseline row at its max_model_len: measured and predicted."""
     baselines = {r["max_model_len"]: r for r in rows if r["kv_spec"] == baseline_kv}
     for row in rows:
@@ -306,7 +308,7 @@ def _flag(deviation: float, source_is_implied: bool) -> str | None:
             if source_is_implied else "larger than predicted from the budget (the layout model may be off)")
 
 
-def pool_token_shift(startup: list[StartupRow]) -> tuple[str, float] | None:
+def pool_token_shift(startup: list[StartupRow]) -> tuple[str, int | float] | None:
     """A KV dtype whose started cells hold the same number of blocks at every max_model_len yet report
     different pool tokens: for models with sliding-window (hybrid) layers vLLM's token figure is max
     concurrency × max_model_len, not a memory size. (That dtype, its blocks), the first by name; None
@@ -318,9 +320,11 @@ def pool_token_shift(startup: list[StartupRow]) -> tuple[str, float] | None:
     for kv in sorted(by_kv):
         mine = by_kv[kv]
         if len({r.num_blocks for r in mine}) == 1 and len({r.kv_pool_tokens for r in mine}) > 1:
-            return kv, mine[0].num_blocks
+            blocks = mine[0].num_blocks
+            if blocks is not None:
+                return kv, blocks
     return None
 
 
-def _known(value) -> bool:
+def _known(value: float | None) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))

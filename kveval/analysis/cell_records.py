@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from kveval.defaults import BASELINE_KV as BASELINE_KV  # the analyses import it from here
 from kveval.files.schema import CellResult, GenerationRecord
 from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
+
 
 @lru_cache(maxsize=None)
 def stored_spec(text: str | None) -> KVSpec | None:
@@ -19,6 +20,21 @@ def stored_spec(text: str | None) -> KVSpec | None:
         return parse_kv(text)
     except KVSpecError:
         return None
+
+
+class Prompt(NamedTuple):
+    """What the analyses read of a workload prompt (a PromptSpec's dict, as workloads.jsonl holds it)."""
+
+    id: str
+    workload: str | None
+    kind: str | None
+    tokens: int | None        # len(token_ids); None where the dict has none
+
+
+def prompts_of(workloads: Iterable[Mapping[str, Any]]) -> list[Prompt]:
+    """The workload prompts' dicts, read once into typed `Prompt`s."""
+    return [Prompt(spec["id"], spec.get("workload"), spec.get("kind"),
+                   len(spec["token_ids"]) if "token_ids" in spec else None) for spec in workloads]
 
 
 def generation_records(facts: CellResult | None) -> dict[str, GenerationRecord]:

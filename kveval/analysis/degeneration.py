@@ -15,11 +15,11 @@ import itertools
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
 
-from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
+from kveval.analysis.cell_records import BASELINE_KV, Prompt, baseline_for, generation_records, prompts_of
 from kveval.files.schema import CellResult, GenerationRecord
 
 Records = dict[str, dict[str, GenerationRecord]]   # cell -> prompt id -> its output
@@ -92,7 +92,7 @@ class Finding:
     excerpt: str
     start_share: float | None = None   # where a loop or run starts, as a share of the output
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str]:
         return {"detector": self.detector, "detail": self.detail, "excerpt": self.excerpt}
 
 
@@ -112,7 +112,7 @@ def _token_excerpt(token_ids: Sequence[int], text: str, index: int, at_end: bool
     return str(list(token_ids[index:index + 24]))
 
 
-def _extend(seq: Sequence, period: int, index: int) -> tuple[int, int]:
+def _extend(seq: Sequence[Any], period: int, index: int) -> tuple[int, int]:
     """The maximal run of positions around `index` where seq[i] == seq[i + period]."""
     last = len(seq) - period - 1
     lo = hi = index
@@ -123,7 +123,7 @@ def _extend(seq: Sequence, period: int, index: int) -> tuple[int, int]:
     return lo, hi
 
 
-def _periodic_spans(seq: Sequence, period: int, min_length: int) -> list[tuple[int, int]]:
+def _periodic_spans(seq: Sequence[Any], period: int, min_length: int) -> list[tuple[int, int]]:
     """Maximal [start, end) stretches of at least min_length items where seq[i] == seq[i + period].
 
     Such a stretch holds `need = min_length - period` matching positions in a row, so probing every
@@ -154,8 +154,8 @@ class _Loop:
         return self.end - self.start
 
 
-def _find_loop(seq: Sequence, max_period: int, min_length: int, end_slack: int,
-               unit_ok: Callable[[Sequence], bool] = lambda unit: True) -> _Loop | None:
+def _find_loop(seq: Sequence[Any], max_period: int, min_length: int, end_slack: int,
+               unit_ok: Callable[[Sequence[Any]], bool] = lambda unit: True) -> _Loop | None:
     """The longest qualifying back-to-back repetition (smallest period on ties), or None.
 
     Qualifying: >= LOOP_MIN_REPEATS copies, >= min_length items, and either reaching the end of the
@@ -264,7 +264,8 @@ def _char_kind(ch: str) -> str:
 
 def _symbol_runs(text: str) -> list[tuple[int, str]]:
     """(start, run) for every maximal stretch of symbol (and neutral) characters."""
-    runs, start = [], None
+    runs: list[tuple[int, str]] = []
+    start: int | None = None
     for index, ch in enumerate(text + " "):
         if _char_kind(ch) == "other":
             if start is not None:
@@ -429,68 +430,69 @@ def _accepted(record: GenerationRecord | None) -> bool:
     return bool(record and record.accepted)
 
 
-def _scanned(workloads: list[dict], cells: dict[str, CellResult], records: Records):
+def _scanned(workloads: list[dict[str, Any]], cells: dict[str, CellResult],
+             records: Records) -> Iterator[tuple[str, Prompt, GenerationRecord]]:
     """(cell, prompt spec, record) for every accepted output of a started cell, in workload order."""
     for name, facts in cells.items():
         if not facts.started:
             continue
-        for prompt in workloads:
-            record = records[name].get(prompt["id"])
-            if _accepted(record):
+        for prompt in prompts_of(workloads):
+            record = records[name].get(prompt.id)
+            if record is not None and _accepted(record):
                 yield name, prompt, record
 
 
-def scan_cells(workloads: list[dict], cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def scan_cells(workloads: list[dict[str, Any]], cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     """One row per finding; `new_vs_baseline` is False for baseline cells and for findings a baseline
     output for the same prompt also had, at any length (detector by detector)."""
     records = {name: generation_records(facts) for name, facts in cells.items()}
     own: dict[tuple[str, str], list[Finding]] = {}
     sources: dict[tuple[str, str], str | None] = {}
     for name, prompt, record in _scanned(workloads, cells, records):
-        key = (name, prompt["id"])
+        key = (name, prompt.id)
         is_base = cells[name].kv_spec == baseline_kv
-        sources[key] = None if is_base else _baseline_source(cells, name, prompt["id"], baseline_kv, records)
-        base_record = records[sources[key]].get(prompt["id"]) if sources[key] else None
+        source = None if is_base else _baseline_source(cells, name, prompt.id, baseline_kv, records)
+        sources[key] = source
+        base_record = records[source].get(prompt.id) if source else None
         own[key] = scan_output(record, base_record)
     rows = []
     for name, prompt, record in _scanned(workloads, cells, records):
-        key, facts = (name, prompt["id"]), cells[name]
+        key, facts = (name, prompt.id), cells[name]
         source = sources[key]
         is_base = facts.kv_spec == baseline_kv
         # A finding the baseline also has for this prompt, at this length or at another one, is the
         # model's own habit on that prompt (greedy outputs of a small model loop readily), not new.
         base_hits = set() if not source else {
             f.detector for other, f_cell in cells.items() if f_cell.kv_spec == baseline_kv
-            for f in own.get((other, prompt["id"]), [])}
+            for f in own.get((other, prompt.id), [])}
         for finding in own[key]:
             late = (record.finish_reason == "length" and finding.start_share is not None
                     and finding.start_share >= LATE_SHARE)
             detail = finding.detail + (f"; late: starts after {100 * LATE_SHARE:.0f} % of an answer cut at max_tokens, "
                                        "not counted" if late else "")
             rows.append({"cell": name, "kv_spec": facts.kv_spec,
-                         "max_model_len": facts.max_model_len, "prompt": prompt["id"],
-                         "workload": prompt["workload"], "detector": finding.detector, "detail": detail,
+                         "max_model_len": facts.max_model_len, "prompt": prompt.id,
+                         "workload": prompt.workload, "detector": finding.detector, "detail": detail,
                          "excerpt": finding.excerpt, "late": late,
                          # None: no baseline output for this prompt, so "new" cannot be judged.
                          "new_vs_baseline": (False if is_base else None if source is None
                                              else finding.detector not in base_hits),
                          "baseline_cell": source,
                          # What the baseline answered instead, for the reader to set beside the excerpt.
-                         "baseline_excerpt": None if not source else _text(records[source].get(prompt["id"]))[:EXCERPT_CHARS]})
+                         "baseline_excerpt": None if not source else _text(records[source].get(prompt.id))[:EXCERPT_CHARS]})
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
 
 def _counted(findings: pd.DataFrame) -> pd.DataFrame:
     """The findings that make an output degenerate: not informational, not late."""
-    return findings[~findings["detector"].isin(INFORMATIONAL_DETECTORS)
-                    & ~findings["late"].fillna(False).astype(bool)]
+    return findings[~findings.detector.isin(INFORMATIONAL_DETECTORS) & ~findings.late.fillna(False).astype(bool)]
 
 
 def _text(record: GenerationRecord | None) -> str:
     return (record.text or "") if record else ""
 
 
-def _discordant(findings: pd.DataFrame, cells: dict[str, CellResult], name: str, workloads: list[dict],
+def _discordant(findings: pd.DataFrame, cells: dict[str, CellResult], name: str, workloads: list[dict[str, Any]],
                 records: Records) -> tuple[int, int]:
     """The paired 2×2's discordant counts (gate: McNemar's test) against the baseline output that judges each
     prompt: (outputs with a new finding whose baseline output is clean; outputs that are clean where the
@@ -498,17 +500,17 @@ def _discordant(findings: pd.DataFrame, cells: dict[str, CellResult], name: str,
     fired on each (a base model's `????` run against its own `<h2><h2>` loop is one prompt both caches fail);
     a loop a baseline has at another length stays excused (scan_cells)."""
     failing = _counted(findings)
-    bad = set(zip(failing["cell"], failing["prompt"]))
-    new = failing[failing["new_vs_baseline"].fillna(False).astype(bool)]
-    with_new = set(new.loc[new["cell"] == name, "prompt"])
+    bad = set(zip(failing.cell, failing.prompt))
+    new = failing[failing.new_vs_baseline.fillna(False).astype(bool)]
+    with_new = set(new.prompt[new.cell == name])
     only_here = only_baseline = 0
     for _, prompt, _ in _scanned(workloads, {name: cells[name]}, {name: records[name]}):
-        source = _baseline_source(cells, name, prompt["id"], BASELINE_KV, records)
+        source = _baseline_source(cells, name, prompt.id, BASELINE_KV, records)
         if source is None:
             continue
-        there = (source, prompt["id"]) in bad
-        only_here += prompt["id"] in with_new and not there
-        only_baseline += there and (name, prompt["id"]) not in bad
+        there = (source, prompt.id) in bad
+        only_here += prompt.id in with_new and not there
+        only_baseline += there and (name, prompt.id) not in bad
     return only_here, only_baseline
 
 
@@ -521,7 +523,7 @@ def _cumulative(rounds: list[int]) -> list[int]:
     return looks
 
 
-def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellResult], workloads: list[dict]) -> pd.DataFrame:
+def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellResult], workloads: list[dict[str, Any]]) -> pd.DataFrame:
     """Per started cell: outputs scanned, outputs with (new) findings, count per detector, token-limit rate.
 
     hit_token_limit is informational: it has its own count and rate, but does not make an output
@@ -533,31 +535,30 @@ def degeneration_summary(findings: pd.DataFrame, cells: dict[str, CellResult], w
         if not facts.started:
             continue
         outputs = [record for _, _, record in _scanned(workloads, {name: facts}, {name: records[name]})]
-        mine = findings[findings["cell"] == name]
+        mine = findings[findings.cell == name]
         failures = _counted(mine)
-        new = failures[failures["new_vs_baseline"].fillna(False).astype(bool)]
+        new = failures[failures.new_vs_baseline.fillna(False).astype(bool)]
         is_base = facts.kv_spec == BASELINE_KV
         # Outputs with a baseline output for the same prompt: only these can show "new" degeneration.
         judged_rounds = [] if is_base else [
             int(record.round or 0) for _, prompt, record in _scanned(workloads, {name: facts}, {name: records[name]})
-            if _baseline_source(cells, name, prompt["id"], BASELINE_KV, records) is not None]
+            if _baseline_source(cells, name, prompt.id, BASELINE_KV, records) is not None]
         judged = None if is_base else len(judged_rounds)
         # The paired 2×2's discordant cells (gate: McNemar's test), output by output.
         only_here, baseline_only = (None, None) if is_base else _discordant(findings, cells, name, workloads, records)
         limited = sum(1 for record in outputs if record.finish_reason == "length")
         row = {"cell": name, "kv_spec": facts.kv_spec, "max_model_len": facts.max_model_len,
                "outputs": len(outputs),
-               "outputs_with_findings": int(failures["prompt"].nunique()),
-               "outputs_with_new_findings": int(new["prompt"].nunique()), "judged_outputs": judged,
+               "outputs_with_findings": int(failures.prompt.nunique()),
+               "outputs_with_new_findings": int(new.prompt.nunique()), "judged_outputs": judged,
                "degenerate_only_here": only_here,
                "baseline_only_degenerate": baseline_only,
                # Judged outputs after each round that added some (rounds of new probes, run/rounds.py):
                # the looks of the sequential design. One look when there were no rounds.
                "looks": None if is_base else _cumulative(judged_rounds),
-               "look_rounds": None if is_base else sorted(set(judged_rounds))}
-        for detector in DETECTORS:
-            row[detector] = int((mine["detector"] == detector).sum())
-        row["token_limit_rate"] = limited / len(outputs) if outputs else None
+               "look_rounds": None if is_base else sorted(set(judged_rounds)),
+               **{detector: int((mine.detector == detector).sum()) for detector in DETECTORS},
+               "token_limit_rate": limited / len(outputs) if outputs else None}
         rows.append(row)
     columns = ["cell", "kv_spec", "max_model_len", "outputs", "outputs_with_findings",
                "outputs_with_new_findings", "judged_outputs", "degenerate_only_here", "baseline_only_degenerate",

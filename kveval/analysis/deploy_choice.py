@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.deploy_cost import throughput_costs, ttft_costs
@@ -60,11 +60,11 @@ def goodput(spec: str, max_model_len: int, rows: list[schema.ThroughputRow] | No
     mine = sorted((r for r in rows or [] if r.kv_spec == spec and r.max_model_len == max_model_len and meets(r, targets)),
                   key=lambda r: r.concurrency or 0)
     best = mine[-1] if mine else None
-    return schema.Goodput(configuration=spec, concurrency=int(best.concurrency) if best else None,
+    return schema.Goodput(configuration=spec, concurrency=int(best.concurrency) if best and best.concurrency is not None else None,
                           requests_per_s=best.requests_per_s if best else None)
 
 
-def choose(candidates: list[str], capacity_key: Callable[[str], tuple], cap_of: Callable[[str], int],
+def choose(candidates: list[str], capacity_key: Callable[[str], tuple[Any, ...]], cap_of: Callable[[str], int],
            evidence: schema.Evidence, prefer: str = "capacity", targets: Sequence[SloTarget] = ()) -> Choice:
     """The configuration to deploy among `candidates` (passing ones), by SLO goodput, then preference,
     then capacity. `cap_of(spec)`: the max_model_len it would be deployed with."""
@@ -97,7 +97,7 @@ def choose(candidates: list[str], capacity_key: Callable[[str], tuple], cap_of: 
 _FIGURE = {"throughput": ("output tok/s", throughput_score), "latency": ("TTFT", latency_score)}
 
 
-def _preference_note(chosen: str, candidates: list[str], capacity_key: Callable[[str], tuple],
+def _preference_note(chosen: str, candidates: list[str], capacity_key: Callable[[str], tuple[Any, ...]],
                      cap_of: Callable[[str], int], evidence: schema.Evidence, prefer: str) -> list[str]:
     """One line where the preference picked another configuration than the most KV would have."""
     roomiest = max(candidates, key=capacity_key)
@@ -111,7 +111,7 @@ def _preference_note(chosen: str, candidates: list[str], capacity_key: Callable[
             f"measured) against {theirs:.2f}× for `{roomiest}`, which holds more KV."]
 
 
-def _ordered(candidates: list[str], capacity_key: Callable[[str], tuple], cap_of: Callable[[str], int],
+def _ordered(candidates: list[str], capacity_key: Callable[[str], tuple[Any, ...]], cap_of: Callable[[str], int],
              evidence: schema.Evidence, prefer: str) -> list[str]:
     """Candidates best first by the preference; those missing its figure after, each group by capacity."""
     by_capacity = sorted(candidates, key=capacity_key, reverse=True)
@@ -120,5 +120,6 @@ def _ordered(candidates: list[str], capacity_key: Callable[[str], tuple], cap_of
     score = throughput_score if prefer == "throughput" else latency_score
     sign = 1.0 if prefer == "throughput" else -1.0   # more throughput is better, less TTFT is
     scored = {spec: score(spec, cap_of(spec), evidence) for spec in candidates}
-    known = sorted((s for s in by_capacity if scored[s] is not None), key=lambda s: -sign * scored[s])  # stable
-    return known + [s for s in by_capacity if scored[s] is None]
+    known = {spec: value for spec, value in scored.items() if value is not None}
+    best_first = sorted((s for s in by_capacity if s in known), key=lambda s: -sign * known[s])  # stable
+    return best_first + [s for s in by_capacity if s not in known]

@@ -9,11 +9,12 @@ Pure: only stored records are read; no tokenizer is needed.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pandas as pd
 from rapidfuzz import fuzz
 
-from kveval.analysis.cell_records import BASELINE_KV, baseline_for, generation_records
+from kveval.analysis.cell_records import BASELINE_KV, Prompt, baseline_for, generation_records, prompts_of
 from kveval.files.schema import CellResult, GenerationRecord
 
 EXCERPT_BEFORE = 60   # characters of shared text shown before the divergence
@@ -40,7 +41,7 @@ def _tokens(record: GenerationRecord) -> list[int]:
 
 
 def divergence_excerpt(candidate_text: str, reference_text: str,
-                       before: int = EXCERPT_BEFORE, after: int = EXCERPT_AFTER) -> dict:
+                       before: int = EXCERPT_BEFORE, after: int = EXCERPT_AFTER) -> dict[str, Any]:
     """Text around the first differing character.
 
     Token positions cannot be mapped to characters without the tokenizer, so the divergence is
@@ -53,7 +54,7 @@ def divergence_excerpt(candidate_text: str, reference_text: str,
             "char_offset": offset}
 
 
-def compare_outputs(candidate: GenerationRecord, reference: GenerationRecord) -> dict:
+def compare_outputs(candidate: GenerationRecord, reference: GenerationRecord) -> dict[str, Any]:
     """Token identity, first divergent token, text similarity, length ratio and an excerpt."""
     mine, theirs = _tokens(candidate), _tokens(reference)
     text, reference_text = candidate.text or "", reference.text or ""
@@ -107,36 +108,36 @@ def _length_reference(prompt_id: str, name: str, ordered: list[str],
     return None
 
 
-def _row(prompt: dict, cell: str, reference: str, comparison: str, a: GenerationRecord, b: GenerationRecord) -> dict:
-    return {"workload": prompt["workload"], "prompt": prompt["id"], "cell": cell, "reference": reference,
+def _row(prompt: Prompt, cell: str, reference: str, comparison: str, a: GenerationRecord,
+         b: GenerationRecord) -> dict[str, Any]:
+    return {"workload": prompt.workload, "prompt": prompt.id, "cell": cell, "reference": reference,
             "comparison": comparison, **compare_outputs(a, b)}
 
 
-def diff_pairs(workloads: list[dict], cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
+def diff_pairs(workloads: list[dict[str, Any]], cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) -> pd.DataFrame:
     """One row per (prompt, comparison) where both outputs were accepted; see the module doc."""
     records = {name: generation_records(facts) for name, facts in cells.items()}
     kv_pairs = _kv_references(cells, baseline_kv)
     ordered = _started_baselines(cells, baseline_kv)
     rows = []
-    for prompt in workloads:
-        pid = prompt["id"]
+    for prompt in prompts_of(workloads):
+        pid = prompt.id
         for cell, reference in kv_pairs:
             a, b = records[cell].get(pid), records[reference].get(pid)
-            if _accepted(a) and _accepted(b):
+            if a is not None and b is not None and _accepted(a) and _accepted(b):
                 rows.append(_row(prompt, cell, reference, "kv", a, b))
         for cell in ordered:
-            reference = _length_reference(pid, cell, ordered, records)
+            length_reference = _length_reference(pid, cell, ordered, records)
             a = records[cell].get(pid)
-            if reference is not None and _accepted(a):
-                rows.append(_row(prompt, cell, reference, "length", a, records[reference][pid]))
+            if length_reference is not None and a is not None and _accepted(a):
+                rows.append(_row(prompt, cell, length_reference, "length", a, records[length_reference][pid]))
     frame = pd.DataFrame(rows, columns=[c for c in PAIR_COLUMNS if c != "prefix_only"])
-    frame["first_divergent_token"] = frame["first_divergent_token"].astype("Int64")
+    frame = frame.astype({"first_divergent_token": "Int64"})
     # Same tokens until the shorter output stopped (e.g. cut by a smaller max_model_len): a length
     # difference, not a divergence — counted apart so it is not read as drift.
     shorter = frame[["tokens", "reference_tokens"]].min(axis=1)
-    frame["prefix_only"] = (~frame["identical"].astype(bool)) & (frame["first_divergent_token"] == shorter).fillna(False)
-    frame["prefix_only"] = frame["prefix_only"].astype(bool)
-    return frame[PAIR_COLUMNS]
+    prefix_only = (~frame.identical.astype(bool)) & (frame.first_divergent_token == shorter).fillna(False)
+    return frame.assign(prefix_only=prefix_only.astype(bool))[PAIR_COLUMNS]
 
 
 def diff_summary(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -149,16 +150,14 @@ def diff_summary(pairs: pd.DataFrame) -> pd.DataFrame:
                           median_length_ratio=("length_ratio", "median"),
                           earliest_divergence=("first_divergent_token", "min"),
                           prefix_only=("prefix_only", "sum")).reset_index()
-    summary["identical"] = summary["identical"].astype(int)
-    summary["prefix_only"] = summary["prefix_only"].astype(int)
-    summary["exact_match_rate"] = summary["identical"] / summary["compared"]
-    return summary[SUMMARY_COLUMNS]
+    summary = summary.astype({"identical": int, "prefix_only": int})
+    return summary.assign(exact_match_rate=summary.identical / summary.compared)[SUMMARY_COLUMNS]
 
 
 def first_diverging_examples(pairs: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, cell): the first pair (in prompt order) that diverged, with its excerpt."""
     if pairs.empty:
         return pd.DataFrame(columns=EXAMPLE_COLUMNS)
-    diverged = pairs[~pairs["identical"].astype(bool)]
+    diverged = pairs[~pairs.identical.astype(bool)]
     first = diverged.groupby(["workload", "cell"], sort=False).head(1)
     return first[EXAMPLE_COLUMNS].reset_index(drop=True)

@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.cluster_interval import cluster_mean
+from kveval.files import schema
 from kveval.files.schema import CellResult, ScoredPosition, ScoredSequence
 
 # Floor for a candidate probability before taking log(p/q): a token the candidate gives ~0 then
 # costs p·ln(p/1e-10) ≈ 23·p nats instead of infinity.
 PROB_FLOOR = 1e-10
 
+# A position frame's columns (position_divergence); the code reads them as attributes (`frame.kl`). A pooled
+# frame (compare_sequences) puts `sequence` and `sequence_kind` before them.
 FRAME_COLUMNS = ["position", "token", "kl", "k", "missing", "top1_agree", "dp", "abs_dp"]
+TopList = Sequence[Sequence[Any]]   # a position's top-k: [token, logprob] pairs, best first
 
 
-def position_kl(reference_top: list, candidate_top: list) -> tuple[float, int, int]:
+def position_kl(reference_top: TopList, candidate_top: TopList) -> tuple[float, int, int]:
     """Approximate KL(P_ref || P_cand) at one position from top-k lists; returns (kl, k, missing).
 
     Support: the reference's k listed tokens plus one "rest" bucket holding everything else
@@ -38,13 +43,14 @@ def position_kl(reference_top: list, candidate_top: list) -> tuple[float, int, i
         return math.nan, 0, 0
     p = [math.exp(lp) for _, lp in reference_top]
     cand = {tok: math.exp(lp) for tok, lp in candidate_top}
-    listed = [cand.get(tok) for tok, _ in reference_top]
-    missing = sum(q is None for q in listed)
+    found = [cand.get(tok) for tok, _ in reference_top]
+    missing = sum(q is None for q in found)
+    fill = 0.0
     if missing:
         leftover = max(0.0, 1.0 - sum(cand.values()))
         cap = min(cand.values()) if cand else 1.0
         fill = min(leftover / missing, cap)
-        listed = [fill if q is None else q for q in listed]
+    listed = [fill if q is None else q for q in found]
     # Plain Python: for k ≈ 20 numpy's per-call overhead dominates (about 5x slower here).
     p_rest = max(0.0, 1.0 - sum(p))  # rounding can push a listed sum a hair over 1
     q_rest = max(0.0, 1.0 - sum(listed))
@@ -54,17 +60,17 @@ def position_kl(reference_top: list, candidate_top: list) -> tuple[float, int, i
     return max(kl, 0.0), len(reference_top), missing
 
 
-def _top1(top: list):
+def _top1(top: TopList) -> Any:
     # Lists come best first; max() keeps the first of equal logprobs, so ties resolve the same way.
     return max(top, key=lambda pair: pair[1])[0] if top else None
 
 
-def _position(position: ScoredPosition | dict) -> ScoredPosition:
+def _position(position: ScoredPosition | dict[str, Any]) -> ScoredPosition:
     return position if isinstance(position, ScoredPosition) else ScoredPosition.model_validate(position)
 
 
-def position_divergence(reference_positions: list[ScoredPosition | dict], candidate_positions: list[ScoredPosition | dict],
-                        start: int = 0) -> pd.DataFrame:
+def position_divergence(reference_positions: Sequence[ScoredPosition | dict[str, Any]],
+                        candidate_positions: Sequence[ScoredPosition | dict[str, Any]], start: int = 0) -> pd.DataFrame:
     """One row per scored position, aligned by index; `start` is the absolute index of the first.
 
     Columns: position, token, kl (see `position_kl`), k (reference top-k size used), missing
@@ -80,24 +86,24 @@ def position_divergence(reference_positions: list[ScoredPosition | dict], candid
             raise ValueError(f"token differs at position {start + offset}: {ref.token} vs {cand.token}")
         ref_top, cand_top = ref.top or [], cand.top or []
         kl, k, missing = position_kl(ref_top, cand_top)
-        both = ref.logprob is not None and cand.logprob is not None
-        dp = math.exp(cand.logprob) - math.exp(ref.logprob) if both else math.nan
+        dp = (math.exp(cand.logprob) - math.exp(ref.logprob)
+              if ref.logprob is not None and cand.logprob is not None else math.nan)
         agree = (_top1(ref_top) == _top1(cand_top)) if ref_top and cand_top else None
         rows.append((start + offset, ref.token, kl, k, missing, agree, dp, abs(dp)))
     return pd.DataFrame(rows, columns=FRAME_COLUMNS)
 
 
-def _num(value):
+def _num(value: float | np.floating[Any] | None) -> float | None:
     """Plain float for JSON; NaN/None -> None."""
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def divergence_summary(frame: pd.DataFrame) -> dict:
-    """llama.cpp-style figures over a position frame; None where a figure is undefined."""
-    kl = frame["kl"].dropna().to_numpy(dtype=float) if len(frame) else np.array([])
-    agree = frame["top1_agree"].dropna().astype(bool).to_numpy() if len(frame) else np.array([])
-    dp = frame["dp"].dropna().to_numpy(dtype=float) if len(frame) else np.array([])
-    out = {"n": int(len(kl))}
+def divergence_summary(frame: pd.DataFrame) -> dict[str, Any]:
+    """llama.cpp-style figures over a position frame (schema.DivergenceSummary); None where a figure is undefined."""
+    kl = frame.kl.dropna().to_numpy(dtype=float) if len(frame) else np.array([])
+    agree = frame.top1_agree.dropna().astype(bool).to_numpy() if len(frame) else np.array([])
+    dp = frame.dp.dropna().to_numpy(dtype=float) if len(frame) else np.array([])
+    out: dict[str, Any] = {"n": int(len(kl))}
     if len(kl):
         p50, p90, p99 = np.percentile(kl, [50, 90, 99])
         out.update(kl_mean=float(kl.mean()), kl_median=float(p50), kl_p90=float(p90), kl_p99=float(p99),
@@ -107,7 +113,7 @@ def divergence_summary(frame: pd.DataFrame) -> dict:
     n_agree = len(agree)
     share = float(agree.mean()) if n_agree else None
     # Same standard error as llama.cpp's "same top p": sqrt(p(1-p)/(n-1)).
-    se = math.sqrt(share * (1 - share) / (n_agree - 1)) if n_agree > 1 else None
+    se = math.sqrt(share * (1 - share) / (n_agree - 1)) if share is not None and n_agree > 1 else None
     out.update(top1_n=int(n_agree), top1_agreement=share, top1_agreement_se=se)
     if len(dp):
         absdp = np.abs(dp)
@@ -135,18 +141,17 @@ def by_position_bucket(frame: pd.DataFrame, edges: list[int] | None = None) -> p
     columns = ["bucket", "start", "end"] + list(divergence_summary(frame.iloc[:0]).keys())
     if frame.empty:
         return pd.DataFrame(columns=columns)
-    edges = sorted(edges) if edges else default_edges(int(frame["position"].max()))
-    bounds = list(zip(edges, edges[1:] + [None]))
-    rows = []
+    edges = sorted(edges) if edges else default_edges(int(frame.position.max()))
+    bounds: list[tuple[int, int | None]] = list(zip(edges, [*edges[1:], None]))
+    rows, ends = [], []
     for start, end in bounds:
-        inside = frame[(frame["position"] >= start) & ((frame["position"] < end) if end is not None else True)]
+        inside = frame[(frame.position >= start) & ((frame.position < end) if end is not None else True)]
         if inside.empty:
             continue
         label = f"{start}-{end - 1}" if end is not None else f"{start}+"
         rows.append({"bucket": label, "start": start, "end": end, **divergence_summary(inside)})
-    table = pd.DataFrame(rows, columns=columns)
-    table["end"] = pd.Series([row["end"] for row in rows], dtype=object)  # keep ints; None = open
-    return table
+        ends.append(end)
+    return pd.DataFrame(rows, columns=columns).assign(end=pd.Series(ends, dtype=object))  # keep ints; None = open
 
 
 # --- across cells -------------------------------------------------------------------------------
@@ -165,7 +170,7 @@ def scored_sequences(facts: CellResult) -> dict[str, ScoredSequence]:
     return _scored(facts)
 
 
-def _align(ref: ScoredSequence, cand: ScoredSequence) -> tuple[list, list, int]:
+def _align(ref: ScoredSequence, cand: ScoredSequence) -> tuple[list[ScoredPosition], list[ScoredPosition], int]:
     """Both sequences' positions from the later scored_from on, cut to the shorter."""
     start = max(ref.scored_from, cand.scored_from)
     a = (ref.positions or [])[start - ref.scored_from:]
@@ -174,7 +179,7 @@ def _align(ref: ScoredSequence, cand: ScoredSequence) -> tuple[list, list, int]:
     return a[:n], b[:n], start
 
 
-def _records(table: pd.DataFrame) -> list[dict]:
+def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
     return [{key: (_num(value) if isinstance(value, (float, np.floating)) else
                    int(value) if isinstance(value, (np.integer,)) else value)
              for key, value in row.items()} for row in table.to_dict("records")]
@@ -203,7 +208,8 @@ def _sequence_frame(ref: ScoredSequence, cand: ScoredSequence) -> tuple[pd.DataF
 
 
 def compare_sequences(reference: dict[str, ScoredSequence],
-                      candidate: dict[str, ScoredSequence]) -> tuple[pd.DataFrame, list[dict], list[dict]]:
+                      candidate: dict[str, ScoredSequence]) -> tuple[pd.DataFrame, list[dict[str, Any]],
+                                                                     list[dict[str, Any]]]:
     """Pooled position frame, per-sequence summaries and skipped sequences for two scored cells."""
     frames, per_sequence, skipped = [], [], []
     for seq_id in sorted(set(reference) & set(candidate)):
@@ -233,44 +239,46 @@ def late_start(max_model_len: int | None, model_limit: int | None = None) -> int
     return int(LATE_FRACTION * usable) if usable else None
 
 
-def clustered_figures(pooled: pd.DataFrame, late_from: int | None) -> dict[str, dict]:
+def _per_sequence(values: pd.DataFrame, column: str) -> tuple[pd.Series, pd.Series]:
+    """Each sequence's sum of `column` over the rows of `values`, and its number of rows."""
+    by_sequence = values.groupby("sequence")
+    return by_sequence[column].sum().astype(float), by_sequence.size()
+
+
+def clustered_figures(pooled: pd.DataFrame, late_from: int | None) -> dict[str, dict[str, Any]]:
     """KL mean, late KL mean and top-1 agreement as means over the scored sequences (the unit of the
     gate's intervals: analysis/cluster_interval.py), each {estimate, se, clusters, positions}."""
     if pooled.empty:
         return {}
-    kl = pooled[pooled["kl"].notna()]
-    agree = pooled[pooled["top1_agree"].notna()]
-    parts = {"kl_mean": (kl.groupby("sequence")["kl"].sum(), kl.groupby("sequence").size()),
-             "top1_agreement": (agree.groupby("sequence")["top1_agree"].sum().astype(float),
-                                agree.groupby("sequence").size())}
-    if late_from is not None:
-        late = kl[kl["position"] >= late_from]
-        parts["kl_late_mean"] = (late.groupby("sequence")["kl"].sum(), late.groupby("sequence").size())
+    kl = pooled[pooled.kl.notna()]
+    parts = {"kl_mean": _per_sequence(kl, "kl"),
+             "top1_agreement": _per_sequence(pooled[pooled.top1_agree.notna()], "top1_agree"),
+             **({"kl_late_mean": _per_sequence(kl[kl.position >= late_from], "kl")} if late_from is not None else {})}
     out = {}
     for name, (sums, counts) in parts.items():
         figure = cluster_mean(sums.to_numpy(), counts.reindex(sums.index).to_numpy())
         if figure is not None:
-            out[name] = {"estimate": figure.estimate, "se": figure.se, "clusters": figure.clusters,
-                         "positions": figure.positions}
+            out[name] = schema.dump(schema.ClusterFigure(estimate=figure.estimate, se=figure.se,
+                                                         clusters=figure.clusters, positions=figure.positions))
     return out
 
 
-def _comparison(kind: str, cell: str, reference: str, ref_seqs: dict, cand_seqs: dict, late_from: int | None = None,
-                **extra) -> dict:
+def _comparison(kind: str, cell: str, reference: str, ref_seqs: dict[str, ScoredSequence],
+                cand_seqs: dict[str, ScoredSequence], late_from: int | None = None, **extra: Any) -> dict[str, Any]:
+    """One comparison of the evidence (schema.Comparison): `cell`'s scored sequences against `reference`'s."""
     pooled, per_sequence, skipped = compare_sequences(ref_seqs, cand_seqs)
     by_kind = {k: divergence_summary(group) for k, group in pooled.groupby("sequence_kind", sort=True)} if len(pooled) else {}
     out = {"cell": cell, "reference": reference, "kind": kind, **extra,
            "summary": divergence_summary(pooled), "buckets": _records(by_position_bucket(pooled)),
-           "max_position": int(pooled["position"].max()) if len(pooled) else None,
+           "max_position": int(pooled.position.max()) if len(pooled) else None,
            "by_sequence_kind": by_kind, "per_sequence": per_sequence, "skipped": skipped}
     if late_from is not None:
-        late = pooled[pooled["position"] >= late_from] if len(pooled) else pooled
-        out["late"] = {"start": late_from, **divergence_summary(late)}
+        late = pooled[pooled.position >= late_from] if len(pooled) else pooled
+        out = {**out, "late": {"start": late_from, **divergence_summary(late)}}
     if kind == "kv":
-        out["clustered"] = clustered_figures(pooled, late_from)
-        looks = sequence_looks([cand_seqs[row["id"]].round or 0 for row in per_sequence])
-        if len(looks) > 1:
-            out["looks"] = looks
+        compared = dict.fromkeys(pooled.sequence)   # the sequences with scored positions, in per_sequence's order
+        looks = sequence_looks([cand_seqs[seq_id].round or 0 for seq_id in compared])
+        out = {**out, "clustered": clustered_figures(pooled, late_from), **({"looks": looks} if len(looks) > 1 else {})}
     return out
 
 
@@ -286,7 +294,8 @@ def _nearest_baseline(facts: CellResult, bases: dict[str, CellResult]) -> str | 
     return ranked[0] if ranked else None
 
 
-def cell_divergence(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV, model_limit: int | None = None) -> dict:
+def cell_divergence(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV,
+                    model_limit: int | None = None) -> dict[str, Any]:
     """Every non-baseline cell against its baseline, plus the baseline's own noise floor.
 
     kind "kv": cell vs the started, scored baseline at the same max_model_len. When that baseline
@@ -316,7 +325,8 @@ def cell_divergence(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV
             unmatched.append({"cell": name, "reason": f"no started, scored {baseline_kv} cell to compare with"})
             continue
         same = cells[ref].max_model_len == facts.max_model_len
-        design = facts.phases.scoring.design
+        scoring = facts.phases.scoring
+        design = scoring.design if scoring else None
         comparisons.append(_comparison("kv", name, ref, _scored(cells[ref]), _scored(facts), same_length=same,
                                        late_from=late_start(facts.max_model_len, model_limit),
                                        kv_spec=facts.kv_spec, max_model_len=facts.max_model_len,
@@ -332,20 +342,21 @@ def cell_divergence(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV
             "noise_floor": noise_floor(comparisons)}
 
 
-def noise_floor(comparisons: list[dict]) -> dict | None:
-    """Worst (max) KL mean, KL p99 and top-1 disagreement over noise comparisons with data."""
-    noise = [c for c in comparisons if c["kind"].startswith("noise") and c["summary"]["n"]]
+def _worst(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def noise_floor(comparisons: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Worst (max) KL mean, KL p99 and top-1 disagreement over noise comparisons (`_comparison`) with data."""
+    typed = [schema.Comparison.model_validate(comparison) for comparison in comparisons]
+    noise = [c for c in typed if c.kind.startswith("noise") and c.summary.n]
     if not noise:
         return None
-
-    def worst(values):
-        values = [v for v in values if v is not None]
-        return max(values) if values else None
-
     return {
-        "kl_mean": worst(c["summary"]["kl_mean"] for c in noise),
-        "kl_p99": worst(c["summary"]["kl_p99"] for c in noise),
-        "top1_disagreement": worst(None if c["summary"]["top1_agreement"] is None else 1.0 - c["summary"]["top1_agreement"]
-                                   for c in noise),
-        "source": [{"kind": c["kind"], "cell": c["cell"], "reference": c["reference"], "n": c["summary"]["n"]} for c in noise],
+        "kl_mean": _worst(c.summary.kl_mean for c in noise),
+        "kl_p99": _worst(c.summary.kl_p99 for c in noise),
+        "top1_disagreement": _worst(None if c.summary.top1_agreement is None else 1.0 - c.summary.top1_agreement
+                                    for c in noise),
+        "source": [{"kind": c.kind, "cell": c.cell, "reference": c.reference, "n": c.summary.n} for c in noise],
     }

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 
-def json_safe(value):
+def json_safe(value: Any) -> Any:
     """Plain JSON values: numpy scalars -> Python, NaN/inf/pd.NA -> None, tuples -> lists (recursively)."""
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
@@ -26,5 +27,5 @@ def json_safe(value):
     return value
 
 
-def records(frame: pd.DataFrame) -> list[dict]:
-    return json_safe(frame.to_dict("records"))
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return cast(list[dict[str, Any]], json_safe(frame.to_dict("records")))

@@ -9,6 +9,8 @@ is validated once, in `diagnose`); everything here is pure: no torch, no I/O.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping, Union, cast
 
 import numpy as np
 import pandas as pd
@@ -36,13 +38,16 @@ def canonical_fp8(kv_cache_dtype: str) -> str | None:
     return _CANONICAL.get(str(kv_cache_dtype).lower())
 
 
-def _given_scales(scales: schema.KvScales | dict | None, tensor: str) -> dict:
+ScalesGiven = Union[schema.KvScales, Mapping[str, Any], None]   # the manifest's KvScales, or read_kv_scales' dict
+
+
+def _given_scales(scales: ScalesGiven, tensor: str) -> Mapping[Any, Any]:
     if isinstance(scales, schema.KvScales):
         return scales.k_scale if tensor == "k" else scales.v_scale
     return (scales or {}).get(f"{tensor}_scale") or {}
 
 
-def normalise_scales(scales: schema.KvScales | dict | None) -> dict[str, dict[int, float]]:
+def normalise_scales(scales: ScalesGiven) -> dict[str, dict[int, float]]:
     """{"k": {layer: scale}, "v": {...}} from the manifest's `KvScales` or a read_kv_scales-style dict
     ({"k_scale": {...}}) whose layer keys may be JSON strings. Missing layers mean scale 1.0 (what vLLM
     uses then)."""
@@ -59,7 +64,7 @@ def normalise_scales(scales: schema.KvScales | dict | None) -> dict[str, dict[in
     return out
 
 
-def _scale_note(scales: schema.KvScales | dict | None, normalised: dict) -> tuple[bool, str]:
+def _scale_note(scales: ScalesGiven, normalised: dict[str, dict[int, float]]) -> tuple[bool, str]:
     if isinstance(scales, schema.KvScales):
         calibrated, source = scales.calibrated, scales.source
     else:
@@ -85,66 +90,88 @@ def _share_estimate(stats: schema.TensorRange, limit: float, count: int) -> floa
     return max(bound, 1.0 / max(count, 1))
 
 
+@dataclass(frozen=True)
+class RangeRow:
+    """One layer's K, V (or Q) against its FP8 limit: a row of the diagnosis (schema.RangeRow), fields in
+    TABLE_COLUMNS order. limit, ratio, over and share_over are None where the dtype is not FP8."""
+
+    layer: int
+    attention_type: str | None
+    tensor: str
+    count: int
+    absmax: float | None
+    p99_9: float | None
+    p99_99: float | None
+    scale: float
+    limit: float | None = None
+    ratio: float | None = None
+    over: int | None = None
+    share_over: float | None = None
+    share_exact: bool = True
+    saturates: bool = False
+    nonfinite: int = 0
+
+
 def _row(layer: schema.LayerRange, tensor: str, stats: schema.TensorRange, maximum: float | None,
-         canonical: str | None, scale: float) -> dict:
+         canonical: str | None, scale: float) -> RangeRow:
     absmax, count = stats.absmax, stats.count
-    row = {"layer": layer.layer, "attention_type": layer.attention_type, "tensor": tensor,
-           "count": count, "absmax": absmax, "p99_9": stats.p99_9, "p99_99": stats.p99_99,
-           "scale": scale, "limit": None, "ratio": None, "over": None, "share_over": None,
-           "share_exact": True, "saturates": False, "nonfinite": stats.nonfinite}
-    if maximum is None or absmax is None:
-        return row
+    unlimited = RangeRow(layer=layer.layer, attention_type=layer.attention_type, tensor=tensor, count=count,
+                         absmax=absmax, p99_9=stats.p99_9, p99_99=stats.p99_99, scale=scale,
+                         nonfinite=stats.nonfinite)
+    if maximum is None or absmax is None or canonical is None:
+        return unlimited
     limit = maximum * scale
-    row["limit"] = limit
-    row["ratio"] = absmax / limit
     measured_limit = stats.limits.get(canonical)
     over = stats.over.get(canonical)
     if over is not None and measured_limit is not None and math.isclose(measured_limit, limit, rel_tol=1e-6):
-        row["over"] = int(over)
-        row["share_over"] = over / count if count else 0.0
-        row["saturates"] = over > 0
-    else:  # counted against another scale: absmax still decides exactly whether anything clips
-        row["saturates"] = absmax > limit or row["nonfinite"] > 0
-        row["share_exact"] = not row["saturates"]
-        row["share_over"] = _share_estimate(stats, limit, count) if row["saturates"] else 0.0
-    return row
+        return replace(unlimited, limit=limit, ratio=absmax / limit, over=int(over),
+                       share_over=over / count if count else 0.0, saturates=over > 0)
+    # Counted against another scale: absmax still decides exactly whether anything clips.
+    saturates = absmax > limit or stats.nonfinite > 0
+    return replace(unlimited, limit=limit, ratio=absmax / limit, saturates=saturates, share_exact=not saturates,
+                   share_over=_share_estimate(stats, limit, count) if saturates else 0.0)
 
 
-def _largest(rows: list[dict], tensor: str) -> dict | None:
-    mine = [r for r in rows if r["tensor"] == tensor and r["absmax"] is not None]
+def _fields(row: RangeRow, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in names}
+
+
+_OFFENDING_FIELDS = ("layer", "tensor", "absmax", "p99_9", "limit", "ratio", "share_over", "share_exact")
+_WORST_FIELDS = ("layer", "tensor", "absmax", "limit", "ratio")
+
+
+def _largest(rows: list[RangeRow], tensor: str) -> dict[str, Any] | None:
+    mine = [r for r in rows if r.tensor == tensor and r.absmax is not None]
     if not mine:
         return None
-    top = max(mine, key=lambda r: (r["ratio"] if r["ratio"] is not None else r["absmax"]))
-    headroom = top["limit"] / top["absmax"] if top["limit"] and top["absmax"] else None
-    return {"layer": top["layer"], "absmax": top["absmax"], "limit": top["limit"], "ratio": top["ratio"],
-            "headroom": headroom}
+    top = max(mine, key=lambda r: (r.ratio if r.ratio is not None else r.absmax or 0.0))
+    headroom = top.limit / top.absmax if top.limit and top.absmax else None
+    return {"layer": top.layer, "absmax": top.absmax, "limit": top.limit, "ratio": top.ratio, "headroom": headroom}
 
 
-def diagnose(ranges: schema.KvRanges | dict, kv_cache_dtype: str = "fp8",
-             scales: schema.KvScales | dict | None = None) -> dict:
+def diagnose(ranges: schema.KvRanges | dict[str, Any], kv_cache_dtype: str = "fp8",
+             scales: ScalesGiven = None) -> dict[str, Any]:
     """Compare every layer's measured |K| and |V| with the FP8 limit (FP8 max × that layer's scale).
 
     `scales` (the manifest's `KvScales`, or read_kv_scales' dict) defaults to the scales the ranges were measured against, so the
     over-limit counts are exact; with other scales, saturation is still exact (absmax > limit) but
     the share over the limit is an upper bound from the stored quantiles (`share_exact` False).
+    The result is the evidence's diagnosis (`schema.Diagnosis`) as a dict.
     """
     if isinstance(ranges, dict):
-        ranges = schema.parse(schema.KvRanges, ranges, "the K/V ranges")
+        ranges = cast(schema.KvRanges, schema.parse(schema.KvRanges, ranges, "the K/V ranges"))
     maximum, canonical = fp8_max(kv_cache_dtype), canonical_fp8(kv_cache_dtype)
     if scales is None:
         scales = ranges.scales or {}
     normalised = normalise_scales(scales)
     calibrated, note = _scale_note(scales, normalised)
     measurement = ranges.measurement or {}  # open: which device, how long, the library versions
-    out = {"kv_cache_dtype": kv_cache_dtype, "fp8_max": maximum, "calibrated": calibrated, "scale_note": note,
-           "tokens": measurement.get("tokens"), "documents": measurement.get("documents_used"),
-           "model": ranges.model or {}, "rows": [], "offending_layers": [], "offending": [],
-           "worst_ratio": None, "worst": None, "largest": {"k": None, "v": None}}
+    head = {"kv_cache_dtype": kv_cache_dtype, "fp8_max": maximum, "calibrated": calibrated, "scale_note": note,
+            "tokens": measurement.get("tokens"), "documents": measurement.get("documents_used"),
+            "model": ranges.model or {}}
     if ranges.error:
-        out["error"] = str(ranges.error)
-        return out
-    if maximum is None:
-        out["note"] = f"kv_cache_dtype {kv_cache_dtype!r} is not FP8: no range limit applies"
+        return {**head, "rows": [], "offending_layers": [], "offending": [], "worst_ratio": None, "worst": None,
+                "largest": {"k": None, "v": None}, "error": str(ranges.error)}
     rows = []
     for layer in sorted(ranges.layers or [], key=lambda entry: entry.layer):
         for tensor in TENSORS:
@@ -152,45 +179,38 @@ def diagnose(ranges: schema.KvRanges | dict, kv_cache_dtype: str = "fp8",
             if stats:
                 scale = normalised[tensor].get(layer.layer, 1.0)
                 rows.append(_row(layer, tensor, stats, maximum, canonical, scale))
-    out["rows"] = rows
-    bad = [r for r in rows if r["saturates"]]
-    bad.sort(key=lambda r: (-(r["share_over"] or 0.0), -(r["ratio"] or 0.0), r["layer"], r["tensor"]))
-    out["offending"] = [{"layer": r["layer"], "tensor": r["tensor"], "absmax": r["absmax"], "p99_9": r["p99_9"],
-                         "limit": r["limit"], "ratio": r["ratio"], "share_over": r["share_over"],
-                         "share_exact": r["share_exact"]} for r in bad]
-    out["offending_layers"] = sorted({r["layer"] for r in bad})
-    rated = [r for r in rows if r["ratio"] is not None]
-    if rated:
-        worst = max(rated, key=lambda r: r["ratio"])
-        out["worst_ratio"] = worst["ratio"]
-        out["worst"] = {"layer": worst["layer"], "tensor": worst["tensor"], "absmax": worst["absmax"],
-                        "limit": worst["limit"], "ratio": worst["ratio"]}
-    out["largest"] = {tensor: _largest(rows, tensor) for tensor in TENSORS}
-    out["outlier_layers"] = outlier_layers(rows)
-    out["query"] = _query_summary(ranges, maximum, canonical)
-    return out
+    bad = [r for r in rows if r.saturates]
+    bad.sort(key=lambda r: (-(r.share_over or 0.0), -(r.ratio or 0.0), r.layer, r.tensor))
+    rated = [r for r in rows if r.ratio is not None]
+    worst = max(rated, key=lambda r: r.ratio or 0.0) if rated else None
+    return {**head, "rows": [asdict(r) for r in rows], "offending_layers": sorted({r.layer for r in bad}),
+            "offending": [_fields(r, _OFFENDING_FIELDS) for r in bad],
+            "worst_ratio": worst.ratio if worst else None, "worst": _fields(worst, _WORST_FIELDS) if worst else None,
+            "largest": {tensor: _largest(rows, tensor) for tensor in TENSORS},
+            **({"note": f"kv_cache_dtype {kv_cache_dtype!r} is not FP8: no range limit applies"}
+               if maximum is None else {}),
+            "outlier_layers": outlier_layers(rows), "query": _query_summary(ranges, maximum, canonical)}
 
 
-def _query_summary(ranges: schema.KvRanges, maximum: float | None, canonical: str | None) -> dict | None:
+def _query_summary(ranges: schema.KvRanges, maximum: float | None, canonical: str | None) -> dict[str, Any] | None:
     """The query's range per layer, where it was measured: vLLM's FlashAttention-3 backend quantises the
     query to FP8 too when the KV cache is FP8 (at q_scale 1.0 unless the checkpoint gives one), so a
     query past the FP8 limit clips there even where K and V fit. Kept apart from the cache's rows: it
     decides nothing about which layers' cache to keep, it explains damage the K/V ranges cannot."""
-    layers = [layer for layer in ranges.layers or [] if layer.q]
-    if not layers:
+    measured = sorted(((layer, layer.q) for layer in ranges.layers or [] if layer.q), key=lambda pair: pair[0].layer)
+    if not measured:
         return None
-    rows = [_row(layer, "q", layer.q, maximum, canonical, 1.0)
-            for layer in sorted(layers, key=lambda entry: entry.layer)]
-    median = float(np.median([r["absmax"] for r in rows if r["absmax"] is not None] or [0.0]))
-    return {"rows": rows, "largest": _largest(rows, "q"), "median_absmax": median,
-            "over_layers": [r["layer"] for r in rows if r["saturates"]]}
+    rows = [_row(layer, "q", query, maximum, canonical, 1.0) for layer, query in measured]
+    median = float(np.median([r.absmax for r in rows if r.absmax is not None] or [0.0]))
+    return {"rows": [asdict(r) for r in rows], "largest": _largest(rows, "q"), "median_absmax": median,
+            "over_layers": [r.layer for r in rows if r.saturates]}
 
 
 OUTLIER_SHARE_OF_LIMIT = 0.25
 OUTLIER_OVER_MEDIAN = 4.0
 
 
-def outlier_layers(rows: list[dict]) -> list[int]:
+def outlier_layers(rows: list[RangeRow]) -> list[int]:
     """Layers whose K or V reach a quarter of the FP8 limit *and* four times the median layer's peak.
 
     Such a layer does not clip, but its cache is dominated by a few huge channels (Qwen2's K biases:
@@ -198,18 +218,18 @@ def outlier_layers(rows: list[dict]) -> list[int]:
     the rounding step is 16-32, the largest absolute loss of any layer. They are the next candidates
     to keep in the model dtype when no layer saturates (whether that helps is for the gate to say).
     """
-    found = set()
+    found: set[int] = set()
     for tensor in TENSORS:
-        mine = [r for r in rows if r["tensor"] == tensor and r.get("absmax") is not None and r.get("limit")]
+        mine = [(r.layer, r.absmax, r.limit) for r in rows if r.tensor == tensor and r.absmax is not None and r.limit]
         if not mine:
             continue
-        median = float(np.median([r["absmax"] for r in mine]))
-        found |= {r["layer"] for r in mine
-                  if r["absmax"] >= OUTLIER_SHARE_OF_LIMIT * r["limit"] and r["absmax"] >= OUTLIER_OVER_MEDIAN * median}
+        median = float(np.median([absmax for _, absmax, _ in mine]))
+        found |= {layer for layer, absmax, limit in mine
+                  if absmax >= OUTLIER_SHARE_OF_LIMIT * limit and absmax >= OUTLIER_OVER_MEDIAN * median}
     return sorted(found)
 
 
-def plan_keep_layers(diagnosis: dict) -> list[int]:
+def plan_keep_layers(diagnosis: Mapping[str, Any]) -> list[int]:
     """Layers to keep in the model dtype so that no layer left in FP8 clips its K or V.
 
     Rule: vLLM quantises each layer's cache with its own scale, independently of the others, and a
@@ -230,7 +250,7 @@ def keeps_every_layer(diagnosis: schema.Diagnosis, keep: list[int]) -> bool:
     return bool(layers) and len(set(keep)) >= layers
 
 
-def skip_layers_argument(diagnosis: dict) -> str | None:
+def skip_layers_argument(diagnosis: Mapping[str, Any]) -> str | None:
     """The vLLM flag that keeps the planned layers out of the FP8 cache, or None when none need it."""
     keep = plan_keep_layers(diagnosis)
     return None if not keep else "--kv-cache-dtype-skip-layers " + " ".join(str(layer) for layer in keep)
@@ -240,7 +260,7 @@ TABLE_COLUMNS = ["layer", "attention_type", "tensor", "count", "absmax", "p99_9"
                  "ratio", "over", "share_over", "share_exact", "saturates", "nonfinite"]
 
 
-def diagnosis_table(diagnosis: dict | None) -> pd.DataFrame:
+def diagnosis_table(diagnosis: Mapping[str, Any] | None) -> pd.DataFrame:
     """One row per layer and tensor (K, V), for the review and its CSV."""
     rows = (diagnosis or {}).get("rows") or []
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)

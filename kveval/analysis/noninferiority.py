@@ -117,4 +117,4 @@ def samples_to_decide(n: int, b: int, c: int, baseline_accuracy: float, margin: 
     if math.isinf(statistic):
         return n + 1
     need = n * (norm.ppf(1 - alpha) / statistic) ** 2
-    return max(n + 1, math.ceil(need))
+    return max(n + 1, int(math.ceil(need)))

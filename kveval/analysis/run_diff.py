@@ -398,7 +398,7 @@ def _divergence(comp_a: schema.Comparison | None, comp_b: schema.Comparison | No
     else:
         kl = _judged(kl, kl_threshold, +1)
         disagreement = max([_num(f.top1_disagreement) or 0.0 for f in (floor_a, floor_b) if f is not None] or [0.0])
-        if top1.delta is not None:
+        if top1.delta is not None and top1.a is not None and top1.b is not None:
             se = math.sqrt(sum(p * (1 - p) / n for p, n in zip((top1.a, top1.b), top1_n) if n))
             top1 = _judged(top1, max(disagreement, Z * se), -1)
     return DivergenceDiff(
@@ -410,7 +410,7 @@ def _divergence(comp_a: schema.Comparison | None, comp_b: schema.Comparison | No
 
 
 def _task_cell(results: schema.Results, cell: str) -> schema.TaskCell | None:
-    tasks = results.evidence.tasks
+    tasks: object = results.evidence.tasks   # TaskEvidence, or {} where no cell ran tasks
     return tasks.cells.get(cell) if isinstance(tasks, schema.TaskEvidence) else None
 
 
@@ -493,7 +493,7 @@ def _cell_diff(cell: str, verdict_a: str | None, verdict_b: str | None, results_
         if kl.harmful:
             why.append(f"KL mean {_fmt(kl.a)} -> {_fmt(kl.b)} (up {_fmt(kl.delta)}, noise {_fmt(kl.threshold)})")
         if top1.harmful:
-            why.append(f"top-1 agreement {_fmt(top1.a)} -> {_fmt(top1.b)} (down {_fmt(-top1.delta)}, "
+            why.append(f"top-1 agreement {_fmt(top1.a)} -> {_fmt(top1.b)} (down {_fmt(None if top1.delta is None else -top1.delta)}, "
                        f"noise {_fmt(top1.threshold)})")
     if tasks is not None and tasks.accuracy.harmful:
         why.append(f"task accuracy {_fmt(tasks.accuracy.a)} -> {_fmt(tasks.accuracy.b)} "

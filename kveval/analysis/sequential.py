@@ -92,7 +92,8 @@ def boundaries(looks: tuple[int, ...], spending: tuple[float, ...]) -> tuple[flo
     """Boundaries c_k on Z_k (inf: the look spends nothing) for strictly increasing `looks` and the
     cumulative alpha `spending` after each (Armitage–McPherson–Rowe recursion, Jennison & Turnbull ch. 19)."""
     out: list[float] = []
-    nodes = weights = dens = None   # the sub-density of S_{k-1} on its continuation region
+    # The sub-density of S_{k-1} on its continuation region (set at look 0, read from look 1 on).
+    nodes = weights = dens = np.empty(0)
     before = 0.0
     for k, (n, total) in enumerate(zip(looks, spending)):
         share, before = max(0.0, total - before), total
@@ -163,12 +164,12 @@ def look_alpha(looks: Sequence[int], n_max: int | Sequence[int | None] | None, a
     raw = list(looks)
     kept = increasing_looks(raw)
     given = n_max if isinstance(n_max, (int, np.integer)) or n_max is None else [x for x in n_max if x]
-    if not given or not kept:
+    if n_max is None or not given or not kept:
         return Look(max(1, len(kept)), 1.0, alpha, True, False)
     if not isinstance(n_max, (int, np.integer)):
         # Keep each kept look's own N_max (the first occurrence of its n: a look that added nothing is no look).
         per = _caps(raw, n_max)
-        firsts = {}
+        firsts: dict[int, int] = {}
         for n, cap in zip(raw, per):
             firsts.setdefault(int(n), cap)
         n_max = [firsts[n] for n in kept]
@@ -198,7 +199,7 @@ def samples_to_show_drop(n: int, b: int, c: int, alpha: float) -> int | None:
         return None
     z = (b - c) / math.sqrt(b + c)
     need = n * (norm.ppf(1.0 - alpha / 2.0) / z) ** 2
-    return max(n + 1, math.ceil(need))
+    return max(n + 1, int(math.ceil(need)))
 
 
 def next_look_size(looks: Sequence[int], n_max: int, min_step: int = 1) -> int:

@@ -6,14 +6,16 @@ interval and the ratios TTFT and decode tok/s × baseline with their intervals (
 rows of older runs keep the keys they had."""
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.repeat_interval import median_interval, ratio_interval
-from kveval.files.schema import CellResult, Spread
+from kveval.files.schema import CellResult, SpeedWorkload, Spread
 
 
-def _spread(summary: Spread | None, part: str):
+def _spread(summary: Spread | None, part: str) -> Any:
     return getattr(summary, part) if summary is not None else None
 
 
@@ -21,7 +23,9 @@ def speed_table(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) ->
     rows = []
     for name, facts in cells.items():
         phase = facts.phases.speed
-        for entry in (phase.workloads or []) if phase else []:
+        if phase is None:
+            continue
+        for entry in phase.workloads or []:
             rows.append({
                 "workload": entry.workload, "cell": name, "kv_spec": facts.kv_spec,
                 "max_model_len": facts.max_model_len, "prompt_tokens": entry.prompt_tokens,
@@ -45,14 +49,14 @@ def speed_table(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) ->
         table = _with_ratios(table, baseline_kv)
     base = table[table.kv_spec == baseline_kv].set_index(["workload", "max_model_len"])
     for column, delta in (("ttft_ms", "ttft_delta_pct"), ("decode_tok_s", "decode_delta_pct")):
-        def change(row, column=column):
+        def change(row: Any, column: str = column) -> float | None:
             key = (row.workload, row.max_model_len)
             if row.kv_spec == baseline_kv or key not in base.index:
                 return None
             reference = base.loc[key, column]
             if reference is None or pd.isna(reference) or row[column] is None or pd.isna(row[column]) or not reference:
                 return None
-            return 100.0 * (row[column] - reference) / reference
+            return float(100.0 * (row[column] - reference) / reference)
         table[delta] = table.apply(change, axis=1)
     for column, verdict in (("ttft_ms", "ttft_vs_noise"), ("decode_tok_s", "decode_vs_noise")):
         table[verdict] = table.apply(lambda row, column=column: _against_noise(row, column, base, baseline_kv), axis=1)
@@ -62,7 +66,7 @@ def speed_table(cells: dict[str, CellResult], baseline_kv: str = BASELINE_KV) ->
 MIN_RUNS_FOR_NOISE = 2
 
 
-def _against_noise(row, column: str, base: pd.DataFrame, baseline_kv: str) -> str | None:
+def _against_noise(row: Any, column: str, base: pd.DataFrame, baseline_kv: str) -> str | None:
     """"beyond" when the measured ranges of cell and baseline do not overlap, "within" when they do,
     "too few runs" below MIN_RUNS_FOR_NOISE on either side; None where there is no baseline. With repeats
     (issue 41) the ratio's interval decides instead: "beyond" when it excludes 1 at 95 %."""
@@ -85,19 +89,19 @@ def _against_noise(row, column: str, base: pd.DataFrame, baseline_kv: str) -> st
     return "beyond" if high < ref_low or low > ref_high else "within"
 
 
-def _median(values):
+def _median(values: Iterable[float | None]) -> float | None:
     clean = sorted(v for v in values if v is not None)
     return None if not clean else clean[len(clean) // 2]
 
 
-def _ms(seconds):
+def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else 1000.0 * seconds
 
 
 _RATIOS = (("ttft", "repeat_ttft_s"), ("decode", "repeat_decode_tok_s"))
 
 
-def _repeat_figures(entry) -> dict:
+def _repeat_figures(entry: SpeedWorkload) -> dict[str, Any]:
     ttft = [run.ttft_s for run in entry.runs]
     interval = median_interval(ttft)
     return {"ttft_ms_low": _ms(interval.low), "ttft_ms_high": _ms(interval.high),
@@ -114,7 +118,7 @@ def _with_ratios(table: pd.DataFrame, baseline_kv: str) -> pd.DataFrame:
             reference = base.get((row.workload, row.max_model_len))
             mine, theirs = getattr(row, runs), getattr(reference, runs, None) if reference is not None else None
             usable = row.kv_spec != baseline_kv and isinstance(mine, list) and isinstance(theirs, list)
-            intervals.append(ratio_interval(mine, theirs) if usable else None)
+            intervals.append(ratio_interval(mine, theirs or []) if usable else None)
         table[f"{figure}_ratio"] = [i.estimate if i else None for i in intervals]
         for part in ("low", "high", "confidence"):
             table[f"{figure}_ratio_{part}"] = [getattr(i, part) if i else None for i in intervals]

@@ -8,14 +8,14 @@ keep the keys they had."""
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.repeat_interval import median_interval, ratio_interval
-from kveval.files.schema import CellResult, ThroughputRow
+from kveval.files.schema import CellResult, ThroughputPhase, ThroughputRow, ThroughputRun
 
 COLUMNS = ["cell", "kv_spec", "max_model_len", "concurrency", "requests", "prompt_tokens", "wall_s",
            "requests_per_s", "output_tok_s", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p90",
@@ -24,28 +24,29 @@ REPEAT_COLUMNS = ["repeats", "output_tok_s_repeats", "output_tok_s_low", "output
                   "vs_baseline_low", "vs_baseline_high", "vs_baseline_confidence", "max_num_seqs"]
 
 
-def _percentile(values: list, q: float) -> float | None:
+def _percentile(values: Sequence[float | None], q: float) -> float | None:
     clean = [v for v in values if v is not None]
     return float(np.percentile(clean, q)) * 1000.0 if clean else None
 
 
-def _level_groups(runs) -> dict[int, list]:
+def _level_groups(runs: Iterable[ThroughputRun]) -> dict[int | None, list[ThroughputRun]]:
     """Each level's runs in order (one per level before issue 41)."""
-    groups: dict[int, list] = {}
+    groups: dict[int | None, list[ThroughputRun]] = {}
     for run in runs:
         groups.setdefault(run.concurrency, []).append(run)
     return groups
 
 
-def _rate(count: float, wall) -> float | None:
+def _rate(count: float, wall: float | None) -> float | None:
     return count / wall if wall and count else None
 
 
-def _median(values: list) -> float | None:
+def _median(values: Sequence[float | None]) -> float | None:
     return median_interval(values).estimate
 
 
-def _level_row(name: str, facts, phase, level: int, runs: list) -> dict:
+def _level_row(name: str, facts: CellResult, phase: ThroughputPhase, level: int | None,
+               runs: list[ThroughputRun]) -> dict[str, Any]:
     requests = [r for run in runs for r in (run.requests or [])]
     per_run = [(run.requests or [], run.wall_seconds) for run in runs]
     rates = [_rate(sum(r.output_tokens or 0 for r in reqs), wall) for reqs, wall in per_run]
@@ -80,14 +81,16 @@ def throughput_table(cells: dict[str, CellResult], baseline_kv: str = BASELINE_K
     rows = []
     for name, facts in cells.items():
         phase = facts.phases.throughput
-        for level, runs in _level_groups((phase.runs or []) if phase else []).items():
+        if phase is None:
+            continue
+        for level, runs in _level_groups(phase.runs or []).items():
             rows.append(_level_row(name, facts, phase, level, runs))
     repeated = any("repeats" in row for row in rows)
     table = pd.DataFrame(rows, columns=COLUMNS + (REPEAT_COLUMNS if repeated else []))
     if table.empty:
         return table
     base = table[table.kv_spec == baseline_kv].set_index(["max_model_len", "concurrency"])
-    def ratio(row):
+    def ratio(row: Any) -> Any:
         key = (row.max_model_len, row.concurrency)
         if row.kv_spec == baseline_kv or key not in base.index or not base.output_tok_s[key] or pd.isna(row.output_tok_s):
             return None
@@ -103,7 +106,7 @@ def throughput_table(cells: dict[str, CellResult], baseline_kv: str = BASELINE_K
     return table
 
 
-def _repeats(row) -> list[float] | None:
+def _repeats(row: Any) -> list[float] | None:
     values = row.get("output_tok_s_repeats") if hasattr(row, "get") else None
     return list(values) if isinstance(values, list) and values else None
 
@@ -135,11 +138,17 @@ def _side(row: ThroughputRow) -> int:
             return 0
         return 1 if low > 1.0 else -1 if high < 1.0 else 0
     ratio = row.output_tok_s_vs_baseline
+    if ratio is None:
+        return 0
     return 1 if ratio > AHEAD_RATIO else -1 if ratio < BEHIND_RATIO else 0
 
 
 def _too_few(row: ThroughputRow) -> bool:
     return row.vs_baseline_low is not None and (row.vs_baseline_confidence or 0) < 0.95 - 1e-9
+
+
+def _level(row: ThroughputRow) -> int:
+    return int(row.concurrency or 0)   # every throughput row is a concurrency level
 
 
 def throughput_findings(rows: list[ThroughputRow]) -> list[ThroughputFinding]:
@@ -149,9 +158,9 @@ def throughput_findings(rows: list[ThroughputRow]) -> list[ThroughputFinding]:
         ratio = row.output_tok_s_vs_baseline
         if ratio is not None and not math.isnan(ratio):
             compared.setdefault(row.cell, []).append(row)
-    return [ThroughputFinding(cell, [int(r.concurrency) for r in mine if _side(r) > 0],
-                              [int(r.concurrency) for r in mine if _side(r) < 0], mine[0].max_concurrency,
+    return [ThroughputFinding(cell, [_level(r) for r in mine if _side(r) > 0],
+                              [_level(r) for r in mine if _side(r) < 0], mine[0].max_concurrency,
                               int(mine[0].max_num_seqs) if mine[0].max_num_seqs else None,
                               any(r.vs_baseline_low is not None for r in mine),
-                              [int(r.concurrency) for r in mine if _too_few(r)])
+                              [_level(r) for r in mine if _too_few(r)])
             for cell, mine in compared.items()]

@@ -8,6 +8,8 @@ kveval's own work between engine calls, writing files. A phase that did not reco
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 from kveval.defaults import PHASES
 from kveval.files import schema
 from kveval.files.schema import CellResult, PhaseTiming, TimingRow, TimingTotals
@@ -80,7 +82,7 @@ def timing_rows(manifest: schema.Manifest, cells: dict[str, CellResult],
     return out
 
 
-def _sum(values) -> float:
+def _sum(values: Iterable[float | None]) -> float:
     return sum(v for v in values if v is not None)
 
 

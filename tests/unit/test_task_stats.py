@@ -10,6 +10,7 @@ from scipy.stats import binomtest
 from kveval.analysis.task_accuracy import (
     ACCURACY_COLUMNS,
     ALL_TASKS,
+    cell_samples,
     COMPARISON_COLUMNS,
     GRID_COLUMNS,
     depth_length_grid,
@@ -101,9 +102,9 @@ def test_status_separates_errors_from_rejections():
     unasked = {**sample("t", 3, accepted=False), "rejection": None, "error": "lm-eval made no request for this sample"}
     samples_ = [sample("t", 0), sample("t", 1, accepted=False), {**sample("t", 2), "score": None}, unasked,
                 {**sample("t", 4, accepted=False), "error": "EngineDeadError", "rejection": None}]
-    frame = task_samples(typed_cells({"auto-1024": cell("auto", 1024, samples_)}))
-    assert list(frame.status) == ["scored", "rejected", "unscored", "error", "error"]
-    pooled = row(task_accuracy(frame), level="cell")
+    cells = typed_cells({"auto-1024": cell("auto", 1024, samples_)})
+    assert list(task_samples(cells).status) == ["scored", "rejected", "unscored", "error", "error"]
+    pooled = row(task_accuracy(cell_samples(cells)), level="cell")
     assert (pooled.samples, pooled.n, pooled.rejected, pooled.errors) == (5, 1, 1, 2)
 
 
@@ -118,7 +119,7 @@ def test_accuracy_levels_rejected_and_errors_outside_n():
     samples_ = ([sample("kveval_passkey", i, correct=i < 4) for i in range(6)]
                 + [sample("kveval_passkey", 6 + i, accepted=False) for i in range(2)]
                 + [sample("kveval_passkey", 8, error="boom"), cwe(0), cwe(1, correct=False)])
-    accuracy = task_accuracy(task_samples(typed_cells({"auto-1024": cell("auto", 1024, samples_)})))
+    accuracy = task_accuracy(cell_samples(typed_cells({"auto-1024": cell("auto", 1024, samples_)})))
     assert list(accuracy.columns) == ACCURACY_COLUMNS
     assert list(accuracy.level) == ["point", "task", "point", "task", "cell"]
     passkey = row(accuracy, level="task", task="kveval_passkey")
@@ -136,7 +137,7 @@ def test_accuracy_levels_rejected_and_errors_outside_n():
 
 
 def test_all_rejected_point_has_no_accuracy():
-    accuracy = task_accuracy(task_samples(typed_cells(grid_cells())))
+    accuracy = task_accuracy(cell_samples(typed_cells(grid_cells())))
     point = row(accuracy, cell="auto-1024", level="point", task="kveval_passkey", length_fraction=1.0, depth=0.5)
     assert (point.n, point.rejected, point.target_tokens) == (0, 2, 1024)
     assert math.isnan(point.accuracy) and math.isnan(point.wilson_low)
@@ -145,7 +146,7 @@ def test_all_rejected_point_has_no_accuracy():
 # --- comparisons -----------------------------------------------------------------------------------
 
 def test_comparison_counts_recovery_and_mcnemar():
-    comparisons = task_comparisons(task_samples(typed_cells(grid_cells())))
+    comparisons = task_comparisons(cell_samples(typed_cells(grid_cells())))
     assert list(comparisons.columns) == COMPARISON_COLUMNS
     assert list(comparisons.task) == ["kveval_passkey", "kveval_cwe", ALL_TASKS]
     pooled = row(comparisons, task=ALL_TASKS)
@@ -165,7 +166,7 @@ def test_pairing_uses_only_samples_both_cells_scored():
             sample("t", 5, correct=False), sample("t", 6)]
     fp8 = [sample("t", 0), sample("t", 1, accepted=False), sample("t", 2, correct=False), sample("t", 3),
            sample("t", 4, error="boom"), sample("t", 5)]  # t-6 missing in fp8
-    comparisons = task_comparisons(task_samples(typed_cells({"auto-1024": cell("auto", 1024, auto),
+    comparisons = task_comparisons(cell_samples(typed_cells({"auto-1024": cell("auto", 1024, auto),
                                                  "fp8-1024": cell("fp8", 1024, fp8)})))
     pooled = row(comparisons, task=ALL_TASKS)
     assert pooled.n_paired == 3                       # samples 0, 2, 5
@@ -180,7 +181,7 @@ def test_comparisons_pair_within_the_same_max_model_len_only():
              "auto-2048": cell("auto", 2048, [sample("t", i, length=2048, correct=False) for i in range(4)]),
              "fp8-2048": cell("fp8", 2048, [sample("t", i, length=2048, correct=i < 2) for i in range(4)]),
              "fp8-4096": cell("fp8", 4096, [sample("t", i, length=4096) for i in range(4)])}
-    comparisons = task_comparisons(task_samples(typed_cells(cells)))
+    comparisons = task_comparisons(cell_samples(typed_cells(cells)))
     assert set(zip(comparisons.cell, comparisons.reference)) == {("fp8-2048", "auto-2048")}
     pooled = row(comparisons, task=ALL_TASKS)
     assert (pooled.baseline_accuracy, pooled.cell_accuracy, pooled.cell_only) == (0.0, 0.5, 2)
@@ -191,7 +192,7 @@ def test_comparisons_pair_within_the_same_max_model_len_only():
 
 
 def test_empty_samples_give_headed_frames():
-    empty = task_samples(typed_cells({}))
+    empty = cell_samples(typed_cells({}))
     assert list(task_accuracy(empty).columns) == ACCURACY_COLUMNS
     assert list(task_comparisons(empty).columns) == COMPARISON_COLUMNS
     assert list(depth_length_grid(empty).columns) == GRID_COLUMNS
@@ -200,7 +201,7 @@ def test_empty_samples_give_headed_frames():
 # --- grid --------------------------------------------------------------------------------------------
 
 def test_depth_length_grid_values():
-    grid = depth_length_grid(task_samples(typed_cells(grid_cells())))
+    grid = depth_length_grid(cell_samples(typed_cells(grid_cells())))
     assert list(grid.columns) == GRID_COLUMNS
     assert set(grid.cell) == {"auto-1024", "fp8-1024"}
     assert len(grid) == 2 * 3 * 3                      # cwe has no depth: left out
