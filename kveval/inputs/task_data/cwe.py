@@ -7,6 +7,7 @@ from typing import Sequence
 
 from kveval.inputs.task_data.haystack import SIZE_TOLERANCE, fit, invert, measure, task_prompt
 from kveval.inputs.workloads import load_corpus
+from kveval.inputs.workloads.chat import encode_batch
 
 CWE_INTRO = ("Below is a numbered list of words. In these words, some appear more often than "
              "others. Memorize the ones that appear most often.")
@@ -158,7 +159,7 @@ def _number_costs(tokenizer, sources, n: int) -> list[int]:
     cache: list[int] = sources.setdefault("cwe_number_cost", [0])
     if len(cache) <= n:
         new = [f"\n{i}." for i in range(len(cache), n + 1)]
-        cache.extend(len(ids) for ids in tokenizer(new, add_special_tokens=False)["input_ids"])
+        cache.extend(len(ids) for ids in encode_batch(tokenizer, new))
     return cache
 
 
@@ -166,6 +167,6 @@ def _number_costs(tokenizer, sources, n: int) -> list[int]:
 def cwe_sources(tokenizer, data_dir: Path) -> dict:
     """The cwe vocabulary (corpus words) and each word's token cost, once per call."""
     vocabulary = _cwe_vocabulary(load_corpus(Path(data_dir)))
-    costs = tokenizer([" " + w for w in vocabulary], add_special_tokens=False)["input_ids"]
+    costs = encode_batch(tokenizer, [" " + w for w in vocabulary])
     return {"cwe_vocabulary": vocabulary,
             "cwe_word_cost": {w: len(ids) for w, ids in zip(vocabulary, costs)}}
