@@ -42,13 +42,13 @@ def _cells_evidence(cells: dict[str, schema.CellResult], planned: list[schema.Pl
     that the verdict can never pass over it. A quality reference says which baseline it stands in for."""
     out = {}
     for name, facts in cells.items():
+        # A backend chosen, not the platform's default: part of the configuration to deploy.
+        backend = facts.engine_settings.attention_backend if facts.engine_settings else None
         out[name] = {"kv_spec": facts.kv_spec, "max_model_len": facts.max_model_len,
                      "started": facts.started,
                      "failure_reason": facts.failure.reason if facts.failure else None,
-                     "kv_pool_tokens": facts.capacity.kv_pool_tokens if facts.capacity else None}
-        backend = facts.engine_settings.attention_backend if facts.engine_settings else None
-        if backend:  # chosen, not the platform's default: part of the configuration to deploy
-            out[name]["attention_backend_flag"] = backend
+                     "kv_pool_tokens": facts.capacity.kv_pool_tokens if facts.capacity else None,
+                     **({"attention_backend_flag": backend} if backend else {})}
         out[name].update(_cell_device(facts.info))
         if name in (references or {}):  # a baseline for quality only: its pool is no capacity figure
             out[name].update(reference_for=references[name].for_, kv_pool_tokens=None)
@@ -299,7 +299,7 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
     # Every process of this run, quality references included: time is time.
     timings = timing_rows(manifest, {n: f for n, f in cells.items() if n not in imported},
                           {n: f for n, f in rounds.items() if not any(n.startswith(f"{c}.") for c in imported)})
-    document = {
+    return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "baseline_kv": baseline_kv,
         "platform": platform_profile(manifest, cells),
@@ -327,15 +327,13 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
         # Plain FP8 against its remedy on the same positions: attribution of the harm and soundness checks.
         "attribution": json_safe(remedy_attribution(cells, baseline_kv)),
         "identical_specs": json_safe(identical_specs(cells, baseline_kv)),
+        # Only in runs that have them (issue 20): the calibrated checkpoints and the --search ladder.
+        **({"calibration": {word: schema.dump(entry) for word, entry in manifest.calibration.items()}}
+           if manifest.calibration else {}),
+        **({"search": schema.dump(manifest.search)} if manifest.search is not None else {}),
+        **({"imported_baseline": schema.dump(manifest.imported_baseline)}
+           if manifest.imported_baseline is not None else {}),
     }
-    # Only in runs that have them (issue 20): the calibrated checkpoints and the --search ladder.
-    if manifest.calibration:
-        document["calibration"] = {word: schema.dump(entry) for word, entry in manifest.calibration.items()}
-    if manifest.search is not None:
-        document["search"] = schema.dump(manifest.search)
-    if manifest.imported_baseline is not None:
-        document["imported_baseline"] = schema.dump(manifest.imported_baseline)
-    return document
 
 
 def _dumped(model: schema.FileModel | None) -> dict | None:
