@@ -8,6 +8,10 @@ tables/*.csv and figures. Nothing downstream reads the cells again.
 """
 from __future__ import annotations
 
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
 from kveval.analysis.acceptance import acceptance_matrix, rejections
 from kveval.analysis.attribution import identical_specs, remedy_attribution
 from kveval.analysis.backend_family import backend_family, where
@@ -38,13 +42,13 @@ def _cells_evidence(cells: dict[str, schema.CellResult], planned: list[schema.Pl
     that the verdict can never pass over it. A quality reference says which baseline it stands in for."""
     out = {}
     for name, facts in cells.items():
+        # A backend chosen, not the platform's default: part of the configuration to deploy.
+        backend = facts.engine_settings.attention_backend if facts.engine_settings else None
         out[name] = {"kv_spec": facts.kv_spec, "max_model_len": facts.max_model_len,
                      "started": facts.started,
                      "failure_reason": facts.failure.reason if facts.failure else None,
-                     "kv_pool_tokens": facts.capacity.kv_pool_tokens if facts.capacity else None}
-        backend = facts.engine_settings.attention_backend if facts.engine_settings else None
-        if backend:  # chosen, not the platform's default: part of the configuration to deploy
-            out[name]["attention_backend_flag"] = backend
+                     "kv_pool_tokens": facts.capacity.kv_pool_tokens if facts.capacity else None,
+                     **({"attention_backend_flag": backend} if backend else {})}
         out[name].update(_cell_device(facts.info))
         if name in (references or {}):  # a baseline for quality only: its pool is no capacity figure
             out[name].update(reference_for=references[name].for_, kv_pool_tokens=None)
@@ -154,29 +158,55 @@ def _degeneration_design(facts: CellResult | None, looks: list[int] | None, roun
             **({"n_max_looks": caps} if caps else {})}
 
 
+class _DegenerationRow(BaseModel):
+    """One row of analysis.degeneration.degeneration_summary as `records` gives it: a count column that holds
+    None for baseline cells comes out of pandas as floats; each detector's count is a column of its own."""
+
+    model_config = ConfigDict(extra="allow")
+
+    cell: str
+    kv_spec: str
+    max_model_len: int
+    outputs: int
+    outputs_with_findings: int
+    outputs_with_new_findings: int
+    judged_outputs: Optional[float]
+    degenerate_only_here: Optional[float]
+    baseline_only_degenerate: Optional[float]
+    looks: Optional[list[int]] = None
+    look_rounds: Optional[list[int]] = None
+    token_limit_rate: Optional[float]
+
+    def detector_counts(self) -> dict[str, int]:
+        return {detector: getattr(self, detector) for detector in DETECTORS}
+
+
+def _count(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def _degeneration_evidence(workloads: list[dict], cells: dict[str, schema.CellResult]) -> dict:
     """Per cell the figures the gate reads (outputs, new_degenerate), plus every finding."""
     findings = scan_cells(workloads, cells)
     summary = degeneration_summary(findings, cells, workloads)
     per_cell = {}
-    for row in records(summary):
-        per_cell[row["cell"]] = {
-            "kv_spec": row["kv_spec"], "max_model_len": row["max_model_len"],
-            "outputs": row["outputs"],
+    for row in map(_DegenerationRow.model_validate, records(summary)):
+        per_cell[row.cell] = {
+            "kv_spec": row.kv_spec, "max_model_len": row.max_model_len,
+            "outputs": row.outputs,
             # Outputs that degenerate here while the baseline output for the same prompt does not, whichever
             # detectors fired (hit_token_limit is informational and not counted); 0 for a baseline cell.
-            "new_degenerate": row["outputs_with_new_findings"] if row["degenerate_only_here"] is None
-            else int(row["degenerate_only_here"]),
+            "new_degenerate": row.outputs_with_new_findings if row.degenerate_only_here is None
+            else int(row.degenerate_only_here),
             # Outputs that have a baseline output for the same prompt (None for baseline cells).
-            "judged_outputs": None if row["judged_outputs"] is None else int(row["judged_outputs"]),
+            "judged_outputs": _count(row.judged_outputs),
             # Outputs that degenerate in the baseline but not here: the other side of the paired test.
-            "baseline_only_degenerate": None if row["baseline_only_degenerate"] is None
-            else int(row["baseline_only_degenerate"]),
-            "outputs_with_findings": row["outputs_with_findings"],
+            "baseline_only_degenerate": _count(row.baseline_only_degenerate),
+            "outputs_with_findings": row.outputs_with_findings,
             # The sequential design where rounds added probes (files/task_rounds.py): looks, n_max, final.
-            **_degeneration_design(cells.get(row["cell"]), row.get("looks"), row.get("look_rounds")),
-            "detectors": {d: row[d] for d in DETECTORS},
-            "token_limit_rate": row["token_limit_rate"],
+            **_degeneration_design(cells.get(row.cell), row.looks, row.look_rounds),
+            "detectors": row.detector_counts(),
+            "token_limit_rate": row.token_limit_rate,
         }
     return {"detectors": list(DETECTORS), "informational": sorted(INFORMATIONAL_DETECTORS),
             "cells": per_cell, "findings": records(findings)}
@@ -269,7 +299,7 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
     # Every process of this run, quality references included: time is time.
     timings = timing_rows(manifest, {n: f for n, f in cells.items() if n not in imported},
                           {n: f for n, f in rounds.items() if not any(n.startswith(f"{c}.") for c in imported)})
-    document = {
+    return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "baseline_kv": baseline_kv,
         "platform": platform_profile(manifest, cells),
@@ -297,15 +327,13 @@ def _evidence_document(manifest: schema.Manifest, workloads: list[dict], cells: 
         # Plain FP8 against its remedy on the same positions: attribution of the harm and soundness checks.
         "attribution": json_safe(remedy_attribution(cells, baseline_kv)),
         "identical_specs": json_safe(identical_specs(cells, baseline_kv)),
+        # Only in runs that have them (issue 20): the calibrated checkpoints and the --search ladder.
+        **({"calibration": {word: schema.dump(entry) for word, entry in manifest.calibration.items()}}
+           if manifest.calibration else {}),
+        **({"search": schema.dump(manifest.search)} if manifest.search is not None else {}),
+        **({"imported_baseline": schema.dump(manifest.imported_baseline)}
+           if manifest.imported_baseline is not None else {}),
     }
-    # Only in runs that have them (issue 20): the calibrated checkpoints and the --search ladder.
-    if manifest.calibration:
-        document["calibration"] = {word: schema.dump(entry) for word, entry in manifest.calibration.items()}
-    if manifest.search is not None:
-        document["search"] = schema.dump(manifest.search)
-    if manifest.imported_baseline is not None:
-        document["imported_baseline"] = schema.dump(manifest.imported_baseline)
-    return document
 
 
 def _dumped(model: schema.FileModel | None) -> dict | None:

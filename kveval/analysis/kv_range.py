@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping, Union, cast
+from typing import Any, Mapping, Union
 
 import numpy as np
 import pandas as pd
@@ -159,7 +159,7 @@ def diagnose(ranges: schema.KvRanges | dict[str, Any], kv_cache_dtype: str = "fp
     The result is the evidence's diagnosis (`schema.Diagnosis`) as a dict.
     """
     if isinstance(ranges, dict):
-        ranges = cast(schema.KvRanges, schema.parse(schema.KvRanges, ranges, "the K/V ranges"))
+        ranges = schema.parse(schema.KvRanges, ranges, "the K/V ranges")
     maximum, canonical = fp8_max(kv_cache_dtype), canonical_fp8(kv_cache_dtype)
     if scales is None:
         scales = ranges.scales or {}

@@ -429,9 +429,9 @@ def _echo_verdict(verdict, decision) -> None:
         prefix = "" if reason.level == verdict.status else f"({reason.level.lower()}) "
         click.echo(f"- {prefix}{reason.message}")
     floor = verdict.noise_floor
-    click.echo("noise floor: " + ("not measured" if not floor else
-                                  f"KL mean {_short(floor.get('kl_mean'))}, KL p99 {_short(floor.get('kl_p99'))}, "
-                                  f"top-1 disagreement {_short(floor.get('top1_disagreement'))}"))
+    click.echo("noise floor: " + ("not measured" if floor is None else
+                                  f"KL mean {_short(floor.kl_mean)}, KL p99 {_short(floor.kl_p99)}, "
+                                  f"top-1 disagreement {_short(floor.top1_disagreement)}"))
 
 
 def _short(value) -> str:

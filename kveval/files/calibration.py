@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -40,12 +40,12 @@ class CalibrationRecord(BaseModel):
     made: Optional[str] = None         # the test double stamps its copies
 
     @classmethod
-    def of(cls, request: CalibrationRequest, **made_by) -> "CalibrationRecord":
+    def of(cls, request: CalibrationRequest, **made_by: Any) -> "CalibrationRecord":
         return cls(strategy=request.strategy, source_model=request.model, documents=request.document_names,
                    samples=len(request.documents), tokens=sum(len(ids) for ids in request.documents), **made_by)
 
 
-def publish_copy(partial: Path, out: Path, record: CalibrationRecord) -> dict:
+def publish_copy(partial: Path, out: Path, record: CalibrationRecord) -> dict[str, Any]:
     """Write the record into the finished copy and move it into place: a copy without its record is
     never at `out` (run/calibration.py reuses a copy only where the record is)."""
     (partial / RECORD_NAME).write_text(record.model_dump_json(indent=1, exclude_none=True))

@@ -31,7 +31,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kveval.files import schema
 from kveval.files.task_rounds import design_of, merge_rounds, round_cell_id, rounds_of, streams_of
@@ -116,14 +116,14 @@ def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
     write_text_atomic(path, text + "\n")
 
 
-def _validated(kind: str, path: Path) -> dict:
+def _validated(kind: str, path: Path) -> dict[str, Any]:
     """One run file, checked against its schema; the plain dict as it was read, a file of the version
     before brought up to date in place by schema.parse (what its model dumps to, without walking a 30 MB
     cell twice)."""
     try:
         data = schema.read(path)
-        schema.parse(kind, data, str(path))
-        return data
+        schema.parse(kind, data, str(path))   # a JSON object once parsed
+        return cast(dict[str, Any], data)
     except schema.FileError as error:
         raise StoreError(str(error)) from None
 
@@ -162,10 +162,10 @@ class RunDir:
         # Typed cell files by path, with the (mtime, size, inode) they were read at: the parent looks at
         # the evidence after every cell and round (issue 18), and re-parsing every unchanged file each
         # time was most of a look. A file rewritten in any way is read again.
-        self._typed_cells: dict[str, tuple[tuple, schema.CellResult]] = {}
+        self._typed_cells: dict[str, tuple[tuple[int, int, int], schema.CellResult]] = {}
 
     @staticmethod
-    def _identity(path: Path) -> tuple:
+    def _identity(path: Path) -> tuple[int, int, int]:
         stat = path.stat()
         return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
@@ -224,7 +224,7 @@ class RunDir:
         """The gate's limits the run was judged with: `kveval report` / `gate` re-judge with them."""
         return self.path / "thresholds.json"
 
-    def load_thresholds(self) -> dict | None:
+    def load_thresholds(self) -> dict[str, Any] | None:
         return read_json(self.thresholds_path) if self.thresholds_path.is_file() else None
 
     @property
@@ -271,7 +271,7 @@ class RunDir:
     def exists(self) -> bool:
         return self.manifest_path.is_file()
 
-    def load_manifest(self) -> dict:
+    def load_manifest(self) -> dict[str, Any]:
         if not self.path.is_dir():
             raise StoreError(f"{self.path}: no such run directory")
         if not self.manifest_path.is_file():
@@ -289,7 +289,7 @@ class RunDir:
         except schema.FileError as error:
             raise StoreError(str(error)) from None
 
-    def write_manifest(self, manifest: dict) -> None:
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
         """The manifest, checked against its schema first: kveval never writes a file it would refuse."""
         schema.parse("manifest", json.loads(json.dumps(manifest, default=str)), str(self.manifest_path))
         write_json_atomic(self.manifest_path, manifest)
@@ -315,7 +315,7 @@ class RunDir:
         """The prompts of round k's degeneration probes (run/rounds.py), PromptSpec dicts like workloads.json."""
         return self.path / self.ROUNDS_DIR / f"probes-r{round_number}.json"
 
-    def load_workloads(self, manifest: schema.Manifest | dict | None = None) -> list[dict]:
+    def load_workloads(self, manifest: schema.Manifest | dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """workloads.json, then every later round's probes the manifest records (each round once). A manifest
         given as `load_manifest`'s dict is read as the typed model."""
         if isinstance(manifest, dict):
@@ -351,7 +351,7 @@ class RunDir:
                 continue
         return count
 
-    def load_cell(self, cell: str, *, validate: bool = True) -> dict | None:
+    def load_cell(self, cell: str, *, validate: bool = True) -> dict[str, Any] | None:
         """One cell's result, or None before it has one. `validate=False` for kveval's own processes
         reading a file a child just wrote (still running, or to add what the parent saw); a file of the
         version before is brought up to date either way (schema.upgrade), so what is written back is current."""
@@ -371,7 +371,7 @@ class RunDir:
             result = self._typed_cell_file(path)
             if not (rounds or design):
                 return result
-            records = []
+            records: list[tuple[int, schema.CellResult | None]] = []
             for number in rounds:
                 round_path = self.cell_path(round_cell_id(cell, number))
                 records.append((number, self._typed_cell_file(round_path) if round_path.is_file() else None))
@@ -405,7 +405,7 @@ class RunDir:
             raise StoreError(str(error)) from None
         return out
 
-    def load_cells(self, manifest: schema.Manifest | None = None) -> dict[str, dict]:
+    def load_cells(self, manifest: schema.Manifest | None = None) -> dict[str, dict[str, Any]]:
         """Cells in the manifest's planned order, as plain dicts (for the run/ modules that still read
         them by key; the analyses read `cell_results`); a planned cell with no file yet is left out. A
         cell with later rounds (manifest `task_rounds`) carries their task samples and probe outputs

@@ -348,7 +348,7 @@ def _last_frame(lines: list[str], idx: int) -> str | None:
 
 def _is_bare_assertion(line: str) -> bool:
     m = _exception_match(line)
-    return bool(m) and m.group("name") == "AssertionError" and not (m.group("msg") or "").strip()
+    return m is not None and m.group("name") == "AssertionError" and not (m.group("msg") or "").strip()
 
 
 def classify_startup_failure(
@@ -426,8 +426,8 @@ def classify_startup_failure(
 
 
 def not_started_record(cell: str, kv_spec: str, max_model_len: int, failure: StartupFailure, log: str, *,
-                       engine_settings: dict | None = None, startup_seconds: float | None = None,
-                       info: dict | None = None) -> dict:
+                       engine_settings: dict[str, Any] | None = None, startup_seconds: float | None = None,
+                       info: dict[str, Any] | None = None) -> dict[str, Any]:
     """The result file of a cell whose engine did not start. One shape whoever writes it: the child
     (the engine raised) or the parent (the child died or timed out before the engine was up)."""
     from kveval.files.logfacts import kv_pool_from_log

@@ -12,6 +12,7 @@ looks apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence, overload
 
 from kveval.files import schema
 from kveval.files.schema import (CellResult, GenerationDesign, GenerationPhase, ProbeRound, ScoringDesign,
@@ -59,23 +60,43 @@ def streams_of(manifest: schema.Manifest | None, cell: str) -> RoundStreams:
     return RoundStreams(tasks, probes, tuple(scoring))
 
 
-def design_of(manifest: schema.Manifest | None, cell: str) -> dict | None:
-    """The sequential design as it applies to `cell`: n_max (the budget's paired samples per cell, task
-    samples and probe outputs alike), final (its last task look spends the alpha left),
-    final_degeneration (the same for its degeneration comparison) and, where a larger --budget extended
-    the design, n_max_rounds; None for runs without rounds or with --budget 0."""
+@dataclass(frozen=True)
+class RoundDesign:
+    """The sequential design as it applies to one cell (`design_of`); each phase carries its part."""
+
+    n_max: int                       # the budget's paired samples per cell, task samples and probe outputs alike
+    final: bool                      # its last task look spends the alpha left
+    final_degeneration: bool = False  # the same for its degeneration comparison
+    stopped: str | None = None
+    documents_n_max: int | None = None   # the scored documents' budget; None: no scoring rounds
+    final_divergence: bool = False
+    n_max_rounds: list[int] | None = None   # where a larger --budget extended the design (sequential.look_alpha)
+
+    def tasks(self) -> TasksDesign:
+        return TasksDesign(n_max=self.n_max, final=self.final, stopped=self.stopped,
+                           **({"n_max_rounds": self.n_max_rounds} if self.n_max_rounds else {}))
+
+    def generation(self) -> GenerationDesign:
+        return GenerationDesign(n_max=self.n_max, final=self.final_degeneration,
+                                **({"n_max_rounds": self.n_max_rounds} if self.n_max_rounds else {}))
+
+    def scoring(self) -> ScoringDesign | None:
+        if not self.documents_n_max:
+            return None
+        return ScoringDesign(n_max=self.documents_n_max, final=self.final_divergence)
+
+
+def design_of(manifest: schema.Manifest | None, cell: str) -> RoundDesign | None:
+    """The sequential design as it applies to `cell`; None for runs without rounds or with --budget 0."""
     rounds = manifest.task_rounds if manifest is not None else None
     if rounds is None or not rounds.n_max:
         return None
-    design = {"n_max": rounds.n_max, "final": cell in rounds.final,
-              "final_degeneration": cell in rounds.final_degeneration, "stopped": rounds.stopped}
-    if rounds.documents_n_max:
-        design["documents_n_max"] = rounds.documents_n_max
-        design["final_divergence"] = cell in rounds.final_divergence
     caps = n_max_rounds(rounds)
-    if any(cap != rounds.n_max for cap in caps):   # a larger --budget extended the design (sequential.look_alpha)
-        design["n_max_rounds"] = caps
-    return design
+    return RoundDesign(n_max=rounds.n_max, final=cell in rounds.final,
+                       final_degeneration=cell in rounds.final_degeneration, stopped=rounds.stopped,
+                       documents_n_max=rounds.documents_n_max or None,
+                       final_divergence=bool(rounds.documents_n_max) and cell in rounds.final_divergence,
+                       n_max_rounds=caps if any(cap != rounds.n_max for cap in caps) else None)
 
 
 def n_max_rounds(rounds: schema.TaskRounds) -> list[int]:
@@ -98,15 +119,13 @@ def _round_failure(record: CellResult | None, error: str | None) -> str | None:
 
 
 def _merged_generation(phase: GenerationPhase | None, rounds: list[tuple[int, CellResult | None]],
-                       design: dict | None) -> GenerationPhase | None:
+                       design: RoundDesign | None) -> GenerationPhase | None:
     """The cell's generation phase with every round's probe outputs appended (tagged with the round)."""
     if phase is None or phase.error:
         return phase
-    update: dict = {}
+    update: dict[str, Any] = {}
     if design:
-        update["design"] = GenerationDesign(n_max=design["n_max"], final=bool(design.get("final_degeneration")),
-                                            **({"n_max_rounds": design["n_max_rounds"]}
-                                               if design.get("n_max_rounds") else {}))
+        update["design"] = design.generation()
     if rounds:
         records = [record if "round" in record.model_fields_set else record.model_copy(update={"round": 0})
                    for record in phase.records or []]
@@ -122,15 +141,13 @@ def _merged_generation(phase: GenerationPhase | None, rounds: list[tuple[int, Ce
 
 
 def _merged_tasks(phase: TasksPhase | None, rounds: list[tuple[int, CellResult | None]],
-                  design: dict | None) -> TasksPhase | None:
+                  design: RoundDesign | None) -> TasksPhase | None:
     """The cell's tasks phase with every round's samples appended (tagged with the round) and the design."""
     if phase is None or phase.error:
         return phase
-    update: dict = {}
+    update: dict[str, Any] = {}
     if design:
-        update["design"] = TasksDesign.model_validate({k: v for k, v in design.items()
-                                                       if k not in ("final_degeneration", "documents_n_max",
-                                                                    "final_divergence")})
+        update["design"] = design.tasks()
     if rounds:
         samples = [sample.model_copy(update={"round": 0}) for sample in phase.samples or []]
         seconds, outcomes = phase.seconds, []
@@ -152,14 +169,15 @@ def _merged_tasks(phase: TasksPhase | None, rounds: list[tuple[int, CellResult |
 
 
 def _merged_scoring(phase: ScoringPhase | None, rounds: list[tuple[int, CellResult | None]],
-                    design: dict | None) -> ScoringPhase | None:
+                    design: RoundDesign | None) -> ScoringPhase | None:
     """The cell's scoring phase with every round's newly scored documents appended (tagged with the round)
     and the divergence design; a round that failed adds nothing (its cell file says why)."""
     if phase is None or phase.error:
         return phase
-    update: dict = {}
-    if design and design.get("documents_n_max"):
-        update["design"] = ScoringDesign(n_max=design["documents_n_max"], final=bool(design.get("final_divergence")))
+    update: dict[str, Any] = {}
+    scoring_design = design.scoring() if design else None
+    if scoring_design is not None:
+        update["design"] = scoring_design
     if rounds:
         sequences = [s.model_copy(update={"round": 0}) for s in phase.sequences or []]
         for number, record in rounds:
@@ -169,8 +187,15 @@ def _merged_scoring(phase: ScoringPhase | None, rounds: list[tuple[int, CellResu
     return phase.model_copy(update=update) if update else phase
 
 
-def merge_rounds(facts: CellResult | dict, rounds: list[tuple[int, CellResult | dict | None]],
-                 design: dict | None = None, streams: RoundStreams | None = None) -> CellResult | dict:
+@overload
+def merge_rounds(facts: CellResult, rounds: Sequence[tuple[int, CellResult | dict[str, Any] | None]],
+                 design: RoundDesign | None = None, streams: RoundStreams | None = None) -> CellResult: ...
+@overload
+def merge_rounds(facts: dict[str, Any], rounds: Sequence[tuple[int, CellResult | dict[str, Any] | None]],
+                 design: RoundDesign | None = None, streams: RoundStreams | None = None) -> dict[str, Any]: ...
+def merge_rounds(facts: CellResult | dict[str, Any], rounds: Sequence[tuple[int, CellResult | dict[str, Any] | None]],
+                 design: RoundDesign | None = None,
+                 streams: RoundStreams | None = None) -> CellResult | dict[str, Any]:
     """`facts` with the task samples and probe outputs of every round appended and the design noted (a
     new cell: `facts` is left as it was; facts with neither rounds nor a design come back as they are).
     `rounds`: the cell's rounds with their records; `streams`: which of them sampled tasks and which
@@ -188,7 +213,7 @@ def merge_rounds(facts: CellResult | dict, rounds: list[tuple[int, CellResult | 
     records = [(number, None if record is None else _typed(record, f"round {number} of {facts.cell}"))
                for number, record in rounds]
     phases = facts.phases
-    merged = {"generation": _merged_generation(phases.generation, [(n, r) for n, r in records if n in streams.probes],
+    merged: dict[str, Any] = {"generation": _merged_generation(phases.generation, [(n, r) for n, r in records if n in streams.probes],
                                                design),
               "tasks": _merged_tasks(phases.tasks, [(n, r) for n, r in records if n in streams.tasks], design),
               "scoring": _merged_scoring(phases.scoring, [(n, r) for n, r in records if n in streams.scoring],
@@ -198,5 +223,5 @@ def merge_rounds(facts: CellResult | dict, rounds: list[tuple[int, CellResult | 
     return facts.model_copy(update={"phases": phases.model_copy(update=update)}) if update else facts
 
 
-def _typed(record: CellResult | dict, name: str) -> CellResult:
+def _typed(record: CellResult | dict[str, Any], name: str) -> CellResult:
     return record if isinstance(record, CellResult) else schema.parse(CellResult, record, name)

@@ -52,14 +52,14 @@ def _attribute(out: _Collector, evidence: schema.Evidence, defective: set[str], 
         if _state(out, plain) != "drift" or _state(out, remedy) != "healthy":
             continue
         # Evidence from before the test by sequence (no n_sequences) carries the block test's p: not used.
-        reduction, p, n = pair.reduction, pair.p_plain_worse, getattr(pair, "n_sequences", None)
+        reduction, p, n = pair.reduction, pair.p_plain_worse, pair.n_sequences
         if reduction is None or p is None or n is None or reduction < t.attribution_min_reduction:
             continue
         test = f"one-sided sign-flip test over {n} scored sequence{'s' if n != 1 else ''}"
         cut = (f"keeping {_layers(pair.kept)} in the model dtype ({remedy}) cuts the KL mean from "
                f"{_g(pair.plain_kl_mean)} to {_g(pair.remedy_kl_mean)} ({_pct(reduction)} of it) on the same "
                f"{pair.n_positions:,} positions")
-        if getattr(pair, "min_p", None) is not None and pair.min_p >= level:
+        if pair.min_p is not None and pair.min_p >= level:
             out.check("remedy_attribution", plain, p, level, None,
                       f"{remedy}: {test}, p {_g(p)}; smallest attainable p {_g(pair.min_p)} ≥ {level:g}")
             out.reason(INCONCLUSIVE, plain,

@@ -38,7 +38,7 @@ def _statuses_by_spec(verdict: Verdict, evidence: schema.Evidence) -> dict[str, 
     return out
 
 
-def asked_status(verdict: Verdict, by_spec: dict[str, dict[int, str]], asked: list[str]) -> str:
+def asked_status(verdict: Verdict, by_spec: dict[str, dict[int, str]], asked: list[str]) -> schema.Status:
     """The verdict over the asked configurations' cells alone (evaluate's rule, remedies and candidates left out)."""
     statuses = [status for spec in asked for status in by_spec.get(spec, {}).values()]
     tested = [status for status in statuses if status != NOT_STARTED]
@@ -55,7 +55,8 @@ def _may_still_pass(by_length: dict[int, str]) -> bool:
     return first_other not in (None, FAIL, NOT_STARTED)
 
 
-def deployable_status(verdict: Verdict, by_spec: dict[str, dict[int, str]], deployment: schema.Deployment) -> str:
+def deployable_status(verdict: Verdict, by_spec: dict[str, dict[int, str]],
+                      deployment: schema.Deployment) -> schema.Status:
     if deployment.configuration is not None:
         return PASS
     if not by_spec or _run_undecided(verdict) or any(_may_still_pass(lengths) for lengths in by_spec.values()):
@@ -63,7 +64,7 @@ def deployable_status(verdict: Verdict, by_spec: dict[str, dict[int, str]], depl
     return FAIL
 
 
-def exit_code_of(asked: str, deployable: str, require: str = "plain") -> int:
+def exit_code_of(asked: schema.Status, deployable: schema.Status, require: str = "plain") -> int:
     if require not in REQUIRE:
         raise ValueError(f"--require {require!r}: give one of {', '.join(REQUIRE)}")
     if asked == PASS:

@@ -24,7 +24,7 @@ def _remedy_defect(pair: schema.Attribution, budget: Budget, t: Thresholds) -> s
     the kept layers do not matter, a defect is claimed with probability at most fail_alpha."""
     plain, remedy = pair.plain_kl_mean, pair.remedy_kl_mean
     # Evidence from before the test by sequence (no n_sequences) carries the block test's p: not used.
-    if plain is None or remedy is None or getattr(pair, "n_sequences", None) is None:
+    if plain is None or remedy is None or pair.n_sequences is None:
         return None
     tests = 1 + sum(1 for bucket in pair.buckets if bucket.p_remedy_worse is not None)
     level = t.fail_alpha / tests
@@ -48,42 +48,43 @@ def _remedy_defect(pair: schema.Attribution, budget: Budget, t: Thresholds) -> s
     return None
 
 
-def _defects(out: _Collector, evidence: schema.Evidence, budget: Budget, t: Thresholds) -> list[dict]:
+def _defects(out: _Collector, evidence: schema.Evidence, budget: Budget, t: Thresholds) -> list[schema.Defect]:
     """Engine-path defects: a remedy far worse than plain FP8, two specs with identical figures, or a cell
     whose engine stopped making progress (run/cell_process.py stops it as stalled).
     The defective cell's FAIL reasons become INCONCLUSIVE: its figures do not measure FP8 quality."""
-    defects: list[dict] = []
+    defects: list[schema.Defect] = []
     for pair in evidence.attribution or []:
         why = _remedy_defect(pair, budget, t)
         if why:
-            defects.append({"cell": pair.remedy, "message": f"{pair.remedy} looks broken, not FP8-damaged: "
-                                                             f"{why}. Keeping {_layers(pair.kept)} in the model "
-                                                             f"dtype cannot do that in a correct engine"})
+            defects.append(schema.Defect(cell=pair.remedy, message=f"{pair.remedy} looks broken, not FP8-damaged: {why}. "
+                                                                   f"Keeping {_layers(pair.kept)} in the model dtype "
+                                                                   "cannot do that in a correct engine"))
     errors = _engine_errors(evidence)
     stalled = {row.cell: row.crash for row in evidence.startup if row.crash_cause == "stalled"}
     for cell, crash in stalled.items():
-        defects.append({"cell": cell, "message": f"{cell}: {crash}; an engine that hangs is broken on this "
-                                                 "configuration, which says nothing of FP8 quality"
-                                                 + errors.pop(cell, "")})
+        defects.append(schema.Defect(cell=cell, message=f"{cell}: {crash}; an engine that hangs is broken on this "
+                                                        "configuration, which says nothing of FP8 quality"
+                                                        + errors.pop(cell, "")))
     for cell, said in errors.items():
-        defects.append({"cell": cell, "message": f"{cell}: the engine failed requests that `{BASELINE_KV}` served"
-                                                 f"{said}: a configuration the engine cannot serve reliably is not one "
-                                                 "to deploy, whatever its quality figures"})
+        defects.append(schema.Defect(cell=cell, message=f"{cell}: the engine failed requests that `{BASELINE_KV}` "
+                                                        f"served{said}: a configuration the engine cannot serve "
+                                                        "reliably is not one to deploy, whatever its quality figures"))
     for same in evidence.identical_specs or []:
         first, second = same.cells
-        defects.append({"cell": second, "message": f"{first} and {second} have identical per-position figures on "
-                                                   f"{same.n_positions} positions: the kept-layer setting did not "
-                                                   "reach the engine (vLLM ignored it, or kveval did not pass it)"})
-    defects += _kept_layers_on_fa3(out, evidence, {d["cell"] for d in defects})
+        defects.append(schema.Defect(cell=second, message=f"{first} and {second} have identical per-position figures "
+                                                          f"on {same.n_positions} positions: the kept-layer setting "
+                                                          "did not reach the engine (vLLM ignored it, or kveval did "
+                                                          "not pass it)"))
+    defects += _kept_layers_on_fa3(out, evidence, {d.cell for d in defects})
     # A stalled cell's missing phases are explained by the stall: their "not measured" reasons would
     # only send the reader after a baseline that is there.
     out.reasons = [r for r in out.reasons if not (r.cell in stalled and r.level == INCONCLUSIVE)]
     for defect in defects:
         for reason in out.reasons:
-            if reason.cell == defect["cell"] and reason.level == FAIL:
+            if reason.cell == defect.cell and reason.level == FAIL:
                 reason.level = INCONCLUSIVE
                 reason.decide = "not judged as FP8 damage: see the defect"
-        out.reason(INCONCLUSIVE, defect["cell"], defect["message"],
+        out.reason(INCONCLUSIVE, defect.cell, defect.message,
                    "a defect of the engine path (or of kveval), not of the model's FP8 quality: try another vLLM "
                    "version or attention backend, and report it with the cell's log", code="engine_defect")
     return defects
@@ -94,23 +95,22 @@ def _defects(out: _Collector, evidence: schema.Evidence, budget: Budget, t: Thre
 KEPT_LAYERS_DEFECTIVE_BACKEND = "FLASH_ATTN"
 
 
-def _kept_layers_on_fa3(out: _Collector, evidence: schema.Evidence, known: set[str]) -> list[dict]:
+def _kept_layers_on_fa3(out: _Collector, evidence: schema.Evidence, known: set[str]) -> list[schema.Defect]:
     """A cell that keeps layers, ran them on FlashAttention and FAILs: that path is known to turn the
     kept layers to garbage (it did so on the H200 with --gpu-memory-utilization 0.5 --enforce-eager, KL
     13.8, and served them well with defaults), so its failure is not evidence about FP8."""
-    defects = []
+    defects: list[schema.Defect] = []
     for row in evidence.startup:
         cell = row.cell
         if (cell in known or row.attention_backend != KEPT_LAYERS_DEFECTIVE_BACKEND
                 or ":keep=" not in (row.kv_spec or "") or FAIL not in out.levels(cell)):
             continue
-        defects.append({"cell": cell, "message": f"{cell}: its kept layers ran on FlashAttention (FA3), whose "
-                                                 "ahead-of-time schedule vLLM 0.26 builds with the global fp8 dtype "
-                                                 "for layers kept in the model dtype; that path has turned them to "
-                                                 "garbage (KL 13.8 on the H200, where the same cells pass on default "
-                                                 "settings), so this FAIL says nothing of FP8 quality. Run "
-                                                 "kept layers on TRITON_ATTN (kveval's choice unless "
-                                                 "--engine-arg attention_backend=... says otherwise)"})
+        defects.append(schema.Defect(
+            cell=cell, message=f"{cell}: its kept layers ran on FlashAttention (FA3), whose ahead-of-time schedule "
+                               "vLLM 0.26 builds with the global fp8 dtype for layers kept in the model dtype; that "
+                               "path has turned them to garbage (KL 13.8 on the H200, where the same cells pass on "
+                               "default settings), so this FAIL says nothing of FP8 quality. Run kept layers on "
+                               "TRITON_ATTN (kveval's choice unless --engine-arg attention_backend=... says otherwise)"))
     return defects
 
 

@@ -6,7 +6,7 @@ from scipy.stats import binomtest
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.paired_difference import excess_lower_bound, excess_upper_bound
-from kveval.analysis.sequential import look_alpha
+from kveval.analysis.sequential import Look, look_alpha
 from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Thresholds
@@ -76,7 +76,7 @@ def _confidence(level: float) -> str:
     return f"{share:g} %" if share == round(share, 2) else f"{share:.4g} %"
 
 
-def _more_probes_hint(entry: schema.DegenerationCell, look) -> str:
+def _more_probes_hint(entry: schema.DegenerationCell, look: Look) -> str:
     """What would decide an open degeneration comparison, in the run's own terms."""
     n_max = entry.n_max
     if n_max and not look.final:

@@ -2,6 +2,10 @@
 budget and harm limits (widened by the baseline's noise floor), and the state it leaves a cell in."""
 from __future__ import annotations
 
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.cluster_interval import ClusterMean, cluster_mean
 from kveval.analysis.sequential import look_alpha
@@ -55,33 +59,47 @@ def _divergence_decide(comp: schema.Comparison, between: list[str]) -> str:
             "--budget); task accuracy shows whether the drift costs answers")
 
 
-def _bounds(figure: schema.ClusterFigure | None, floor: float, levels: tuple[float, float]) -> tuple[float | None, float | None]:
+def _bounds(figure: schema.ClusterFigure | None, floor: float, levels: tuple[float, float]) -> tuple[float, float] | None:
     """(upper bound at the PASS level, lower bound at one FAIL path's level) of a figure's excess over the
-    noise floor, or (None, None) without an interval (fewer than 2 sequences). A KL is never negative, so
+    noise floor, or None without an interval (fewer than 2 sequences). A KL is never negative, so
     neither bound is reported below 0."""
     if figure is None or figure.se is None:
-        return None, None
+        return None
     estimate = ClusterMean(float(figure.estimate) - floor, float(figure.se), figure.clusters, figure.positions)
-    return max(0.0, estimate.upper(levels[0])), max(0.0, estimate.lower(levels[1]))
+    upper, lower = estimate.upper(levels[0]), estimate.lower(levels[1])
+    if upper is None or lower is None:
+        return None
+    return max(0.0, upper), max(0.0, lower)
 
 
 def _agreement_bound(figure: schema.ClusterFigure | None, level: float) -> float | None:
     if figure is None or figure.se is None:
         return None
-    estimate = ClusterMean(float(figure.estimate), float(figure.se), figure.clusters, figure.positions)
-    return min(1.0, max(0.0, estimate.lower(level)))
+    lower = ClusterMean(float(figure.estimate), float(figure.se), figure.clusters, figure.positions).lower(level)
+    return None if lower is None else min(1.0, max(0.0, lower))
+
+
+class _SequenceFigures(BaseModel):
+    """Of one row of a comparison's per_sequence (analysis/divergence.py), the figures the gate rebuilds from."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    n: int = 0                                # scored positions
+    kl_mean: Optional[float] = None
+    top1_n: int = 0
+    top1_agreement: Optional[float] = None
 
 
 def _from_per_sequence(comp: schema.Comparison) -> dict[str, schema.ClusterFigure]:
     """Evidence written before the per-sequence figures existed (2026-12-05) still lists each sequence's
     positions, KL mean and top-1 agreement: the overall figures are rebuilt from them. The late half's are
     not (no per-sequence late figures were stored), so such evidence has no late interval."""
-    rows = [row for row in comp.per_sequence if row.get("n")]
+    rows = [row for row in map(_SequenceFigures.model_validate, comp.per_sequence) if row.n]
     out = {}
-    kl = cluster_mean([row["n"] * row["kl_mean"] for row in rows if row.get("kl_mean") is not None],
-                      [row["n"] for row in rows if row.get("kl_mean") is not None])
-    top1 = cluster_mean([row["top1_n"] * row["top1_agreement"] for row in rows if row.get("top1_agreement") is not None],
-                        [row["top1_n"] for row in rows if row.get("top1_agreement") is not None])
+    kl = cluster_mean([row.n * row.kl_mean for row in rows if row.kl_mean is not None],
+                      [row.n for row in rows if row.kl_mean is not None])
+    top1 = cluster_mean([row.top1_n * row.top1_agreement for row in rows if row.top1_agreement is not None],
+                        [row.top1_n for row in rows if row.top1_agreement is not None])
     for name, figure in (("kl_mean", kl), ("top1_agreement", top1)):
         if figure is not None:
             out[name] = schema.ClusterFigure(estimate=figure.estimate, se=figure.se, clusters=figure.clusters,
@@ -123,10 +141,10 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
         if value is None or not n:
             out.check(name, cell, None, ok, None, "no positions")
             continue
-        upper, lower = _bounds(figure, floor_kl, levels)
+        bounds = _bounds(figure, floor_kl, levels)
         documents = figure.clusters if figure else None
         excess = max(0.0, float(value) - floor_kl)
-        if upper is None:
+        if bounds is None:
             out.check(name, cell, excess, ok, None, f"healthy budget {_g(ok)}, harm limit {_g(bad)}, n {n}, "
                                                     f"{documents or 'no'} sequence{'s' if documents != 1 else ''}: no interval")
             undecided.append(f"{label} {_g(excess)} rests on {documents or 'no'} scored sequence"
@@ -134,6 +152,7 @@ def _divergence(out: _Collector, cell: str, comp: schema.Comparison | None, why_
                              else f"{label} {_g(excess)}: no per-sequence figures in this evidence (written before "
                                   "2026-12-05), so no interval")
             continue
+        upper, lower = bounds
         detail = (f"excess over the noise floor {_g(excess)} on {documents} sequences ({n} positions), "
                   f"{_confidence(levels[0])} upper bound {_g(upper)} vs healthy budget {_g(ok)}, "
                   f"{_confidence(levels[1])} lower bound {_g(lower)} vs harm limit {_g(bad)}{_look_note(comp)}")

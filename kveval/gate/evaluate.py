@@ -36,11 +36,11 @@ from kveval.gate.defects import _defects
 from kveval.gate.degeneration_checks import _degeneration
 from kveval.gate.divergence_checks import _divergence
 from kveval.gate.task_checks import _tasks
-from kveval.gate.thresholds import DEFAULT_PROFILE, PROFILES, UNCALIBRATED_NOISE_MULTIPLIER, Thresholds
+from kveval.gate.thresholds import DEFAULT_PROFILE, PROFILES, UNCALIBRATED_NOISE_MULTIPLIER, Budget, Thresholds
 from kveval.gate.verdict import FAIL, INCONCLUSIVE, NOT_STARTED, NOTE, PASS, Verdict
 
 
-def _cell_status(out: _Collector, cell: str) -> str:
+def _cell_status(out: _Collector, cell: str) -> schema.Status:
     levels = out.levels(cell)
     return FAIL if FAIL in levels else INCONCLUSIVE if INCONCLUSIVE in levels else PASS
 
@@ -59,7 +59,7 @@ def _uncalibrated_cells(evidence: schema.Evidence, comparisons: dict[str, schema
     return found
 
 
-def _uncalibrated_note(out: _Collector, where: list[str], floor: schema.NoiseFloor | None, budget,
+def _uncalibrated_note(out: _Collector, where: list[str], floor: schema.NoiseFloor | None, budget: Budget,
                        multiplier: float) -> None:
     """The one line saying the budget is uncalibrated on this backend and device, and what it was judged against."""
     base = (f"the GPU profile's budgets (calibrated on NVIDIA compute capability 9.x, FLASH_ATTN/FA3) widened to "
@@ -123,7 +123,7 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
     profile = platform.profile if platform.profile in PROFILES else DEFAULT_PROFILE
     imported = evidence.imported_baseline
     cross = imported is not None and imported.cross_machine
-    if cross and imported.origin.profile in PROFILES and \
+    if imported is not None and cross and imported.origin.profile in PROFILES and \
             t.budget(imported.origin.profile).kl_mean_max > t.budget(profile).kl_mean_max:
         profile = imported.origin.profile   # a baseline from another platform: the wider of the two profiles
     budget = t.budget(profile)
@@ -140,7 +140,7 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
     pace = tasks.pace if tasks else None
 
     missing = [name for name, c in cells.items() if c.missing]
-    statuses: dict[str, str] = {}
+    statuses: dict[str, schema.CellStatus] = {}
     for name in missing:
         statuses[name] = "MISSING"
         out.reason(INCONCLUSIVE, None if cells[name].kv_spec == baseline_kv else name,
@@ -202,7 +202,7 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
     for name in started:
         comparison = comparisons.get(name)
         reference = references.get(comparison.reference) if comparison else None
-        if reference is not None:
+        if comparison is not None and reference is not None:
             out.reason(NOTE, name, _reference_note(name, comparison.reference, reference, baseline_kv),
                        code="quality_reference")
         _divergence(out, name, comparison, unmatched_div.get(name) or "no divergence data", floor, budget,
@@ -217,21 +217,22 @@ def evaluate(evidence: schema.Evidence, thresholds: Thresholds | None = None,
         statuses[name] = _cell_status(out, name)
 
     defects = _defects(out, evidence, budget, t)
-    attributed = _attribute(out, evidence, {d["cell"] for d in defects}, t)
+    attributed = _attribute(out, evidence, {d.cell for d in defects}, t)
     for name in started:
         statuses[name] = _cell_status(out, name)
 
     run_levels = out.levels(None)
     tested = [statuses[n] for n in started]
+    status: schema.Status
     if FAIL in tested:
         status = FAIL
     elif INCONCLUSIVE in tested or INCONCLUSIVE in run_levels or not tested or missing:
         status = INCONCLUSIVE
     else:
         status = PASS
-    budget_dict = dataclasses.asdict(budget)
-    return Verdict(status, out.reasons, out.checks, t.to_dict(), schema.dump(floor) if floor else None, statuses,
-                   {"name": profile, "why": (f"the wider of this run's ({platform.why}) and the imported baseline's "
-                                             f"({imported.origin.profile}) profiles" if cross and platform.why
-                                             else platform.why or PROFILES[profile][1]),
-                    "calibration": PROFILES[profile][1], "budget": budget_dict}, defects, attributed)
+    why = (f"the wider of this run's ({platform.why}) and the imported baseline's ({imported.origin.profile}) "
+           "profiles" if imported is not None and cross and platform.why else platform.why or PROFILES[profile][1])
+    return Verdict(status, out.reasons, out.checks, t, floor, statuses,
+                   schema.Profile(name=profile, why=why, calibration=PROFILES[profile][1],
+                                  budget=schema.Budget(**dataclasses.asdict(budget))),
+                   defects, attributed)

@@ -10,7 +10,7 @@ from scipy.stats import binomtest, norm
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.analysis.noninferiority import (paired_recovery_bound, paired_recovery_upper_bound, samples_to_decide,
                                             score_statistic)
-from kveval.analysis.sequential import final_look_alpha, look_alpha
+from kveval.analysis.sequential import Look, final_look_alpha, look_alpha
 from kveval.files import schema
 from kveval.gate.collector import _Collector, _g, _pct
 from kveval.gate.thresholds import Thresholds
@@ -119,7 +119,7 @@ def _confidence(level: float) -> str:
     return f"{share:g} %" if share == round(share, 2) else f"{share:.4g} %"
 
 
-def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look, n_max: int | None,
+def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look: Look, n_max: int | None,
                        pace: schema.Pace | None, t: Thresholds) -> str:
     """What would decide an undecided task comparison, never contradicting itself: a sample count when
     more samples could show non-inferiority (or a significant drop), else that the observed recovery
@@ -147,7 +147,7 @@ def _more_samples_hint(n: int, b: int, c: int, base_acc: float, rec: float, look
         k = max(1, math.ceil(need / per_point))
         hint += f": --task-samples {k} ({per_point} samples per step)"
     seconds = pace.seconds_per_sample if pace else None
-    if seconds:
+    if pace and seconds:
         minutes = need * seconds * max(1, pace.cells) / 60
         hint += f", roughly {minutes:.0f} min of task time at this run's pace"
     return hint

@@ -6,6 +6,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from kveval.files import schema
 
 
 class GateConfigError(ValueError):
@@ -28,7 +31,7 @@ class Budget:
     kl_late_fail: float
 
 
-PROFILES: dict[str, tuple[Budget, str]] = {
+PROFILES: dict[schema.ProfileName, tuple[Budget, str]] = {
     # NVIDIA GPUs, FA3 (vLLM 0.26). Healthy at 8192 on an H100 (2026-12-06, reports/h100-*, today's scoring
     # corpus): SmolLM2-135M KL mean 0.024 / late half 0.040 (42 sequences), Gemma-3-270M 0.016 / 0.015,
     # Qwen2.5-Coder-1.5B with layers 0, 1 kept 0.0077 / 0.0082. Earlier H200 runs at 4096: SmolLM2 0.011-0.014,
@@ -55,7 +58,7 @@ PROFILES: dict[str, tuple[Budget, str]] = {
                 "CPU profile (vLLM CPU backend with AMX), from healthy SmolLM2 runs on an AVX-512 CPU with AMX "
                 "(KL mean 0.027-0.049)"),
 }
-DEFAULT_PROFILE = "gpu"
+DEFAULT_PROFILE: schema.ProfileName = "gpu"
 
 # A GPU backend the budgets were never calibrated on (analysis/backend_family.py: FLASHINFER, ROCm's, any
 # backend on Ada 8.9 or an AMD GPU) is judged with the GPU profile's budgets widened by the run's own
@@ -174,10 +177,10 @@ class Thresholds:
         """The level of each FAIL path: alpha split equally over FAIL_PATHS (Bonferroni)."""
         return self.alpha / len(FAIL_PATHS)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def budget(self, profile: str) -> Budget:
+    def budget(self, profile: schema.ProfileName) -> Budget:
         """The profile's budget with every limit the user set taking its place."""
         base = PROFILES.get(profile, PROFILES[DEFAULT_PROFILE])[0]
         budget = dataclasses.replace(base, **{f.name: getattr(self, f.name) for f in dataclasses.fields(Budget)
@@ -194,7 +197,7 @@ _SHARES = {"top1_agreement_min", "max_new_degenerate_share",
            "task_noninferiority_margin", "alpha", "attribution_min_reduction"}
 
 
-def _coerce(key: str, value, source: str):
+def _coerce(key: str, value: object, source: str) -> int | float:
     """Value of the field's type. Numeric strings are accepted because YAML 1.1 reads `1e-2` as a
     string and CLI overrides arrive as text."""
     kind = int if str(_FIELDS[key].type).startswith("int") else float
@@ -215,7 +218,7 @@ def _coerce(key: str, value, source: str):
     return number
 
 
-def _apply(values: dict, settings: dict, source: str) -> None:
+def _apply(values: dict[str, Any], settings: dict[str, Any], source: str) -> None:
     for key, value in settings.items():
         if key not in _FIELDS:
             raise GateConfigError(f"{source}: unknown threshold {key!r}; known: {', '.join(_FIELDS)}")
@@ -223,11 +226,11 @@ def _apply(values: dict, settings: dict, source: str) -> None:
             values[key] = _coerce(key, value, source)
 
 
-def load_thresholds(path: str | Path | None = None, overrides: dict | None = None,
-                    base: dict | None = None) -> Thresholds:
+def load_thresholds(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                    base: dict[str, Any] | None = None) -> Thresholds:
     """Dataclass defaults < `base` (a run's stored limits) < YAML mapping at `path` < `overrides`
     (e.g. CLI options; None = unset)."""
-    values: dict = {}
+    values: dict[str, Any] = {}
     if base is not None and not isinstance(base, dict):
         raise GateConfigError(f"the run's thresholds.json: expected a mapping of threshold: value, got {type(base).__name__}")
     if base:

@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from kveval.files import schema
+from kveval.gate.thresholds import Thresholds
 
 
 EXIT_PASS = 0
@@ -15,7 +20,12 @@ EXIT_FOUND = 4   # the asked configuration FAILs or is undecided, but a configur
 # tested length; any: any tested FP8 configuration, up to its --max-model-len cap (EXIT_FOUND becomes 0).
 REQUIRE = ("plain", "any")
 
-PASS, FAIL, INCONCLUSIVE, NOTE = "PASS", "FAIL", "INCONCLUSIVE", "NOTE"
+# Final: each name is its literal type, so a status or level set from them checks against schema.Status.
+PASS: Final = "PASS"
+FAIL: Final = "FAIL"
+INCONCLUSIVE: Final = "INCONCLUSIVE"
+NOTE: Final = "NOTE"
+Level = Literal["FAIL", "INCONCLUSIVE", "NOTE"]
 
 
 @dataclass
@@ -29,6 +39,10 @@ class Check:
     passed: bool | None
     detail: str = ""
 
+    def record(self) -> schema.Check:
+        return schema.Check(name=self.name, cell=self.cell, value=_plain_number(self.value),
+                            limit=_plain_number(self.limit), passed=self.passed, detail=self.detail)
+
 
 @dataclass
 class Reason:
@@ -36,7 +50,7 @@ class Reason:
     decide: for INCONCLUSIVE, what would settle it (an option, a sample count, a rough time).
     code: a stable name of the finding for machines (REASON_CODES), the message being for people."""
 
-    level: str
+    level: Level
     cell: str | None
     message: str
     decide: str = ""
@@ -45,30 +59,53 @@ class Reason:
     def __str__(self) -> str:
         return self.message
 
+    def record(self) -> schema.Reason:
+        return schema.Reason(level=self.level, cell=self.cell, message=self.message, decide=self.decide,
+                             code=self.code)
+
 
 @dataclass
 class Verdict:
-    status: str
+    status: schema.Status
     reasons: list[Reason] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
-    thresholds: dict = field(default_factory=dict)
-    noise_floor: dict | None = None
-    cells: dict[str, str] = field(default_factory=dict)   # tested cell -> PASS / FAIL / INCONCLUSIVE / NOT STARTED
-    profile: dict = field(default_factory=dict)          # {"name", "why", "budget"}
-    defects: list[dict] = field(default_factory=list)    # {"cell", "message"}: engine-path defects, not FP8 damage
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    noise_floor: schema.NoiseFloor | None = None
+    cells: dict[str, schema.CellStatus] = field(default_factory=dict)   # tested cell -> PASS / FAIL / ... / NOT STARTED
+    profile: schema.Profile | None = None         # the platform profile whose budget judged divergence
+    defects: list[schema.Defect] = field(default_factory=list)   # engine-path defects, not FP8 damage
     attributed: dict[str, list[str]] = field(default_factory=dict)  # plain FP8 cell -> the layers its harm is attributed to
 
-    def to_dict(self, code: int | None = None) -> dict:
-        """`code`: the run's exit code (Decision.exit_code) where known; else the status's."""
-        return {"status": self.status, "exit_code": exit_code(self) if code is None else code,
-                "cells": dict(self.cells), "profile": dict(self.profile),
-                "defects": [dict(d) for d in self.defects], "attributed": dict(self.attributed),
-                "reasons": [dataclasses.asdict(r) for r in self.reasons],
-                "checks": [dataclasses.asdict(c) for c in self.checks],
-                "thresholds": dict(self.thresholds), "noise_floor": self.noise_floor}
+    def record(self, code: int | None = None) -> schema.VerdictRecord:
+        """results.json's verdict. `code`: the run's exit code (Decision.exit_code) where known; else the status's.
+        Only a verdict from `evaluate` (with its profile) has one."""
+        if self.profile is None:
+            raise ValueError("a verdict without a platform profile (not made by gate.evaluate) has no record")
+        # Keyword order is the file's key order (FileModel keeps it).
+        return schema.VerdictRecord(
+            status=self.status, exit_code=exit_code(self) if code is None else code, cells=dict(self.cells),
+            profile=self.profile, defects=list(self.defects), attributed=dict(self.attributed),
+            reasons=[r.record() for r in self.reasons], checks=[c.record() for c in self.checks],
+            thresholds=schema.Thresholds(**dataclasses.asdict(self.thresholds)), noise_floor=self.noise_floor)
+
+    def to_dict(self, code: int | None = None) -> dict[str, Any]:
+        """The record as written: `--json` output and results.json's verdict."""
+        return schema.dump(self.record(code))
 
 
-NOT_STARTED = "NOT STARTED"
+def _plain_number(value: object) -> float | None:
+    """A figure as the file holds it: numpy's scalars (from the analysis) become Python's, NaN stays NaN
+    (json_safe makes it null when the document is written)."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(f"a check's figure must be a number, got {value!r}")
+
+
+NOT_STARTED: Final = "NOT STARTED"
 
 # Every Reason.code the gate gives, for CI scripts that act on a finding (`kveval gate DIR --json`).
 REASON_CODES = {
@@ -104,7 +141,7 @@ REASON_CODES = {
 }
 
 
-def status_exit_code(status: str) -> int:
+def status_exit_code(status: schema.Status) -> int:
     """The code of a status alone (0 PASS, 1 FAIL, 3 INCONCLUSIVE); a run's code is gate/decision.py's."""
     return {PASS: EXIT_PASS, FAIL: EXIT_FAIL, INCONCLUSIVE: EXIT_INCONCLUSIVE}[status]
 

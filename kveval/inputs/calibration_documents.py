@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from kveval.inputs.workloads.chat import encode
+
 CALIBRATION_DIR = Path(__file__).resolve().parent / "data" / "calibration"
 SAMPLE_TOKENS = 512      # per calibration sample (llm-compressor's examples use 512-2048)
 MAX_SAMPLES = 32
@@ -24,13 +26,13 @@ class CalibrationDocuments(BaseModel):
         files = sorted(Path(directory).glob("*.txt"))
         if not files:
             raise ValueError(f"no calibration text in {directory}/*.txt")
-        prefix_and_x = tokenizer("x", add_special_tokens=True)["input_ids"]
-        bare_x = tokenizer("x", add_special_tokens=False)["input_ids"]
+        prefix_and_x = encode(tokenizer, "x", add_special_tokens=True)
+        bare_x = encode(tokenizer, "x")
         prefix = [t for t in prefix_and_x if t not in bare_x]
         samples = []
         for file in files:   # one file, one stream: a sample never spans two essays
             text = " ".join(re.split(r"\s+", file.read_text(encoding="utf-8").strip()))
-            body = tokenizer(text, add_special_tokens=False)["input_ids"]
+            body = encode(tokenizer, text)
             step = sample_tokens - len(prefix)
             samples += [prefix + body[start:start + step] for start in range(0, len(body), step)
                         if len(body[start:start + step]) >= step // 4]

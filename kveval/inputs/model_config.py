@@ -10,6 +10,7 @@ from kveval.inputs.layer_kinds import layer_kinds
 from kveval.inputs.thinking_template import thinking_facts
 from kveval.inputs.multimodal import Encoder, multimodal_encoder
 from kveval.inputs.weights_quantization import WeightsQuantization, weights_quantization
+from kveval.inputs.workloads.chat import encode
 
 
 class ModelSource(BaseModel):
@@ -49,7 +50,7 @@ def load_tokenizer(source: ModelSource):
 def prompt_format(tokenizer) -> dict:
     """How prompts were made: a base model without a chat template (or a tokenizer that drops BOS)
     explains odd outputs, so the manifest and the review say so."""
-    probe = tokenizer("x", add_special_tokens=True)["input_ids"]
+    probe = encode(tokenizer, "x", add_special_tokens=True)
     bos = getattr(tokenizer, "bos_token_id", None)
     return {"chat_template": bool(getattr(tokenizer, "chat_template", None)),
             "bos_token": getattr(tokenizer, "bos_token", None),

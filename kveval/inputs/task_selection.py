@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from kveval.files.rundir import RunDir
 from kveval.inputs.task_data import TASKS, resolve_task_names, write_task_data
@@ -95,24 +95,23 @@ def write_run_task_data(run_dir: RunDir, tokenizer, lengths: Sequence[int], task
     """Generate kveval-task data per max_model_len. Returns the plan stored in the manifest:
     {"data_dirs": {"1024": "taskdata/L1024", ...}, "files": {...}, "skipped": {"32768": "why"}}."""
     own = [t for t in tasks if t in TASKS]
-    plan: dict = {"data_dirs": {}, "files": {}, "skipped": {}}
-    if not own:
-        return plan
-    for length in sorted(set(int(x) for x in lengths)):
+    data_dirs: dict[str, str] = {}
+    files: dict[str, Any] = {}
+    skipped: dict[str, str] = {}   # length -> why it has no data
+    for length in sorted(set(int(x) for x in lengths)) if own else ():
         if model_limit and length > model_limit:
-            plan["skipped"][str(length)] = (f"beyond the model's own limit ({model_limit} tokens); "
-                                            "the cell cannot start")
+            skipped[str(length)] = f"beyond the model's own limit ({model_limit} tokens); the cell cannot start"
             continue
         relative = f"{RunDir.TASK_DATA_DIR}/L{length}"
         try:
             written = write_task_data(tokenizer, run_dir.task_data_path(relative), length, own, fractions=fractions,
                                       depths=depths, samples_per_point=samples, seed=seed)
         except ValueError as error:
-            plan["skipped"][str(length)] = str(error)
+            skipped[str(length)] = str(error)
             continue
-        plan["data_dirs"][str(length)] = relative
-        plan["files"][str(length)] = written
-    return plan
+        data_dirs[str(length)] = relative
+        files[str(length)] = written
+    return {"data_dirs": data_dirs, "files": files, "skipped": skipped}
 
 
 def spread(count: int, limit: int | None) -> list[int] | None:

@@ -9,8 +9,9 @@ engine starts, and what is lost (the per-layer diagnosis, its remedy and --searc
 from __future__ import annotations
 
 import importlib.util
+from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 # quant_method -> the import names of which transformers needs at least one to load the weights
 BACKENDS: dict[str, tuple[str, ...]] = {
@@ -36,41 +37,89 @@ class WeightsQuantization(BaseModel):
         return f"{self.method} ({self.detail})" if self.detail else self.method
 
 
-def weights_quantization(config) -> WeightsQuantization | None:
+def _mapping(value: Any) -> Any:
+    return value if isinstance(value, dict) else None
+
+
+class _ConfigPart(BaseModel):
+    """A part of a checkpoint's config.json as read: keys kveval does not read are ignored, and values are
+    taken as they are (configs of many tools and versions); a part that is not a mapping reads as absent."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _QuantizationArgs(_ConfigPart):
+    """compressed-tensors' `weights` or `input_activations` of a config group."""
+
+    num_bits: Any = None
+    type: Any = None
+    strategy: Any = None
+    group_size: Any = None
+    dynamic: Any = None
+
+
+class _ConfigGroup(_ConfigPart):
+    weights: Annotated[Optional[_QuantizationArgs], BeforeValidator(_mapping)] = None
+    input_activations: Annotated[Optional[_QuantizationArgs], BeforeValidator(_mapping)] = None
+    format: Any = None
+
+
+class _QuantizationConfig(_ConfigPart):
+    """The `quantization_config` of a config: each method names its bits and format its own way."""
+
+    quant_method: Any = None
+    bits: Any = None                 # GPTQ, AWQ (transformers)
+    w_bit: Any = None                # AWQ (AutoAWQ)
+    format: Any = None
+    fmt: Any = None
+    config_groups: Any = None        # compressed-tensors: group name -> its _ConfigGroup
+
+
+class _CheckpointConfig(_ConfigPart):
+    quantization_config: Annotated[Optional[_QuantizationConfig], BeforeValidator(_mapping)] = None
+
+
+def weights_quantization(config: Any) -> WeightsQuantization | None:
     """The `quantization_config` of a transformers config (object or dict), or None for unquantized weights."""
-    raw = config.get("quantization_config") if isinstance(config, dict) else getattr(config, "quantization_config", None)
-    if raw is not None and not isinstance(raw, dict):
-        raw = raw.to_dict() if hasattr(raw, "to_dict") else vars(raw)
-    if not raw or not raw.get("quant_method"):
+    if isinstance(config, dict):
+        raw = _CheckpointConfig.model_validate(config).quantization_config
+    else:   # a transformers config holds a dict, or a QuantizationConfig object
+        given = getattr(config, "quantization_config", None)
+        if given is not None and not isinstance(given, dict):
+            given = given.to_dict() if hasattr(given, "to_dict") else vars(given)
+        raw = _QuantizationConfig.model_validate(given) if isinstance(given, dict) else None
+    if raw is None or not raw.quant_method:
         return None
-    bits = raw.get("bits") or raw.get("w_bit")
-    detail = f"{bits}-bit" if bits else _scheme(raw) or raw.get("format") or raw.get("fmt")
-    return WeightsQuantization(method=str(raw["quant_method"]), detail=str(detail) if detail else None)
+    bits = raw.bits or raw.w_bit
+    detail = f"{bits}-bit" if bits else _scheme(raw) or raw.format or raw.fmt
+    return WeightsQuantization(method=str(raw.quant_method), detail=str(detail) if detail else None)
 
 
-def _scheme(raw: dict) -> str | None:
+def _scheme(raw: _QuantizationConfig) -> str | None:
     """compressed-tensors' scheme from its first config group, as llm-compressor names them: "W4A16: int4 weights in
     groups of 64" (pack-quantized), "W8A8: fp8 weights per channel, fp8 dynamic activations per token" (FP8-dynamic);
     None where the config has no groups."""
-    groups = raw.get("config_groups")
-    group = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
-    weights = group.get("weights") if isinstance(group, dict) else None
-    if not isinstance(weights, dict) or not weights.get("num_bits"):
+    groups = raw.config_groups
+    first = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
+    group = _ConfigGroup.model_validate(first) if isinstance(first, dict) else None
+    weights = group.weights if group is not None else None
+    if group is None or weights is None or not weights.num_bits:
         return None
-    activations = group.get("input_activations") if isinstance(group.get("input_activations"), dict) else None
+    activations = group.input_activations
 
-    def described(args: dict, what: str) -> str:
-        kind = "fp" if args.get("type") == "float" else "int"
-        strategy = args.get("strategy")
-        how = (f" in groups of {args['group_size']}" if strategy == "group" and args.get("group_size")
+    def described(args: _QuantizationArgs, what: str) -> str:
+        kind = "fp" if args.type == "float" else "int"
+        strategy = args.strategy
+        how = (f" in groups of {args.group_size}" if strategy == "group" and args.group_size
                else f" per {strategy}" if strategy else "")
-        return f"{kind}{args['num_bits']} {'dynamic ' if args.get('dynamic') is True else ''}{what}{how}"
+        return f"{kind}{args.num_bits} {'dynamic ' if args.dynamic is True else ''}{what}{how}"
 
-    scheme = f"W{weights['num_bits']}A{activations.get('num_bits', 16) if activations else 16}: "
-    scheme += described(weights, "weights")
-    if activations and activations.get("num_bits"):
+    # An activations part that leaves out num_bits means 16-bit activations (one naming it null says so).
+    activation_bits = (activations.num_bits if "num_bits" in activations.model_fields_set else 16) if activations else 16
+    scheme = f"W{weights.num_bits}A{activation_bits}: " + described(weights, "weights")
+    if activations and activations.num_bits:
         scheme += ", " + described(activations, "activations")
-    fmt = raw.get("format") or group.get("format")
+    fmt = raw.format or group.format
     return scheme + (f"; {fmt}" if fmt else "")
 
 

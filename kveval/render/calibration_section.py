@@ -12,7 +12,10 @@ holds the max has at most that limit), at most max ÷ the smallest limit.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
+from pydantic import BaseModel, ConfigDict
 
 from kveval.analysis.kv_range import FP8_MAX
 from kveval.files import schema
@@ -65,6 +68,23 @@ def _scale_rows(entry: schema.CalibrationEntry, measured: dict[tuple[int, str], 
     return pd.DataFrame(rows)
 
 
+class _Provenance(BaseModel):
+    """A calibration entry's record as the review names it: files/calibration.CalibrationRecord for a copy
+    kveval calibrated, {"source": ...} for scales the model carries. Values are shown as stored (a record's
+    seconds may be an int), so nothing is converted."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    source: Any = None
+    documents: Any = None
+    seconds: Any = None
+    device: Any = None
+    llmcompressor: Any = None
+    compressed_tensors: Any = None
+    samples: Any = None
+    tokens: Any = None
+
+
 def calibration_section(evidence: schema.Evidence) -> str:
     if not evidence.calibration:
         return ""
@@ -72,18 +92,18 @@ def calibration_section(evidence: schema.Evidence) -> str:
     out = ["## Calibrated scales", ""]
     for word, entry in evidence.calibration.items():
         spec = "fp8:scaled" if word == "tensor" else f"fp8:scaled={word}"
-        record = entry.record
+        record = _Provenance.model_validate(entry.record)
         if not entry.calibrated_by_kveval:
-            out += [bullet(f"`{spec}`: the model carries its own K/V scales ({escape_cell(record.get('source'))}); "
+            out += [bullet(f"`{spec}`: the model carries its own K/V scales ({escape_cell(record.source)}); "
                            "they were used as they are, nothing was calibrated."), ""]
         else:
-            documents = ", ".join(str(name) for name in record.get("documents") or [])
+            documents = ", ".join(str(name) for name in record.documents or [])
             made = ("reused from an earlier run" if entry.reused else
-                    f"made in this run in {record.get('seconds')} s on {record.get('device')}")
+                    f"made in this run in {record.seconds} s on {record.device}")
             out += [bullet(f"`{spec}`: {_WORDS.get(word, word)} K/V scales calibrated with llm-compressor "
-                           f"{record.get('llmcompressor')} (compressed-tensors {record.get('compressed_tensors')}, "
-                           f"kv_cache_scheme: 8-bit float, static, symmetric) on {record.get('samples')} samples, "
-                           f"{record.get('tokens')} tokens of kveval's calibration text ({escape_cell(documents)}), "
+                           f"{record.llmcompressor} (compressed-tensors {record.compressed_tensors}, "
+                           f"kv_cache_scheme: 8-bit float, static, symmetric) on {record.samples} samples, "
+                           f"{record.tokens} tokens of kveval's calibration text ({escape_cell(documents)}), "
                            "which no prompt, scored document or task uses; " + made + "."),
                     bullet(f"Checkpoint vLLM loads: `{escape_cell(entry.path, None)}`; Q keeps vLLM's default scale "
                            "1.0 (only K and V are calibrated)."), ""]

@@ -8,7 +8,7 @@ from kveval.analysis.deploy_choice import choose
 from kveval.analysis.deploy_cost import deployment_cost
 from kveval.analysis.deploy_facts import concurrent_requests, search_note
 from kveval.files import schema
-from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS
+from kveval.gate import FAIL, INCONCLUSIVE, NOT_STARTED, PASS, Verdict
 from kveval.gate.decision import asked_configurations, decide
 from kveval.inputs.slo import parse_slo
 
@@ -184,7 +184,7 @@ def _backend(spec: str, evidence: schema.Evidence) -> str | None:
     return backends[0] if len(backends) == 1 else None
 
 
-def headline(verdict, evidence: schema.Evidence, model_dtype: str = "the model dtype") -> str:
+def headline(verdict: Verdict, evidence: schema.Evidence, model_dtype: str = "the model dtype") -> str:
     by_spec = _specs_by_status(verdict, evidence)
     if not by_spec:
         return f"Nothing was judged: no tested cell besides `{BASELINE_KV}`."
@@ -205,9 +205,9 @@ def headline(verdict, evidence: schema.Evidence, model_dtype: str = "the model d
         sentences.append(sentence)
     text = "; ".join(sentences) + "."
     statuses = [s for by_status in by_spec.values() for s in by_status]
-    defects = getattr(verdict, "defects", None) or []
+    defects = verdict.defects
     for defect in defects:
-        text += (f" {defect['cell']} looks broken (a defect of the engine path or of kveval, not FP8 damage), "
+        text += (f" {defect.cell} looks broken (a defect of the engine path or of kveval, not FP8 damage), "
                  "so it was not judged as FP8 quality.")
     # "Nothing tried passes" only when every configuration tried was judged and failed: an
     # undecided or broken remedy is not a failed one.

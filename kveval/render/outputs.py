@@ -1,6 +1,7 @@
 """results.json, tables/*.csv and the figures: the machine-readable outputs, written from evidence and verdict."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -115,7 +116,8 @@ def evidence_tables(evidence: schema.Evidence, verdict=None) -> dict[str, pd.Dat
         "task_grid": _frame(_rows(tasks.grid if tasks else []), GRID_COLUMNS),
     }
     if verdict is not None:
-        tables["checks"] = _frame(verdict.to_dict()["checks"], ["name", "cell", "value", "limit", "passed", "detail"])
+        tables["checks"] = _frame([dataclasses.asdict(check) for check in verdict.checks],
+                                  ["name", "cell", "value", "limit", "passed", "detail"])
     return tables
 
 

@@ -5,10 +5,11 @@ and manifest in, markdown out.
 """
 from __future__ import annotations
 
+import dataclasses
 
 from kveval.analysis.cell_records import BASELINE_KV
 from kveval.files import schema
-from kveval.gate import NOTE, PASS, Verdict
+from kveval.gate import NOTE, PASS, Thresholds, Verdict
 from kveval.render.decision_table import decision_table
 from kveval.gate.decision import EXIT_MEANING
 from kveval.render.headline import decision_of, deployment_lines, deployment_of, headline
@@ -42,22 +43,22 @@ def _passed_lines(verdict: Verdict) -> list[str]:
     return [bullet(f"{cell}: {'; '.join(phrases)}") for cell, phrases in by_cell.items()]
 
 
-def _thresholds_line(thresholds: dict) -> str:
+def _thresholds_line(thresholds: Thresholds) -> str:
     pairs = " ".join(f"{key}={value:g}" if isinstance(value, (int, float)) else f"{key}={value}"
-                     for key, value in thresholds.items() if value is not None)
+                     for key, value in dataclasses.asdict(thresholds).items() if value is not None)
     return (f"Thresholds: `{pairs}` (change with `--threshold KEY=VALUE` or `--gate-config FILE.yaml`; "
             "see the README).")
 
 
-def _noise_floor_line(floor: dict | None) -> str:
-    if not floor:
+def _noise_floor_line(floor: schema.NoiseFloor | None) -> str:
+    if floor is None:
         return (f"Noise floor: not measured (no `{BASELINE_KV}` cell scored twice or at two max_model_len values), "
                 "so the thresholds apply unwidened.")
     sources = ", ".join(
-        f"{s['cell']} re-scored in another batch (n {s['n']:,})" if s["kind"] == "noise_batch"
-        else f"{s['cell']} vs {s['reference']} (n {s['n']:,})" for s in floor.get("source", []))
-    return (f"Noise floor ({BASELINE_KV} vs itself, worst of: {sources}): KL mean {fmt_sig(floor.get('kl_mean'))}, "
-            f"KL p99 {fmt_sig(floor.get('kl_p99'))}, top-1 disagreement {fmt_share(floor.get('top1_disagreement'))}. "
+        f"{s.cell} re-scored in another batch (n {s.n:,})" if s.kind == "noise_batch"
+        else f"{s.cell} vs {s.reference} (n {s.n:,})" for s in floor.source)
+    return (f"Noise floor ({BASELINE_KV} vs itself, worst of: {sources}): KL mean {fmt_sig(floor.kl_mean)}, "
+            f"KL p99 {fmt_sig(floor.kl_p99)}, top-1 disagreement {fmt_share(floor.top1_disagreement)}. "
             "Budgets are max(threshold, noise_multiplier × floor).")
 
 
@@ -67,15 +68,15 @@ def _reason_line(reason) -> str:
 
 
 def _profile_line(verdict: Verdict) -> str:
-    profile = verdict.profile or {}
-    budget = profile.get("budget") or {}
-    if not budget:
+    profile = verdict.profile
+    if profile is None:
         return ""
-    return (f"Divergence budgets: **{profile.get('name')} profile** ({profile.get('why')}; {profile.get('calibration')}): "
-            f"PASS when the upper bound of the KL excess over the noise floor is under {fmt_sig(budget.get('kl_mean_max'))} "
-            f"(late positions {fmt_sig(budget.get('kl_late_max'))}) and the lower bound of top-1 agreement at least "
-            f"{fmt_share(budget.get('top1_agreement_min'))}; FAIL when the lower bound of the KL excess is over "
-            f"{fmt_sig(budget.get('kl_mean_fail'))} (late {fmt_sig(budget.get('kl_late_fail'))}). Bounds are one-sided, "
+    budget = profile.budget
+    return (f"Divergence budgets: **{profile.name} profile** ({profile.why}; {profile.calibration}): "
+            f"PASS when the upper bound of the KL excess over the noise floor is under {fmt_sig(budget.kl_mean_max)} "
+            f"(late positions {fmt_sig(budget.kl_late_max)}) and the lower bound of top-1 agreement at least "
+            f"{fmt_share(budget.top1_agreement_min)}; FAIL when the lower bound of the KL excess is over "
+            f"{fmt_sig(budget.kl_mean_fail)} (late {fmt_sig(budget.kl_late_fail)}). Bounds are one-sided, "
             "with the scored sequences as the unit (docs/statistics.md).")
 
 

@@ -69,7 +69,7 @@ def test_fp8_run_with_an_imported_baseline_decides_and_names_its_origin(fake, ba
     assert f"imported from {baseline}" in review and "NVIDIA H200" in review and "vLLM 0.26.0" in review
     assert "carries the difference between the two platforms" in review
     # CPU here against a GPU baseline: the wider (CPU) profile, widened by the baseline's own noise floor.
-    assert run.verdict.profile["name"] == "cpu"
+    assert run.verdict.profile.name == "cpu"
     assert [r.code for r in run.verdict.reasons].count("imported_baseline") == 1
 
 

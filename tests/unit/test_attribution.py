@@ -141,8 +141,8 @@ def test_a_remedy_broken_past_a_position_is_a_defect_not_a_failure():
     broken = lambda j: 0.04 if j < 512 else 0.5  # noqa: E731
     evidence, verdict = _judge(_cells(DRIFT, broken))
     remedy = f"fp8:keep=3,17-{LENGTH}"
-    assert [d["cell"] for d in verdict.defects] == [remedy]
-    assert "breaks with position" in verdict.defects[0]["message"]
+    assert [d.cell for d in verdict.defects] == [remedy]
+    assert "breaks with position" in verdict.defects[0].message
     assert verdict.cells[remedy] == INCONCLUSIVE and verdict.cells[f"fp8-{LENGTH}"] == INCONCLUSIVE
     assert not any(r.level == FAIL and r.cell == remedy for r in verdict.reasons)
     text = headline(verdict, evidence, "bfloat16")
@@ -156,7 +156,7 @@ def test_two_specs_with_identical_figures_are_a_defect():
     cells[f"fp8:keep=0-{LENGTH}"] = twin
     assert [pair["cells"] for pair in identical_specs(typed_cells(cells))] == [[f"fp8-{LENGTH}", f"fp8:keep=0-{LENGTH}"]]
     _, verdict = _judge(cells)
-    assert any("did not reach the engine" in d["message"] for d in verdict.defects)
+    assert any("did not reach the engine" in d.message for d in verdict.defects)
     assert verdict.cells[f"fp8:keep=0-{LENGTH}"] == INCONCLUSIVE
 
 

@@ -31,7 +31,7 @@ def test_a_cross_machine_baseline_is_judged_on_the_wider_profile_and_named():
     for here, there in (("cpu", "gpu"), ("gpu", "cpu")):
         record = {**IMPORTED, "origin": {**IMPORTED["origin"], "profile": there}}
         verdict = evaluate(evidence(profile=here, imported_baseline=record))
-        assert verdict.profile["name"] == "cpu"
+        assert verdict.profile.name == "cpu"
         note = _reason(verdict, "imported_baseline").message
         assert "imported from runs/h200-baseline" in note and "NVIDIA H200, vLLM 0.26.0 (vllm), FLASH_ATTN" in note
         assert "carries the difference between the two platforms" in note and "4.5× the baseline run's own" in note
@@ -41,7 +41,7 @@ def test_a_baseline_from_this_machine_keeps_the_profile_and_says_so():
     record = {**IMPORTED, "cross_machine": False, "differences": []}
     verdict = evaluate(evidence(profile="gpu", imported_baseline={**record, "origin": {**IMPORTED["origin"],
                                                                                        "profile": "cpu"}}))
-    assert verdict.profile["name"] == "gpu"
+    assert verdict.profile.name == "gpu"
     assert _reason(verdict, "imported_baseline").message.endswith("made on this machine")
 
 

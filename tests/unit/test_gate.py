@@ -98,7 +98,7 @@ def test_healthy_model_passes_on_its_platform(figures, profile):
     assert verdict.status == PASS, verdict.reasons
     assert exit_code(verdict) == EXIT_PASS
     assert verdict.cells == {"fp8-8192": PASS}
-    assert verdict.profile["name"] == profile
+    assert verdict.profile.name == profile
     assert check(verdict, "task_noninferiority").passed is True
 
 
@@ -396,8 +396,8 @@ def test_noise_floor_widens_the_budget():
 def test_user_threshold_overrides_the_profile_everywhere():
     verdict = evaluate(evidence(HEALTHY_CPU, profile="cpu"), Thresholds(kl_mean_max=0.01))
     assert verdict.status == INCONCLUSIVE
-    assert verdict.profile["budget"]["kl_mean_max"] == 0.01
-    assert verdict.profile["budget"]["kl_late_max"] == PROFILES["cpu"][0].kl_late_max
+    assert verdict.profile.budget.kl_mean_max == 0.01
+    assert verdict.profile.budget.kl_late_max == PROFILES["cpu"][0].kl_late_max
 
 
 def test_load_thresholds_yaml_and_overrides(tmp_path):

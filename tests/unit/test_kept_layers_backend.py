@@ -50,8 +50,8 @@ def test_kept_layers_that_fail_on_flash_attention_are_a_defect_of_that_path_not_
         (stored / "fa3-eager-half-memory" / "results.json.gz").read_bytes()))["evidence"])
     verdict = evaluate(evidence)
     assert verdict.cells == {"fp8:keep=0-8192": INCONCLUSIVE, "fp8:keep=0,1-8192": INCONCLUSIVE}
-    assert {d["cell"] for d in verdict.defects} == {"fp8:keep=0-8192", "fp8:keep=0,1-8192"}
-    assert all("FlashAttention" in d["message"] and "TRITON_ATTN" in d["message"] for d in verdict.defects)
+    assert {d.cell for d in verdict.defects} == {"fp8:keep=0-8192", "fp8:keep=0,1-8192"}
+    assert all("FlashAttention" in d.message and "TRITON_ATTN" in d.message for d in verdict.defects)
     # The same cells on FA3 with default settings are healthy (KL mean 0.006-0.007): no defect is made up for
     # them. Their stored evidence predates the per-sequence figures (Comparison.clustered, 2026-12-05), so
     # re-judged it has no divergence interval: undecided for that reason alone, never FAIL.

@@ -7,7 +7,7 @@ import pytest
 
 from kveval.analysis.degeneration import degeneration_summary, scan_cells
 from kveval.evidence import build_evidence
-from kveval.files.task_rounds import RoundStreams, merge_rounds, streams_of
+from kveval.files.task_rounds import RoundDesign, RoundStreams, merge_rounds, streams_of
 from kveval.gate import INCONCLUSIVE, PASS, Check, Reason, Thresholds, Verdict, evaluate
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.workloads import round_probe_pool_size
@@ -109,7 +109,7 @@ def test_round_outputs_join_the_cell_and_give_the_looks():
     later = [f"probe-r1-{i}" for i in range(20)]
     cells = _cells(first, auto_loops={"probe-1"}, fp8_loops={"probe-2", "probe-3"})
     rounds = _cells(later, auto_loops=set(), fp8_loops={"probe-r1-0"})
-    design = {"n_max": 600, "final": False, "final_degeneration": True}
+    design = RoundDesign(n_max=600, final=False, final_degeneration=True)
     streams = RoundStreams(tasks=[], probes=[1])
     merged = {name: merge_rounds(cells[name], [(1, rounds[name])], design, streams) for name in cells}
     records = merged["fp8-1024"]["phases"]["generation"]["records"]

@@ -9,7 +9,7 @@ import pytest
 from kveval.analysis.divergence import sequence_looks
 from kveval.analysis.sequential import look_alpha
 from kveval.files import schema
-from kveval.files.task_rounds import RoundStreams, merge_rounds
+from kveval.files.task_rounds import RoundDesign, RoundStreams, merge_rounds
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Thresholds, evaluate
 from kveval.gate.divergence_checks import look_levels
 from kveval.inputs.budget import parse_budget
@@ -74,8 +74,7 @@ def test_round_documents_join_the_cell_tagged_with_their_round():
         "sequences": [scored_document(20, "healthy", f"doc:r1:{i}") for i in range(4)]})
     merged = merge_rounds(schema.parse(schema.CellResult, base, "base"),
                           [(1, schema.parse(schema.CellResult, extra, "r1")), (2, None)],
-                          {"n_max": 600, "final": False, "final_degeneration": False, "documents_n_max": 48,
-                           "final_divergence": False}, RoundStreams([], [], (1, 2)))
+                          RoundDesign(n_max=600, final=False, documents_n_max=48), RoundStreams([], [], (1, 2)))
     scoring = merged.phases.scoring
     assert [s.round for s in scoring.sequences] == [0, 0, 0, 1, 1, 1, 1]   # round 2 failed: adds nothing
     assert scoring.design.n_max == 48 and scoring.design.final is False

@@ -64,7 +64,7 @@ def test_a_stalled_remedy_is_a_defect_not_fp8_damage():
                                                "crash_cause": "stalled"}]
     verdict = evaluate(typed_evidence(ev))
     (defect,) = verdict.defects
-    assert defect["cell"] == "fp8:keep=0,1-8192" and "hangs" in defect["message"] and message in defect["message"]
+    assert defect.cell == "fp8:keep=0,1-8192" and "hangs" in defect.message and message in defect.message
     assert any(r.level == "INCONCLUSIVE" and r.cell == "fp8:keep=0,1-8192" for r in verdict.reasons)
 
 
@@ -78,8 +78,8 @@ def test_requests_the_engine_failed_only_in_the_remedy_are_a_defect_named_in_vll
         {"cell": "auto-8192", "prompt": "over", "kind": "rejected", "message": "VLLMValidationError: too long"}]}
     verdict = evaluate(typed_evidence(ev))
     (defect,) = verdict.defects
-    assert defect["cell"] == "fp8:keep=0,1-8192"
-    assert f"vLLM raised `{message}` on 5 requests, the auto cells on none; known in vLLM 0.26" in defect["message"]
+    assert defect.cell == "fp8:keep=0,1-8192"
+    assert f"vLLM raised `{message}` on 5 requests, the auto cells on none; known in vLLM 0.26" in defect.message
     # The same errors in the baseline too: not specific to the tested configuration, no defect is claimed.
     ev["acceptance"]["rejections"].append({"cell": "auto-8192", "prompt": "p0", "kind": "error", "message": message})
     assert evaluate(typed_evidence(ev)).defects == []

@@ -16,7 +16,7 @@ from kveval.analysis.task_accuracy import task_evidence
 from kveval.errors import KvevalError
 from kveval.files import schema
 from kveval.files.rundir import RunDir, write_json_atomic
-from kveval.files.task_rounds import merge_rounds, round_cell_id
+from kveval.files.task_rounds import RoundDesign, merge_rounds, round_cell_id
 from kveval.gate import FAIL, INCONCLUSIVE, PASS, Check, Reason, Thresholds, Verdict
 from kveval.inputs.budget import for_platform, parse_budget
 from kveval.inputs.kvspec import KVSpec
@@ -183,7 +183,7 @@ def test_merge_tags_rounds_and_keeps_a_failed_round_apart():
     cell = with_tasks(started_cell("fp8", 1024, 4096, []), _samples(0, 4))
     failed = {**failed_cell("fp8", 1024, reason="oom", message="CUDA OOM"), "cell": "fp8-1024.tasks-r2"}
     merged = merge_rounds(cell, [(1, _round_record("fp8-1024", "fp8", 1, _samples(1, 3))), (2, failed)],
-                          {"n_max": 600, "final": True, "stopped": "budget"})
+                          RoundDesign(n_max=600, final=True, stopped="budget"))
     tasks = merged["phases"]["tasks"]
     assert [s["round"] for s in tasks["samples"]] == [0] * 4 + [1] * 3
     assert tasks["design"] == {"n_max": 600, "final": True, "stopped": "budget"}
@@ -195,9 +195,9 @@ def test_pooled_rounds_pair_by_sample_id_and_give_the_looks():
     auto = with_tasks(started_cell("auto", 1024, 2048, []), _samples(0, 12))
     fp8 = with_tasks(started_cell("fp8", 1024, 4096, []), _samples(0, 12, wrong={3}))
     cells = {"auto-1024": merge_rounds(auto, [(1, _round_record("auto-1024", "auto", 1, _samples(1, 24)))],
-                                       {"n_max": 600, "final": False}),
+                                       RoundDesign(n_max=600, final=False)),
              "fp8-1024": merge_rounds(fp8, [(1, _round_record("fp8-1024", "fp8", 1, _samples(1, 24, wrong={0, 1})))],
-                                      {"n_max": 600, "final": True})}
+                                      RoundDesign(n_max=600, final=True))}
     entry = task_evidence(typed_cells(cells))["cells"]["fp8-1024"]
     assert entry["n"] == 36 and entry["b"] == 3 and entry["c"] == 0
     assert entry["looks"] == [12, 36] and entry["n_max"] == 600 and entry["final"] is True
@@ -221,11 +221,11 @@ def test_a_larger_budget_keeps_the_n_max_each_earlier_look_was_taken_under():
                                                  "stopped": None, "notes": []})
     manifest = SimpleNamespace(task_rounds=extended)
     design = design_of(manifest, "fp8-1024")
-    assert design["n_max"] == 384 and design["n_max_rounds"] == [96, 96, 96, 384]
+    assert design is not None and design.n_max == 384 and design.n_max_rounds == [96, 96, 96, 384]
     merged = merge_rounds(with_tasks(started_cell("fp8", 1024, 4096, []), _samples(0, 4)), [], design)
     assert merged["phases"]["tasks"]["design"]["n_max_rounds"] == [96, 96, 96, 384]
     # One N_max throughout: no per-round list (the design reads as before).
-    assert "n_max_rounds" not in design_of(SimpleNamespace(task_rounds=earlier), "fp8-1024")
+    assert design_of(SimpleNamespace(task_rounds=earlier), "fp8-1024").n_max_rounds is None
 
 
 # --- the loop, with a stand-in for the cell process ---------------------------------------------------

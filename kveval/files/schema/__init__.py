@@ -47,8 +47,8 @@ from kveval.files.schema.cell import (CellModel, Failure, Capacity, LoggedCapaci
                                       TaskSample, TasksDesign, TaskRoundOutcome, Spread, SpeedRun, SpeedWorkload,
                                       ThroughputRequest, ThroughputRun, PhaseEfficiency, Phase, GenerationPhase,
                                       ScoringPhase, TasksPhase, SpeedPhase, ThroughputPhase, Phases, CellResult)
-from kveval.files.schema.verdict import (Status, CellStatus, Budget, Profile, Reason, Check, Thresholds, NoiseSource,
-                                         NoiseFloor, VerdictRecord)
+from kveval.files.schema.verdict import (Status, CellStatus, ProfileName, Budget, Profile, Reason, Check, Thresholds, NoiseSource,
+                                         NoiseFloor, Defect, VerdictRecord)
 from kveval.files.schema.evidence_quality import (Platform, EvidenceCell, PoolRow, DivergenceSummary, LateSummary,
                                                   DivergenceBucket, ClusterFigure, Comparison, Unmatched, Divergence,
                                                   DegenerationCell, Finding, Degeneration, DiffExcerpt, DiffPair,

@@ -3,11 +3,12 @@
 "either this or that" shapes."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Callable, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, PlainValidator, PrivateAttr, Tag, WithJsonSchema,
-                      model_serializer, model_validator)
+from pydantic import (BaseModel, ConfigDict, Discriminator, ModelWrapValidatorHandler, PlainValidator, PrivateAttr,
+                      SerializerFunctionWrapHandler, Tag, WithJsonSchema, model_serializer, model_validator)
 from pydantic_core import PydanticCustomError
+from typing_extensions import Self
 
 
 # Issue 17 raised the three below: the user's KV spec text (fp8, auto, fp8:keep=3,17) is `kv_spec` in every
@@ -49,14 +50,14 @@ class FileModel(BaseModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _remember_key_order(cls, data: Any, handler):
+    def _remember_key_order(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
         made = handler(data)
         if isinstance(data, dict):
             made._keys = tuple(data)
         return made
 
     @model_serializer(mode="wrap")
-    def _in_source_order(self, handler):
+    def _in_source_order(self, handler: SerializerFunctionWrapHandler) -> Any:
         # pydantic writes declared fields first, extras after; the file's own order is what we read.
         out = handler(self)
         if not self._keys or not isinstance(out, dict):
@@ -75,7 +76,7 @@ def _missing(field: str, why: str) -> PydanticCustomError:
 _TAGS = {"<full>", "<empty>", "<failed>"}
 
 
-def _either(full: Any, other: Any, other_tag: str, is_other) -> Any:
+def _either(full: Any, other: Any, other_tag: str, is_other: Callable[[Any], bool]) -> Any:
     """The full model, or a small other shape (e.g. {} or {"error": ...}) told apart by `is_other`;
     a tagged union, so a damaged full value reports its own fields, not every branch's."""
     return Annotated[Union[Annotated[full, Tag("<full>")], Annotated[other, Tag(other_tag)]],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from pydantic import ConfigDict, model_validator
+from pydantic import ConfigDict, ModelWrapValidatorHandler, model_validator
 
 from kveval.files.schema.base import FileModel, Number, _missing
 
@@ -196,7 +196,7 @@ class ScoredPosition(CellModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _remember_key_order(cls, data: Any, handler):
+    def _remember_key_order(cls, data: Any, handler: ModelWrapValidatorHandler[ScoredPosition]) -> ScoredPosition:
         return handler(data)
 
 
@@ -349,7 +349,7 @@ class Phase(CellModel):
     _needs: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="after")
-    def _complete_unless_error(self):
+    def _complete_unless_error(self) -> Phase:
         if self.error is None:
             for name in self._needs:
                 if name not in self.model_fields_set:
@@ -442,7 +442,7 @@ class CellResult(CellModel):
     crash: Optional[Crash] = None                      # started, then the child died
 
     @model_validator(mode="after")
-    def _shape_matches_started(self):
+    def _shape_matches_started(self) -> CellResult:
         if self.started and "capacity" not in self.model_fields_set:
             raise _missing("capacity", "a started cell records its KV pool")
         if not self.started and "failure" not in self.model_fields_set:

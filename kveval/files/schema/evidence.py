@@ -2,7 +2,7 @@
 timing, speed, throughput, capacity and attribution rows, and `Evidence` itself."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field
 
@@ -119,9 +119,13 @@ class DiagnosisFailed(FileModel):
 
 
 _NoTasks = Annotated[dict[str, Any], Field(max_length=0)]
-TasksOrNone = _either(TaskEvidence, _NoTasks, "<empty>", lambda v: v == {})   # {}: no cell ran tasks
-DiagnosisOrFailed = _either(Diagnosis, DiagnosisFailed, "<failed>",
-                            lambda v: isinstance(v, dict) and "kv_cache_dtype" not in v)
+if TYPE_CHECKING:   # what a read value is; pydantic validates by the tagged unions below
+    TasksOrNone = Union[TaskEvidence, dict[str, Any]]
+    DiagnosisOrFailed = Union[Diagnosis, DiagnosisFailed]
+else:
+    TasksOrNone = _either(TaskEvidence, _NoTasks, "<empty>", lambda v: v == {})   # {}: no cell ran tasks
+    DiagnosisOrFailed = _either(Diagnosis, DiagnosisFailed, "<failed>",
+                                lambda v: isinstance(v, dict) and "kv_cache_dtype" not in v)
 
 
 class Rejection(FileModel):

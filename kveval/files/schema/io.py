@@ -5,9 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args, overload
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from kveval.files.schema.base import FileError, FileModel, MAX_REPORTED_ERRORS, _TAGS
 from kveval.files.schema.kinds import VERSIONS, _DEFAULT_VERSION, _REDO, _model
@@ -35,7 +36,7 @@ _EXPECTED = {"int_type": "an integer", "float_type": "a number", "number_type": 
              "none_required": "null"}
 
 
-def _problem(error: dict) -> tuple[tuple, str]:
+def _problem(error: ErrorDetails) -> tuple[tuple[int | str, ...], str]:
     """(location, plain words) for one pydantic error."""
     loc, kind, ctx = tuple(error["loc"]), error["type"], error.get("ctx") or {}
     if kind == "missing":
@@ -53,7 +54,7 @@ def _problem(error: dict) -> tuple[tuple, str]:
     return loc, f"{message[:1].lower()}{message[1:]}"
 
 
-def _where(loc: tuple) -> str:
+def _where(loc: tuple[int | str, ...]) -> str:
     text = ""
     for part in loc:
         if part in _TAGS:
@@ -71,6 +72,14 @@ def _describe(name: str, error: ValidationError) -> str:
     return "\n".join(lines)
 
 
+# Given the model, a reader returns that model's type; given the kind's name, a FileModel.
+_Model = TypeVar("_Model", bound=FileModel)
+
+
+@overload
+def parse(kind_or_model: type[_Model], data: Any, name: str = "<data>") -> _Model: ...
+@overload
+def parse(kind_or_model: str, data: Any, name: str = "<data>") -> FileModel: ...
 def parse(kind_or_model: str | type[FileModel], data: Any, name: str = "<data>") -> FileModel:
     """Validate already-read JSON `data`; FileError messages name the file as `name`. Data of the version
     before the current one is upgraded first, in place (`upgrade`)."""
@@ -89,6 +98,10 @@ def parse(kind_or_model: str | type[FileModel], data: Any, name: str = "<data>")
         raise FileError(_describe(name, error)) from None
 
 
+@overload
+def load(kind_or_model: type[_Model], path: str | Path) -> _Model: ...
+@overload
+def load(kind_or_model: str, path: str | Path) -> FileModel: ...
 def load(kind_or_model: str | type[FileModel], path: str | Path) -> FileModel:
     """Read and validate one run file: kind "manifest", "cell", "results", "kv_ranges", or a model."""
     return parse(kind_or_model, read(path), str(Path(path)))
@@ -112,7 +125,7 @@ def read(path: str | Path) -> Any:
     return data
 
 
-def dump(model: FileModel) -> dict:
+def dump(model: FileModel) -> dict[str, Any]:
     """The dict to write back: exactly what was read (keys in the source's order, ints as ints,
     NaN as NaN). Same result as `model.model_dump(exclude_unset=True)`, without pydantic walking
     every token id of a 30 MB cell file: the untyped parts are returned as the model holds them
@@ -151,6 +164,6 @@ def _typed_fields(model: type[FileModel]) -> set[str]:
     return _TYPED_FIELDS[model]
 
 
-def json_schema(kind_or_model: str | type[FileModel]) -> dict:
+def json_schema(kind_or_model: str | type[FileModel]) -> dict[str, Any]:
     """The JSON Schema of one file kind (what a valid file looks like)."""
     return _model(kind_or_model).model_json_schema()

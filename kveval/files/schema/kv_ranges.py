@@ -56,7 +56,7 @@ class KvRanges(KvRangesModel):
     notes: Optional[list[str]] = None
 
     @model_validator(mode="after")
-    def _measured_unless_error(self):
+    def _measured_unless_error(self) -> KvRanges:
         if self.error is None:
             for name in ("model", "measurement", "layers"):
                 if name not in self.model_fields_set:

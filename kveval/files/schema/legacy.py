@@ -3,7 +3,7 @@ current one up to date as it is read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from kveval.files.schema.base import FileModel
 from kveval.files.schema.cell import CellResult
@@ -66,7 +66,7 @@ _UPGRADES: dict[type[FileModel], _Upgrade] = {
 }
 
 
-def _records(node: Any, path: _Path):
+def _records(node: Any, path: _Path) -> Iterator[dict[str, Any]]:
     """The objects at `path` below `node` ("*": every item or value); none where a step is missing."""
     if not path:
         if isinstance(node, dict):
@@ -81,7 +81,7 @@ def _records(node: Any, path: _Path):
         yield from _records(child, rest)
 
 
-def _replace_items(record: dict, items: list[tuple[str, Any]]) -> None:
+def _replace_items(record: dict[str, Any], items: list[tuple[str, Any]]) -> None:
     record.clear()
     record.update(items)
 

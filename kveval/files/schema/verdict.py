@@ -1,16 +1,17 @@
 """results.json, its verdict: the statuses, platform budget, thresholds, checks and reasons
-(`VerdictRecord`, what gate.Verdict.to_dict writes)."""
+(`VerdictRecord`, what gate.Verdict.record gives)."""
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from kveval.files.schema.base import FileModel, Number
 
 
-# --- results.json (render/outputs.results_document, evidence.build_evidence, gate.Verdict.to_dict) --
+# --- results.json (render/outputs.results_document, evidence.build_evidence, gate.Verdict.record) ---
 
 Status = Literal["PASS", "FAIL", "INCONCLUSIVE"]
 CellStatus = Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT STARTED", "MISSING"]
+ProfileName = Literal["gpu", "cpu", "cpu-amx"]   # gate/thresholds.PROFILES
 
 
 class Budget(FileModel):
@@ -25,7 +26,7 @@ class Budget(FileModel):
 
 
 class Profile(FileModel):
-    name: Literal["gpu", "cpu", "cpu-amx"]
+    name: ProfileName
     why: str
     calibration: str
     budget: Budget
@@ -86,6 +87,13 @@ class NoiseFloor(FileModel):
     source: list[NoiseSource]
 
 
+class Defect(FileModel):
+    """An engine-path defect: the cell's figures do not measure FP8 quality (gate/defects.py)."""
+
+    cell: str
+    message: str
+
+
 class VerdictRecord(FileModel):
     status: Status
     exit_code: int
@@ -95,5 +103,5 @@ class VerdictRecord(FileModel):
     checks: list[Check]
     thresholds: Thresholds
     noise_floor: Optional[NoiseFloor]
-    defects: Optional[list[dict[str, Any]]] = None          # {"cell", "message"}: engine-path defects
+    defects: Optional[list[Defect]] = None                  # engine-path defects
     attributed: Optional[dict[str, list[str]]] = None       # plain FP8 cell -> the layers its harm is attributed to

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from kveval.inputs.task_data.haystack import SIZE_TOLERANCE, fit, invert, measure, task_prompt
 from kveval.inputs.workloads import load_corpus
+from kveval.inputs.workloads.chat import encode_batch
 
 CWE_INTRO = ("Below is a numbered list of words. In these words, some appear more often than "
              "others. Memorize the ones that appear most often.")
@@ -36,12 +38,21 @@ def _cwe_counts(n: int, capacity: int, vocabulary_size: int) -> tuple[int, int]:
         uncommon += 1
 
 
-def cwe(tokenizer, sources, rng, target, depth):
+@dataclass
+class CweSources:
+    """The common-word task's material, made once per call of `cwe_sources` and shared by its documents."""
+
+    vocabulary: list[str]                  # corpus words
+    word_cost: dict[str, int]              # each word's tokens after a space
+    number_cost: list[int] = field(default_factory=lambda: [0])   # grown on demand by _number_costs
+
+
+def cwe(tokenizer, sources: CweSources, rng, target, depth):
     del depth
-    vocabulary = list(sources["cwe_vocabulary"])
+    vocabulary = list(sources.vocabulary)
     rng.shuffle(vocabulary)
     common_words, pool = vocabulary[:CWE_COMMON], vocabulary[CWE_COMMON:]
-    word_cost = sources["cwe_word_cost"]
+    word_cost = sources.word_cost
 
     overhead = measure(tokenizer, task_prompt(CWE_INTRO, "", CWE_QUESTION))
     line_cost = _number_costs(tokenizer, sources, 64)
@@ -153,19 +164,18 @@ def _swap_longer(words, tokens, common_words, pool, uncommon, word_cost) -> list
     return out
 
 
-def _number_costs(tokenizer, sources, n: int) -> list[int]:
+def _number_costs(tokenizer, sources: CweSources, n: int) -> list[int]:
     """costs[i] = estimated tokens of the "\\n{i}." part of list line i (index 0 unused)."""
-    cache: list[int] = sources.setdefault("cwe_number_cost", [0])
+    cache = sources.number_cost
     if len(cache) <= n:
         new = [f"\n{i}." for i in range(len(cache), n + 1)]
-        cache.extend(len(ids) for ids in tokenizer(new, add_special_tokens=False)["input_ids"])
+        cache.extend(len(ids) for ids in encode_batch(tokenizer, new))
     return cache
 
 
 
-def cwe_sources(tokenizer, data_dir: Path) -> dict:
+def cwe_sources(tokenizer, data_dir: Path) -> CweSources:
     """The cwe vocabulary (corpus words) and each word's token cost, once per call."""
     vocabulary = _cwe_vocabulary(load_corpus(Path(data_dir)))
-    costs = tokenizer([" " + w for w in vocabulary], add_special_tokens=False)["input_ids"]
-    return {"cwe_vocabulary": vocabulary,
-            "cwe_word_cost": {w: len(ids) for w, ids in zip(vocabulary, costs)}}
+    costs = encode_batch(tokenizer, [" " + w for w in vocabulary])
+    return CweSources(vocabulary, {w: len(ids) for w, ids in zip(vocabulary, costs)})

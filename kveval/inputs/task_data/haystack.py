@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from kveval.inputs.workloads import render_chat
+from kveval.inputs.workloads.chat import encode_batch
 
 SIZE_TOLERANCE = 8          # a doc is target - SIZE_TOLERANCE .. target tokens
 MIN_HAYSTACK_TOKENS = 16    # below this a "depth" means nothing
@@ -51,7 +52,7 @@ class Source:
         if not self.paragraphs:
             raise ValueError("haystack source text is empty")
         unique = sorted({u for units in self.paragraphs for u in units})
-        counts = tokenizer(unique, add_special_tokens=False)["input_ids"]
+        counts = encode_batch(tokenizer, unique)
         self.cost = {u: max(1, len(ids)) for u, ids in zip(unique, counts)}
 
 

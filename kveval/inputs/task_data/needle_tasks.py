@@ -1,5 +1,6 @@
 """The needle tasks: passkey, the three needle-in-a-haystack variants and variable tracking. Each generator
-takes (tokenizer, sources, rng, target, depth) and returns (text, tokens, needle depths, expected outputs)."""
+takes (tokenizer, its task's haystack `Source`, rng, target, depth) and returns (text, tokens, needle depths,
+expected outputs)."""
 from __future__ import annotations
 
 import random
@@ -58,67 +59,66 @@ def _var_names(rng: random.Random, n: int) -> list[str]:
     return names
 
 
-def passkey(tokenizer, sources, rng, target, depth):
+def passkey(tokenizer, filler: Source, rng, target, depth):
     key = str(rng.randint(10_000, 99_999))
     needles = [Needle(PASSKEY_NEEDLE.format(key=key), depth)]
-    text, tokens, depths = haystack_doc(tokenizer, sources["filler"], target, 0,
+    text, tokens, depths = haystack_doc(tokenizer, filler, target, 0,
                                          PASSKEY_INTRO, PASSKEY_QUESTION, needles)
     return text, tokens, depths, [key]
 
 
-def niah_single(tokenizer, sources, rng, target, depth):
+def niah_single(tokenizer, essay: Source, rng, target, depth):
     key, = _keys(rng, 1)
     value = _seven_digits(rng, set())
     needles = [Needle(NIAH_NEEDLE.format(key=key, value=value), depth)]
-    return _essay(tokenizer, sources, rng, target, NIAH_INTRO,
+    return _essay(tokenizer, essay, rng, target, NIAH_INTRO,
                   NIAH_QUESTION.format(key=key), needles) + ([value],)
 
 
-def niah_multikey(tokenizer, sources, rng, target, depth):
+def niah_multikey(tokenizer, essay: Source, rng, target, depth):
     keys = _keys(rng, 4)
     used: set[str] = set()
     values = [_seven_digits(rng, used) for _ in keys]
     needles = [Needle(NIAH_NEEDLE.format(key=keys[0], value=values[0]), depth)]
     needles += [Needle(NIAH_NEEDLE.format(key=k, value=v), rng.random())
                 for k, v in zip(keys[1:], values[1:])]
-    return _essay(tokenizer, sources, rng, target, NIAH_INTRO,
+    return _essay(tokenizer, essay, rng, target, NIAH_INTRO,
                   NIAH_QUESTION.format(key=keys[0]), needles) + ([values[0]],)
 
 
-def niah_multivalue(tokenizer, sources, rng, target, depth):
+def niah_multivalue(tokenizer, essay: Source, rng, target, depth):
     key, = _keys(rng, 1)
     used: set[str] = set()
     values = [_seven_digits(rng, used) for _ in range(4)]
     needles = [Needle(NIAH_NEEDLE.format(key=key, value=values[0]), depth)]
     needles += [Needle(NIAH_NEEDLE.format(key=key, value=v), rng.random()) for v in values[1:]]
-    return _essay(tokenizer, sources, rng, target, NIAH_INTRO,
+    return _essay(tokenizer, essay, rng, target, NIAH_INTRO,
                   NIAH_MULTIVALUE_QUESTION.format(key=key), needles) + (values,)
 
 
-def vt(tokenizer, sources, rng, target, depth):
+def vt(tokenizer, essay: Source, rng, target, depth):
     names = _var_names(rng, 5)
     value = str(rng.randint(10_000, 99_999))
     hops = sorted(rng.uniform(depth, 1.0) for _ in names[1:])
     needles = [Needle(f"VAR {names[0]} = {value}.", depth)]
     needles += [Needle(f"VAR {names[i + 1]} = VAR {names[i]}.", hop, after=i)
                 for i, hop in enumerate(hops)]
-    return _essay(tokenizer, sources, rng, target, VT_INTRO,
+    return _essay(tokenizer, essay, rng, target, VT_INTRO,
                   VT_QUESTION.format(value=value), needles) + (names,)
 
 
-def _essay(tokenizer, sources, rng, target, intro, question, needles):
-    source = sources["essay"]
-    first = rng.randrange(len(source.paragraphs))
-    return haystack_doc(tokenizer, source, target, first, intro, question, needles)
+def _essay(tokenizer, essay: Source, rng, target, intro, question, needles):
+    first = rng.randrange(len(essay.paragraphs))
+    return haystack_doc(tokenizer, essay, target, first, intro, question, needles)
 
 
 
-def passkey_sources(tokenizer, data_dir: Path) -> dict:
+def passkey_sources(tokenizer, data_dir: Path) -> Source:
     """The passkey haystack: one filler paragraph, tokenised once per call."""
     del data_dir
-    return {"filler": Source(tokenizer, [PASSKEY_FILLER], " ")}
+    return Source(tokenizer, [PASSKEY_FILLER], " ")
 
 
-def essay_sources(tokenizer, data_dir: Path) -> dict:
+def essay_sources(tokenizer, data_dir: Path) -> Source:
     """The essay haystack of the niah and vt tasks: the corpus, tokenised once per call."""
-    return {"essay": Source(tokenizer, load_corpus(Path(data_dir)), "\n\n")}
+    return Source(tokenizer, load_corpus(Path(data_dir)), "\n\n")

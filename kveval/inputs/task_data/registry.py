@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from kveval.inputs.resources import LM_EVAL_TASKS_DIR
 from kveval.inputs.task_data.cwe import cwe, cwe_sources
@@ -19,7 +19,7 @@ TASK_GROUP = "kveval_longctx"
 SCORING = "utils.process_results"
 METRICS = ("all_match", "partial_match")
 
-# (tokenizer, sources, rng, target tokens, depth) -> (text, prompt tokens, needle depths, expected outputs)
+# (tokenizer, its sources' haystack, rng, target tokens, depth) -> (text, prompt tokens, needle depths, expected outputs)
 Generator = Callable[..., tuple]
 
 
@@ -31,7 +31,7 @@ class TaskSpec:
     max_gen_toks: int    # answer budget; the YAML's generation_kwargs.max_gen_toks must match
     uses_depth: bool     # False: docs have depth null and no needles (cwe)
     generate: Generator                       # one doc's text, size, needle depths and expected outputs
-    sources: Callable[..., dict]              # (tokenizer, data_dir) -> the haystack, tokenised once per call
+    sources: Callable[..., Any]               # (tokenizer, data_dir) -> what `generate` draws from, tokenised once per call
     scoring: str = SCORING                    # the YAML's process_results hook
     metrics: tuple[str, ...] = METRICS        # what it reports, as the YAML's metric_list names them
 

@@ -23,6 +23,11 @@ def encode(tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
 
+def encode_batch(tokenizer, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+    """Token ids of each of `texts`, in one tokenizer call (fast tokenizers encode a batch in parallel)."""
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=add_special_tokens)["input_ids"]]
+
+
 def decode(tokenizer, ids: Sequence[int]) -> str:
     """The text of `ids` for humans and reports: special tokens kept (they are part of what the model
     sees), spaces not "cleaned up"."""

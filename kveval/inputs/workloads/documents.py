@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kveval.inputs.resources import DATA_DIR
-from kveval.inputs.workloads.chat import encode
+from kveval.inputs.workloads.chat import encode, encode_batch
 
 
 def load_corpus(data_dir: Path = DATA_DIR) -> list[str]:
@@ -50,8 +50,7 @@ class DocumentStream:
     """
 
     def __init__(self, tokenizer, paragraphs: Sequence[str], seed: int):
-        self._paragraph_ids = [list(ids) for ids in
-                               tokenizer(list(paragraphs), add_special_tokens=False)["input_ids"]]
+        self._paragraph_ids = encode_batch(tokenizer, paragraphs)
         self._separator = _separator_ids(tokenizer)
         self._rng = random.Random(seed)
         self._tokens: list[int] = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -89,7 +89,7 @@ def _check_messages(messages: Any) -> str | None:
             return f"messages[{k}] needs a non-empty string 'role'"
         if not isinstance(message.content, str):
             return f"messages[{k}] needs a string 'content'"
-    if not any(m["content"].strip() for m in messages):
+    if not any(_Message.of(m).content.strip() for m in messages):
         return "all messages are empty"
     return None
 
@@ -154,6 +154,16 @@ class _UserPrompt:
         return [{"role": m.role, "content": m.content} for m in map(_Message.of, self.messages)]
 
 
+@dataclass(frozen=True)
+class _Normalised:
+    """A user prompt in the one form normalise_user_prompts gives (as a dict, itself a valid input line)."""
+
+    id: str
+    workload: str
+    max_tokens: int
+    messages: list[dict[str, Any]]   # [{"role", "content"}, ...]
+
+
 def normalise_user_prompts(rows: Iterable[tuple[int, Any]], source: str | Path) -> list[dict]:
     """Validate user prompt objects and bring them to one form:
     {"id", "workload", "max_tokens", "messages": [{"role", "content"}, ...]}.
@@ -161,7 +171,11 @@ def normalise_user_prompts(rows: Iterable[tuple[int, Any]], source: str | Path) 
     That form is itself a valid input line, so normalising twice changes nothing. Ids default to
     f"{workload}-{index within workload}", like the built-in ones.
     """
-    out: list[dict] = []
+    return [asdict(prompt) for prompt in _normalised(rows, source)]
+
+
+def _normalised(rows: Iterable[tuple[int, Any]], source: str | Path) -> list[_Normalised]:
+    out: list[_Normalised] = []
     seen_ids: dict[str, int] = {}
     per_workload: dict[str, int] = {}
     for lineno, obj in rows:
@@ -177,8 +191,7 @@ def normalise_user_prompts(rows: Iterable[tuple[int, Any]], source: str | Path) 
             raise PromptFileError(source, lineno, f"duplicate id {prompt_id!r} (first used at line {seen_ids[prompt_id]})")
         seen_ids[prompt_id] = lineno
 
-        out.append({"id": prompt_id, "workload": line.workload, "max_tokens": line.max_tokens,
-                    "messages": line.chat})
+        out.append(_Normalised(prompt_id, line.workload, line.max_tokens, line.chat))
     return out
 
 
@@ -197,15 +210,13 @@ def load_user_prompts(path: str | Path) -> list[dict]:
 
 def user_prompt_specs(tokenizer, user_prompts: Sequence[Mapping[str, Any]],
                        builtin_names: Iterable[str]) -> list[PromptSpec]:
-    normalised = normalise_user_prompts(
-        ((i + 1, p) for i, p in enumerate(user_prompts)), "user_prompts")
-    clashes = sorted({p["workload"] for p in normalised} & set(builtin_names))
+    normalised = _normalised(((i + 1, p) for i, p in enumerate(user_prompts)), "user_prompts")
+    clashes = sorted({p.workload for p in normalised} & set(builtin_names))
     if clashes:
         raise ValueError(f"user prompt workloads {clashes} clash with built-in workload names")
     specs = []
     for p in normalised:
-        _, ids = render_messages(tokenizer, p["messages"])
-        specs.append(PromptSpec(p["id"], p["workload"], "user", decode(tokenizer, ids),
-                                tuple(ids), p["max_tokens"], None))
+        _, ids = render_messages(tokenizer, p.messages)
+        specs.append(PromptSpec(p.id, p.workload, "user", decode(tokenizer, ids), tuple(ids), p.max_tokens, None))
     return specs
 
