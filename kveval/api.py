@@ -26,6 +26,7 @@ from kveval.inputs.resources import LM_EVAL_TASKS_DIR
 from kveval.inputs.suites import SUITES, get_suite
 from kveval.inputs.task_data import TASK_GROUP, TASKS as TASKS_BY_NAME, write_task_data
 from kveval.inputs.task_selection import task_shape
+from kveval.run import baseline_import
 from kveval.run.options import CompareOptions, normalized, validate_options
 from kveval.run.remedy import REMEDY_MODES
 
@@ -129,6 +130,12 @@ def baseline(model: str | None = None, max_model_len: Sequence[int] | None = Non
             raise KvevalError(f"a baseline run sets {name} itself (`auto` cells only)")
     settings = {"remedy": "off", "diagnose": False, "budget": "0", **kwargs}
     return compare(model, ("auto",), max_model_len, progress=progress, phases=tuple(phases), **settings)
+
+
+def baseline_gaps(run_dir: str | Path) -> list[str]:
+    """One line per `auto` cell of a baseline run that cannot serve as a baseline (it did not start, or lacks
+    a quality phase: a crash, a timeout, a phase error); [] when the run is ready for --baseline-from."""
+    return baseline_import.baseline_gaps(RunDir(run_dir))
 
 
 def _disk_full_message(error: DiskFull, run_dir: str | Path | None) -> str:

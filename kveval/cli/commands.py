@@ -314,7 +314,7 @@ def baseline(**given) -> None:
     --prompts as that run; make it where auto fits (a larger GPU, or a CPU with --kv-cache-memory).
 
     Prints the run directory; exits 0 when every auto cell started, 3 when one did not, 2 on a usage error."""
-    from kveval.api import KvevalError, RunInterrupted, baseline as run_baseline
+    from kveval.api import KvevalError, RunInterrupted, baseline as run_baseline, baseline_gaps
 
     arguments = compare_arguments({"kv": (), "phases": (), "thresholds": (), **given})   # what compare_arguments reads
     for name in _NOT_FOR_BASELINE | {"gate_overrides"}:
@@ -327,9 +327,9 @@ def baseline(**given) -> None:
     except KvevalError as error:
         raise UsageFailure(str(error)) from None
     click.echo(str(result.run_dir))
-    missing = [c["id"] for c in result.manifest["cells"] if not (result.cells.get(c["id"]) or {}).get("started")]
-    if missing:
-        click.echo(f"Baseline incomplete: {', '.join(missing)} did not start (see {result.review_path})", err=True)
+    gaps = baseline_gaps(result.run_dir)
+    if gaps:
+        click.echo(f"Baseline incomplete: {'; '.join(gaps)} (see {result.review_path})", err=True)
         sys.exit(3)
     click.echo(f"Baseline ready: kveval compare --kv fp8 --baseline-from {result.run_dir} with the same --model, "
                "--max-model-len, --seed, --suite and --tasks", err=True)

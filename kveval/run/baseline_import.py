@@ -136,6 +136,39 @@ def input_differences(source: RunDir, theirs: schema.Manifest, cells: dict[str, 
     if absent:
         out.append(f"no started {BASELINE_KV} cell there at max_model_len {', '.join(str(n) for n in absent)} "
                    f"(there: {', '.join(str(n) for n in their_options['max_model_len'])})")
+    asked = [p for p in options["phases"] if p in QUALITY_PHASES]
+    for n in lengths:
+        facts = cells.get(cell_id(BASELINE_KV, n))
+        gaps = unusable_phases(facts, asked) if facts is not None and facts.started else []
+        if gaps:
+            out.append(f"{cell_id(BASELINE_KV, n)} there has no complete {', '.join(gaps)}")
+    return out
+
+
+def unusable_phases(facts: schema.CellResult, phases: list[str]) -> list[str]:
+    """The quality phases a baseline cell lacks (not recorded, or recorded with an error), the crash that
+    lost them named when the cell died (a timeout, the child killed)."""
+    gaps = [phase for phase in phases
+            if getattr(facts.phases, phase) is None or getattr(facts.phases, phase).error is not None]
+    if gaps and facts.crash is not None:
+        return [f"{', '.join(gaps)} (the cell crashed: {facts.crash.message})"]
+    return gaps
+
+
+def baseline_gaps(run: RunDir) -> list[str]:
+    """`kveval baseline`'s check of its own run: one line per `auto` cell that cannot serve as a baseline."""
+    manifest = run.manifest()
+    cells = run.cell_results(manifest)
+    asked = [p for p in manifest.options.phases if p in QUALITY_PHASES]
+    out = []
+    for planned in manifest.cells:
+        facts = cells.get(planned.id)
+        if facts is None or not facts.started:
+            out.append(f"{planned.id} did not start")
+            continue
+        gaps = unusable_phases(facts, asked)
+        if gaps:
+            out.append(f"{planned.id} has no complete {', '.join(gaps)}")
     return out
 
 

@@ -147,3 +147,24 @@ def test_task_samples_are_compared_by_content(tmp_path):
     assert task_data_differences(source, Manifest, run, mine, [1024], True) == [
         "task samples differ by content (passkey@1024)"]
     assert task_data_differences(source, Manifest, run, mine, [1024], False) == []
+
+
+def test_a_baseline_cell_that_crashed_before_its_phases_is_not_a_baseline():
+    # What a CPU baseline looked like after its cell hit the 3,600 s timeout mid-generation (2026-12-07): started,
+    # no phase stored. `kveval baseline` says so (exit 3) and --baseline-from refuses it, naming the crash.
+    from kveval.run.baseline_import import unusable_phases
+    crashed = schema.parse(schema.CellResult, {
+        "schema_version": 2, "cell": "auto-2048", "kv_spec": "auto", "max_model_len": 2048, "complete": True,
+        "phases": {}, "started": True, 
+        "info": {"vllm_version": "0.32.0", "platform": "cpu", "device_name": "AMD EPYC", "device_capability": None,
+                 "attention_backend": "CPU_ATTN", "model_dtype": "bfloat16", "model_max_model_len": 2048},
+        "logged_capacity": {"kv_pool_tokens": 2816, "max_concurrency": 1.38},
+        "capacity": {"kv_pool_tokens": 2816, "kv_pool_tokens_source": "cache_config.kv_cache_size_tokens",
+                     "max_concurrency": 1.375, "num_blocks": 22, "block_size": 128, "cache_dtype": "auto"},
+        "crash": {"message": "kveval stopped the cell after its timeout of 3600 s", "last_log_line": "..."}}, "cell")
+    assert unusable_phases(crashed, ["generation", "scoring"]) == [
+        "generation, scoring (the cell crashed: kveval stopped the cell after its timeout of 3600 s)"]
+    healthy = crashed.model_copy(update={"crash": None, "phases": schema.Phases.model_validate({
+        "generation": {"sampling": {"temperature": 0.0}, "records": []},
+        "scoring": {"error": "boom"}})})
+    assert unusable_phases(healthy, ["generation", "scoring"]) == ["scoring"]
