@@ -155,7 +155,7 @@ def test_a_baseline_cell_that_crashed_before_its_phases_is_not_a_baseline():
     from kveval.run.baseline_import import unusable_phases
     crashed = schema.parse(schema.CellResult, {
         "schema_version": 2, "cell": "auto-2048", "kv_spec": "auto", "max_model_len": 2048, "complete": True,
-        "phases": {}, "started": True, 
+        "phases": {}, "started": True,
         "info": {"vllm_version": "0.32.0", "platform": "cpu", "device_name": "AMD EPYC", "device_capability": None,
                  "attention_backend": "CPU_ATTN", "model_dtype": "bfloat16", "model_max_model_len": 2048},
         "logged_capacity": {"kv_pool_tokens": 2816, "max_concurrency": 1.38},
