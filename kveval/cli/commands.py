@@ -323,7 +323,7 @@ def baseline(**given) -> None:
     except KvevalError as error:
         raise UsageFailure(str(error)) from None
     click.echo(str(result.run_dir))
-    missing = [c["id"] for c in result.manifest["cells"] if not (result.cells.get(c["id"]) or {}).get("started")]
+    missing = [c.id for c in result.manifest.cells if not ((cell := result.cells.get(c.id)) and cell.started)]
     if missing:
         click.echo(f"Baseline incomplete: {', '.join(missing)} did not start (see {result.review_path})", err=True)
         sys.exit(3)
