@@ -40,9 +40,14 @@ __all__ = ["CompareOptions", "EXIT_USAGE", "KEEP_ATTENTION_TYPES", "KvevalError"
 
 @dataclass
 class RunResult:
+    """A stored run, typed: its manifest (`schema.Manifest`) and its cells by id (`schema.CellResult`, later
+    rounds merged in), with the review, verdict and evidence once `report` (or `compare`) judged it.
+    `kveval.file_schema("cell")` and files/schema/ say what each field holds; `schema.dump(model)` gives a
+    file's dict back."""
+
     run_dir: Path
-    manifest: dict
-    cells: dict[str, dict]
+    manifest: schema.Manifest
+    cells: dict[str, schema.CellResult]
     review_path: Path | None = None
     verdict: Verdict | None = None
     evidence: schema.Evidence | None = None
@@ -50,7 +55,7 @@ class RunResult:
     html_path: Path | None = None   # review.html: the review as one page to share
     decision: schema.Decision | None = None   # the two answers and the exit code (run_exit_code)
 
-    def cell(self, kv_spec: str, max_model_len: int) -> dict | None:
+    def cell(self, kv_spec: str, max_model_len: int) -> schema.CellResult | None:
         return self.cells.get(cell_id(kv_spec, max_model_len))
 
 
@@ -155,17 +160,15 @@ def load_run(run_dir: str | Path) -> RunResult:
 
 
 def _load_typed(run_dir: str | Path) -> tuple[RunResult, schema.Manifest, dict[str, schema.CellResult]]:
-    """The stored run (manifest and cells as plain dicts, as RunResult gives them), its typed manifest
-    (`RunDir.manifest`) and typed cells (`RunDir.cell_results`, what the evidence is built from): each
-    file is read once."""
+    """The stored run, its typed manifest (`RunDir.manifest`) and typed cells (`RunDir.cell_results`, what
+    the evidence is built from and what RunResult hands out): each file is read once."""
     store = RunDir(run_dir)
     try:
         manifest = store.manifest()
         typed = store.cell_results(manifest)
     except StoreError as error:
         raise KvevalError(str(error)) from None
-    cells = {name: schema.dump(cell) for name, cell in typed.items()}
-    result = RunResult(store.path, schema.dump(manifest), cells,
+    result = RunResult(store.path, manifest, typed,
                        store.review_path if store.review_path.exists() else None,
                        html_path=store.review_html_path if store.review_html_path.exists() else None)
     return result, manifest, typed

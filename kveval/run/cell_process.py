@@ -27,7 +27,7 @@ from kveval.files import schema
 from kveval.run.death import explain_death, log_tail
 from kveval.files.cell_spec import CellSpec, PhaseOptions
 from kveval.files.startup_failure import StartupFailure, classify_startup_failure, not_started_record
-from kveval.files.rundir import DISK_FULL_EXIT, NO_SPACE_WORDS, DiskFull, RunDir, write_json_atomic
+from kveval.files.rundir import DISK_FULL_EXIT, NO_SPACE_WORDS, DiskFull, RunDir, StoreError, write_json_atomic
 from kveval.inputs.kvspec import KVSpec
 from kveval.run.fork_server import ForkedChild, ForkServer
 from kveval.run.warm_process import WarmChild, WarmProcess
@@ -134,8 +134,8 @@ class _ProgressWatch:
 def run_cell_process(run_dir: RunDir, plan: CellPlan, *, timeout_s: float | None,
                      on_event: Callable[[CellEvent], None], env: dict[str, str] | None = None,
                      stop: threading.Event | None = None,
-                     stall_s: float | None = defaults.STALL_TIMEOUT_S, warm: WarmProcess | ForkServer | None = None) -> dict:
-    """Run one cell in its own process and return its stored facts. `env`: extra environment for the
+                     stall_s: float | None = defaults.STALL_TIMEOUT_S, warm: WarmProcess | ForkServer | None = None) -> schema.CellResult:
+    """Run one cell in its own process and return its stored record, typed. `env`: extra environment for the
     child (CUDA_VISIBLE_DEVICES when cells share a host's GPUs); `stop`: set by another thread to end the
     cell as interrupted (Ctrl-C while cells run in parallel). A None value in `env` removes that variable.
     `stall_s`: a started cell with no progress event for this long is stopped and recorded as stalled.
@@ -248,14 +248,22 @@ def _kill_group(child: subprocess.Popen) -> None:
             pass
 
 
+class _Written(BaseModel):
+    """How far the cell's own record got (the child may have died before writing all of it)."""
+
+    model_config = ConfigDict(extra="ignore")
+    started: Optional[bool] = None
+    complete: bool = False
+
+
 def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: bool, timeout_s, seconds: float,
             *, interrupted: bool = False, stalled: schema.Stalled | None = None, warm: bool = False,
-            forked: bool = False) -> dict:
-    facts = run_dir.load_cell(plan.id, validate=False)
-    if facts is not None and facts.get("complete") and not interrupted and stalled is None:
-        facts["process"] = {"exit_code": exit_code, "seconds": seconds, "warm": warm, "forked": forked}
-        write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
-        return facts
+            forked: bool = False) -> schema.CellResult:
+    written = run_dir.load_cell(plan.id, validate=False)
+    progress = _Written.model_validate(written) if isinstance(written, dict) else _Written()
+    if written is not None and progress.complete and not interrupted and stalled is None:
+        process = {"exit_code": exit_code, "seconds": seconds, "warm": warm, "forked": forked}
+        return stored_cell(run_dir, plan.id, {**written, "process": process})
     try:
         log = run_dir.cell_log_path(plan.id).read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -267,28 +275,38 @@ def _finish(run_dir: RunDir, plan: CellPlan, exit_code: int | None, timed_out: b
     death = explain_death(exit_code, timed_out=timed_out, timeout_s=timeout_s, stopped_by_user=interrupted,
                           kv_cache_memory_bytes=plan.kv_cache_memory_bytes, log_tail=log_tail(log, 40),
                           stalled=stalled)
-    if not isinstance(facts, dict) or not facts.get("started"):
+    if written is None or not progress.started:
         # Died before the engine was up: a start-up failure, in vLLM's words if it left any.
         if interrupted:
-            failure = StartupFailure("interrupted", death["message"], None, None)
+            failure = StartupFailure("interrupted", death.message, None, None)
         else:
             failure = classify_startup_failure(
-                log, exception_text="" if timed_out else death["message"],
+                log, exception_text="" if timed_out else death.message,
                 kv_cache_dtype=plan.engine.get("kv_cache_dtype", plan.kv.dtype), exit_code=exit_code)
             if timed_out:  # say first that kveval stopped it; whatever vLLM logged follows
-                failure = dataclasses.replace(failure, message=f"{death['message']}. {failure.message}".strip())
-        facts = not_started_record(plan.id, plan.kv.text, plan.max_model_len, failure, log)
+                failure = dataclasses.replace(failure, message=f"{death.message}. {failure.message}".strip())
+        record = not_started_record(plan.id, plan.kv.text, plan.max_model_len, failure, log)
     else:
         # Started, then died in a phase: keep every finished phase, mark the rest as lost.
-        facts["crash"] = {"message": death["message"], "cause": death["cause"], "advice": death["advice"],
-                          "last_log_line": _last_line(log), "log_tail": log_tail(log),
-                          **({"stalled": schema.dump(stalled)} if stalled is not None else {})}
-    facts["complete"] = True
-    facts["process"] = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out,
-                        "interrupted": interrupted, "cause": death["cause"], "warm": warm,
-                        "forked": forked}
-    write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
-    return facts
+        crash = {"message": death.message, "cause": death.cause, "advice": death.advice,
+                 "last_log_line": _last_line(log), "log_tail": log_tail(log),
+                 **({"stalled": schema.dump(stalled)} if stalled is not None else {})}
+        record = {**written, "crash": crash}
+    process = {"exit_code": exit_code, "seconds": seconds, "timed_out": timed_out, "interrupted": interrupted,
+               "cause": death.cause, "warm": warm, "forked": forked}
+    return stored_cell(run_dir, plan.id, {**record, "complete": True, "process": process})
+
+
+def stored_cell(run_dir: RunDir, cell: str, record: dict) -> schema.CellResult:
+    """Write the cell's final record (what the child wrote and what the parent saw of its end) and give it
+    back typed, validated as a cell file is when read; the run directory keeps it, so the next read is no parse."""
+    write_json_atomic(run_dir.cell_path(cell), record, compact=True)
+    try:
+        typed = schema.parse(schema.CellResult, record, str(run_dir.cell_path(cell)))
+    except schema.FileError as error:
+        raise StoreError(str(error)) from None
+    run_dir.remember_cell(cell, typed)
+    return typed
 
 
 def _last_line(log: str) -> str:

@@ -51,13 +51,12 @@ def run_plans(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Comp
                           else "Ray task" if ray else None)
         on_event = lambda event, cell=plan.id: show.cell_event(cell, event)  # noqa: E731
         if ray is not None:
-            written = ray.launch(plan, on_event, stop)
-            if written is None:  # stopped before it began: nothing to record, as for a cell never reached
+            facts = ray.launch(plan, on_event, stop)
+            if facts is None:  # stopped before it began: nothing to record, as for a cell never reached
                 return None
         else:
-            written = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
-                                       on_event=on_event, stall_s=options.stall_timeout, warm=warm)
-        facts = _typed_cell(run_dir, plan.id, written)
+            facts = run_cell_process(run_dir, plan, timeout_s=options.cell_timeout, env=env, stop=stop,
+                                     on_event=on_event, stall_s=options.stall_timeout, warm=warm)
         show.cell_finished(plan.id, facts)
         rejected = rejected_engine_arg(facts, options.engine_args, _log_tail(run_dir, plan.id))
         if rejected:
@@ -86,16 +85,6 @@ def run_plans(run_dir: RunDir, plans: list[CellPlan], reuse: bool, options: Comp
                     show.note(line)
     else:
         run_in_parallel(plans, devices, devices_per_cell(options.engine_args), run_one, first=first)
-
-
-def _typed_cell(run_dir: RunDir, cell: str, written: dict) -> schema.CellResult:
-    """The record a cell process just wrote (and returned), validated as a cell file is when read."""
-    try:
-        typed = schema.parse(schema.CellResult, written, str(run_dir.cell_path(cell)))
-    except schema.FileError as error:
-        raise StoreError(str(error)) from None
-    run_dir.remember_cell(cell, typed)
-    return typed
 
 
 def _log_tail(run_dir: RunDir, cell: str) -> str:

@@ -8,6 +8,7 @@ to lower. SIGSEGV/SIGABRT point at a crash inside native code (the log tail show
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 
 from kveval.files import schema
 
@@ -32,9 +33,18 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+@dataclass(frozen=True)
+class Death:
+    """Why a cell's process ended before it finished, as its cell file's `crash` (and `process.cause`) say it."""
+
+    cause: str     # stalled, timeout, interrupted, oom_killed, out_of_memory, native_crash, signal, exit
+    message: str
+    advice: str
+
+
 def explain_death(exit_code: int | None, *, timed_out: bool, timeout_s: float | None, stopped_by_user: bool,
-                  kv_cache_memory_bytes: int | None, log_tail: str, stalled: schema.Stalled | None = None) -> dict:
-    """{cause, message, advice}: cause is one of stalled, timeout, interrupted, oom_killed, out_of_memory,
+                  kv_cache_memory_bytes: int | None, log_tail: str, stalled: schema.Stalled | None = None) -> Death:
+    """Why the cell process died: cause is one of stalled, timeout, interrupted, oom_killed, out_of_memory,
     native_crash, signal, exit. `stalled`: what `cell_process` saw last before it stopped a cell that
     made no progress (phase, seconds, done, total, item)."""
     number = signal_of(exit_code)
@@ -43,40 +53,40 @@ def explain_death(exit_code: int | None, *, timed_out: bool, timeout_s: float | 
     if stalled is not None:
         step = f" after step {stalled.done} of {stalled.total}" if stalled.total else ""
         item = f" (last: {stalled.item})" if stalled.item else ""
-        return {"cause": "stalled",
-                "message": f"the engine stopped making progress: no step of its {stalled.phase} phase finished "
+        return Death(cause="stalled",
+                message=f"the engine stopped making progress: no step of its {stalled.phase} phase finished "
                            f"for {stalled.seconds} s{step}{item}, so kveval stopped the cell",
-                "advice": "an engine that hangs on a configuration is a defect of that engine path (vLLM), not a "
+                advice="an engine that hangs on a configuration is a defect of that engine path (vLLM), not a "
                           "measure of FP8 quality; see the cell's log, try another vLLM version or attention "
-                          "backend, or raise --stall-timeout if one step really takes that long"}
+                          "backend, or raise --stall-timeout if one step really takes that long")
     if timed_out:
-        return {"cause": "timeout",
-                "message": f"kveval stopped the cell after its timeout of {timeout_s:.0f} s",
-                "advice": "raise --cell-timeout if the cell was still making progress (its log shows how far it got)"}
+        return Death(cause="timeout",
+                message=f"kveval stopped the cell after its timeout of {timeout_s:.0f} s",
+                advice="raise --cell-timeout if the cell was still making progress (its log shows how far it got)")
     if stopped_by_user:
-        return {"cause": "interrupted", "message": "the run was interrupted (Ctrl-C or SIGTERM) while this cell ran",
-                "advice": "re-run the same command into the same --out to redo it; finished cells are kept"}
+        return Death(cause="interrupted", message="the run was interrupted (Ctrl-C or SIGTERM) while this cell ran",
+                advice="re-run the same command into the same --out to redo it; finished cells are kept")
     if any(text in log_tail for text in _MEMORY_TEXTS):
-        return {"cause": "out_of_memory",
-                "message": f"the cell process ran out of memory (exit code {exit_code}){reserved}",
-                "advice": "lower --kv-cache-memory or the largest --max-model-len, or free memory on this machine"}
+        return Death(cause="out_of_memory",
+                message=f"the cell process ran out of memory (exit code {exit_code}){reserved}",
+                advice="lower --kv-cache-memory or the largest --max-model-len, or free memory on this machine")
     if number == signal.SIGKILL:
-        return {"cause": "oom_killed",
-                "message": f"the cell process was killed by SIGKILL (exit code {exit_code}), which kveval did not "
+        return Death(cause="oom_killed",
+                message=f"the cell process was killed by SIGKILL (exit code {exit_code}), which kveval did not "
                            f"send: almost always the kernel's out-of-memory killer{reserved}",
-                "advice": "check `dmesg` or the container's memory events; lower --kv-cache-memory or the largest "
-                          "--max-model-len, or free memory, then re-run the same command to redo this cell"}
+                advice="check `dmesg` or the container's memory events; lower --kv-cache-memory or the largest "
+                          "--max-model-len, or free memory, then re-run the same command to redo this cell")
     if number in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL):
-        return {"cause": "native_crash",
-                "message": f"the cell process crashed with {signal_name(number)} (exit code {exit_code}) inside "
+        return Death(cause="native_crash",
+                message=f"the cell process crashed with {signal_name(number)} (exit code {exit_code}) inside "
                            "native code (vLLM, torch or a kernel)",
-                "advice": "the log tail below shows the last step; re-running redoes this cell"}
+                advice="the log tail below shows the last step; re-running redoes this cell")
     if number is not None:
-        return {"cause": "signal", "message": f"the cell process was ended by {signal_name(number)} "
+        return Death(cause="signal", message=f"the cell process was ended by {signal_name(number)} "
                                               f"(exit code {exit_code})",
-                "advice": "something outside kveval stopped it; re-running redoes this cell"}
-    return {"cause": "exit", "message": f"the cell process exited with code {exit_code} before finishing",
-            "advice": "the log tail below shows why; re-running redoes this cell"}
+                advice="something outside kveval stopped it; re-running redoes this cell")
+    return Death(cause="exit", message=f"the cell process exited with code {exit_code} before finishing",
+            advice="the log tail below shows why; re-running redoes this cell")
 
 
 def log_tail(log: str, lines: int = 12, width: int = 400) -> str:

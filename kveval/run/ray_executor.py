@@ -27,11 +27,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
+
+from pydantic import BaseModel, ConfigDict
 
 from kveval.errors import KvevalError
-from kveval.files.rundir import RunDir, write_bytes_atomic, write_json_atomic
-from kveval.run.cell_process import CellEvent, CellPlan, run_cell_process
+from kveval.files import schema
+from kveval.files.rundir import RunDir, write_bytes_atomic
+from kveval.run.cell_process import CellEvent, CellPlan, run_cell_process, stored_cell
 from kveval.files.startup_failure import StartupFailure, not_started_record
 
 # Environment the cells' engines read: sent to every node so a cell behaves as it would locally.
@@ -227,7 +230,7 @@ class RayCells:
              + (f"{self._gpus} GPU(s) per cell" if self._gpus else
                 f"CPU cells, {self._cpus:g} CPUs each (one per node at a time: vLLM's CPU engine uses every core)"))
 
-    def launch(self, plan: CellPlan, on_event: Callable[[CellEvent], None], stop: threading.Event | None) -> dict | None:
+    def launch(self, plan: CellPlan, on_event: Callable[[CellEvent], None], stop: threading.Event | None) -> schema.CellResult | None:
         """Run one cell on the cluster; its files are in the driver's run directory on return.
         None: the run was stopped before this cell began (nothing recorded, as in a local run)."""
         ray, run_dir = self._ray, self._run_dir
@@ -259,33 +262,40 @@ class RayCells:
         if outcome.error:
             raise KvevalError(f"{plan.id}: {outcome.error}")
         unpack_files(outcome.files, run_dir.path)
-        facts = run_dir.load_cell(plan.id, validate=False) or {}
-        facts.setdefault("process", {})["node"] = outcome.node
-        write_json_atomic(run_dir.cell_path(plan.id), facts, compact=True)
-        return facts
+        # The node's address joins what the cell's own process recorded of its end.
+        record = run_dir.load_cell(plan.id, validate=False) or {}
+        process = {**(record.get("process") or {}), "node": outcome.node}
+        return stored_cell(run_dir, plan.id, {**record, "process": process})
 
-    def _lost(self, plan: CellPlan, error: BaseException, seconds: float) -> dict:
+    def _lost(self, plan: CellPlan, error: BaseException, seconds: float) -> schema.CellResult:
         message = f"the Ray task running this cell failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
-        facts = lost_task_record(self._run_dir.load_cell(plan.id, validate=False), plan, message, seconds)
-        write_json_atomic(self._run_dir.cell_path(plan.id), facts, compact=True)
-        return facts
+        return stored_cell(self._run_dir, plan.id,
+                           lost_task_record(self._run_dir.load_cell(plan.id, validate=False), plan, message, seconds))
 
     def close(self) -> None:
         self._ray.shutdown()
+
+
+class _Ended(BaseModel):
+    """How far a cell's own record got before its Ray task was lost."""
+
+    model_config = ConfigDict(extra="ignore")
+    started: Optional[bool] = None
+    complete: bool = False
+    process: Optional[dict] = None
 
 
 def lost_task_record(stored: dict | None, plan: CellPlan, message: str, seconds: float) -> dict:
     """The record of a cell whose Ray task died (its node went away, its worker crashed): the cell's own
     record when it had written its end, a crash keeping its finished phases when it had started, else
     a start-up failure that a resume redoes (executor_lost)."""
-    if isinstance(stored, dict) and stored.get("complete") and stored.get("process"):
+    ended = _Ended.model_validate(stored) if isinstance(stored, dict) else _Ended()
+    if stored is not None and ended.complete and ended.process:
         return stored  # its end (interrupted, timed out) was recorded before the task went
-    if isinstance(stored, dict) and stored.get("started"):
-        facts = {**stored, "crash": {"message": message, "cause": "executor_lost", "last_log_line": "",
-                                     "advice": "re-run the same command into the same --out to redo this cell"}}
+    if stored is not None and ended.started:
+        record = {**stored, "crash": {"message": message, "cause": "executor_lost", "last_log_line": "",
+                                      "advice": "re-run the same command into the same --out to redo this cell"}}
     else:
-        facts = not_started_record(plan.id, plan.kv.text, plan.max_model_len,
-                                   StartupFailure("executor_lost", message, None, None), "")
-    facts["complete"] = True
-    facts["process"] = {"exit_code": None, "seconds": seconds, "cause": "executor_lost"}
-    return facts
+        record = not_started_record(plan.id, plan.kv.text, plan.max_model_len,
+                                    StartupFailure("executor_lost", message, None, None), "")
+    return {**record, "complete": True, "process": {"exit_code": None, "seconds": seconds, "cause": "executor_lost"}}

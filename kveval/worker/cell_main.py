@@ -36,12 +36,12 @@ import time
 import traceback
 from pathlib import Path
 
+from kveval.files import schema
 from kveval.files.cell_spec import JOB_PREFIX, CellSpec, ForkedJob
 from kveval.files.schema import CELL_VERSION
 from kveval.files.startup_failure import classify_startup_failure, detect_backend, not_started_record
 from kveval.files.logfacts import kv_pool_from_log
 from kveval.worker.engine_clock import EngineClock
-from kveval.worker.engine_results import EngineInfo
 from kveval.worker.phases.context import CellContext
 from kveval.files.rundir import DISK_FULL_EXIT, DiskFull, RunDir, read_json, write_json_atomic
 from kveval.inputs.workloads import PromptSpec
@@ -81,24 +81,33 @@ def _engine_module():
     return engine
 
 
-def run_cell(spec: CellSpec) -> dict:
-    from kveval.worker.phases import PHASES
+class _CellFile:
+    """The cell's result file as the cell goes: the started engine's facts (typed) and its phases. A finished
+    phase is put in the file's form once (a scoring phase holds hundreds of thousands of positions), not at
+    every write; the file is rewritten atomically after each phase, so a crash keeps the earlier ones."""
+
+    def __init__(self, path: Path, facts: schema.CellResult):
+        self.path, self.facts = path, facts
+        self.phases: dict[str, schema.Phase] = {}   # by name, in the order they ran (the file's order)
+        self._stored: dict[str, dict] = {}
+
+    def keep(self, name: str, phase: schema.Phase) -> None:
+        self.phases[name] = phase
+        self._stored[name] = schema.dump(phase)
+        self.write()
+
+    def write(self) -> None:
+        write_json_atomic(self.path, {**schema.dump(self.facts), "phases": self._stored}, compact=True)
+
+
+def run_cell(spec: CellSpec) -> None:
+    from kveval.worker.phases import PHASES, RECORDS
 
     engine_module = _engine_module()
 
     result_path = Path(spec.result_path)
     emit = _Events(Path(spec.events_path))
     settings = engine_module.EngineSettings(**spec.engine)
-    facts: dict = {
-        "schema_version": CELL_VERSION,   # first, as in every cell file kveval writes (files/schema/cell.py)
-        "cell": spec.cell_id,
-        # The KV spec as the user named it (e.g. fp8:keep=0): what the cell id says it is.
-        "kv_spec": spec.kv_spec,
-        "max_model_len": settings.max_model_len,
-        "engine_settings": settings.llm_kwargs(),
-        "complete": False,
-        "phases": {},
-    }
     # The pid lets an operator (or the fault-injection tests) find this cell's process.
     emit(event="phase", phase="engine_start", pid=os.getpid())
     began = time.perf_counter()
@@ -112,27 +121,34 @@ def run_cell(spec: CellSpec) -> dict:
         failure = classify_startup_failure(
             log, exception_text=f"{type(error).__name__}: {error}", kv_cache_dtype=settings.kv_cache_dtype
         )
-        facts = not_started_record(
-            facts["cell"], facts["kv_spec"], facts["max_model_len"], failure, log,
-            engine_settings=facts["engine_settings"], startup_seconds=time.perf_counter() - began,
+        # The KV spec as the user named it (e.g. fp8:keep=0): what the cell id says it is.
+        record = not_started_record(
+            spec.cell_id, spec.kv_spec, settings.max_model_len, failure, log,
+            engine_settings=settings.llm_kwargs(), startup_seconds=time.perf_counter() - began,
             info={"vllm_version": engine_module.vllm_version(), **engine_module.platform_facts()})
-        write_json_atomic(result_path, facts, compact=True)
+        write_json_atomic(result_path, record, compact=True)
         emit(event="outcome", started=False, reason=failure.reason)
-        return facts
+        return
 
-    facts.update(started=True, startup_seconds=engine.startup_seconds, capacity=engine.capacity(), info=engine.info())
-    if EngineInfo.model_validate(facts["info"]).attention_backend is None:
-        facts["info"]["attention_backend"] = detect_backend(_log_text(spec))
-    facts["logged_capacity"] = kv_pool_from_log(_log_text(spec))
-    write_json_atomic(result_path, facts, compact=True)
-    emit(event="outcome", started=True, kv_pool_tokens=facts["capacity"]["kv_pool_tokens"])
+    info = schema.CellInfo.model_validate(engine.info())
+    if info.attention_backend is None:
+        info.attention_backend = detect_backend(_log_text(spec))
+    cell_file = _CellFile(result_path, schema.CellResult(
+        schema_version=CELL_VERSION,   # first, as in every cell file kveval writes (files/schema/cell.py)
+        cell=spec.cell_id, kv_spec=spec.kv_spec, max_model_len=settings.max_model_len,
+        engine_settings=schema.EngineSettings.model_validate(settings.llm_kwargs()), complete=False,
+        phases=schema.Phases(), started=True, startup_seconds=engine.startup_seconds,
+        capacity=schema.Capacity.model_validate(engine.capacity()), info=info,
+        logged_capacity=schema.LoggedCapacity.model_validate(kv_pool_from_log(_log_text(spec)))))
+    cell_file.write()
+    emit(event="outcome", started=True, kv_pool_tokens=cell_file.facts.capacity.kv_pool_tokens)
 
     prompts = [PromptSpec.from_dict(item) for item in read_json(Path(spec.workloads_path))]
     context = CellContext(
         cell_id=spec.cell_id, kv_spec=spec.kv_spec, max_model_len=settings.max_model_len,
-        prompts=prompts, options=spec.phase_options, emit=emit, facts=facts,
-        run_dir=RunDir(spec.run_dir), model_path=settings.model,
-        checkpoint=lambda: write_json_atomic(result_path, facts, compact=True),
+        prompts=prompts, options=spec.phase_options, emit=emit, capacity=cell_file.facts.capacity,
+        finished=cell_file.phases, run_dir=RunDir(spec.run_dir), model_path=settings.model,
+        checkpoint=cell_file.write, keep_partial=cell_file.keep,
     )
     # The phases see the engine through a clock: each phase's time inside engine calls is its
     # `engine_seconds`, the rest of its time is kveval's own (issue 18).
@@ -143,25 +159,24 @@ def run_cell(spec: CellSpec) -> dict:
         clock.lap()
         try:
             outcome = PHASES[name](clock, context)
-            outcome["seconds"] = time.perf_counter() - began
-            outcome["engine_seconds"] = round(clock.lap()[0], 4)
+            outcome.seconds = time.perf_counter() - began
+            outcome.engine_seconds = round(clock.lap()[0], 4)
         except Exception as error:  # noqa: BLE001 - one broken phase must not lose the others
             if isinstance(error, DiskFull):   # not the phase's fault: the run stops (main)
                 raise
             traceback.print_exc()
-            # Keep what a phase that saves as it goes had stored before it broke.
-            outcome = {**(facts["phases"].get(name) or {}), "error": f"{type(error).__name__}: {error}",
-                       "seconds": time.perf_counter() - began}
-        facts["phases"][name] = outcome
-        write_json_atomic(result_path, facts, compact=True)
-    facts["complete"] = True
-    write_json_atomic(result_path, facts, compact=True)
+            failed, seconds = f"{type(error).__name__}: {error}", time.perf_counter() - began
+            # Keep what a phase that saves as it goes had stored before it broke, then its error and time.
+            outcome = cell_file.phases.get(name) or RECORDS[name](error=failed, seconds=seconds)
+            outcome.error, outcome.seconds = failed, seconds
+        cell_file.keep(name, outcome)
+    cell_file.facts.complete = True
+    cell_file.write()
     emit(event="phase", phase="done")
     if _one_process_engine(spec):
         # Not torn down when this returns: the process ends right after with os._exit (main, _forked_cell),
         # and vLLM's shutdown in the engine's destructor took 1.2-1.5 s of every cell on the 2-core CPU.
         _ENDED_WITH_THE_PROCESS.append(engine)
-    return facts
 
 
 def _wait_for_spec(waiting_log: Path, lm_eval: bool = True) -> CellSpec | None:

@@ -25,7 +25,7 @@ METHOD = ("phase tokens per second inside engine calls ÷ tokens per second of o
 
 
 def measure(engine: Any, kind: Literal["generate", "score"], accepted: Sequence[Any], sample: int,
-            top_k: Optional[int] = None) -> Optional[dict]:
+            top_k: Optional[int] = None) -> Optional[PhaseEfficiency]:
     """The phase's efficiency, or None when there is nothing to compare (no clock, no sample, no time).
     `accepted`: generate_batch requests (ids, max_tokens, stop) or scored sequences (token ids)."""
     if not isinstance(engine, EngineClock) or sample <= 0 or not accepted or engine.seconds <= 0 or engine.tokens <= 0:
@@ -46,4 +46,4 @@ def measure(engine: Any, kind: Literal["generate", "score"], accepted: Sequence[
     return PhaseEfficiency(tokens=engine.tokens, engine_seconds=round(engine.seconds, 4),
                            reference_requests=len(chosen), reference_tokens=reference_tokens,
                            reference_seconds=round(reference_seconds, 4), ratio=round(ratio, 4),
-                           method=METHOD.format(n=len(chosen), total=len(accepted))).model_dump(mode="json")
+                           method=METHOD.format(n=len(chosen), total=len(accepted)))

@@ -11,6 +11,8 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
+from kveval.files import schema
+
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -28,6 +30,7 @@ class Generated(_Result):
     prompt_tokens: Optional[int] = None
     output_tokens: Optional[int] = None
     wall_seconds: Optional[Union[int, float]] = None
+    timing: Optional[schema.Timing] = None   # vLLM's per-request stats, as the cell file stores them
 
 
 class Scored(_Result):

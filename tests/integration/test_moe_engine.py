@@ -36,25 +36,25 @@ def moe_run(tmp_path_factory, default_model_dir):
 
 def _fp8_started(run) -> bool:
     cell = run.cell("fp8", 512)
-    if cell is None or not cell["started"]:
-        failure = (cell or {}).get("failure") or {}
-        if "AVX-512 or AMX" in str(failure.get("message", "")):
+    if cell is None or not cell.started:
+        failure = cell.failure if cell is not None else None
+        if failure is not None and "AVX-512 or AMX" in failure.message:
             return False
         pytest.fail(f"the fp8 cell did not start: {failure}")
     return True
 
 
 def test_the_moe_starts_and_its_pool_is_the_predicted_one(moe_run):
-    layout = moe_run.manifest["model"]["kv_layout"]
-    assert (layout["layers"], layout["kv_heads"], layout["head_dim"]) == (LAYERS, KV_HEADS, HEAD_DIM)
+    layout = moe_run.manifest.model.kv_layout
+    assert (layout.layers, layout.kv_heads, layout.head_dim) == (LAYERS, KV_HEADS, HEAD_DIM)
     assert "state_layers" not in layout   # experts keep no per-request state: a plain layout
     rows = {row.kv_spec: row for row in moe_run.evidence.capacity_model}
     auto = rows["auto"]
     assert auto.started and auto.layout_model == "plain" and auto.bytes_per_token == PER_TOKEN_BF16
     assert auto.measured_tokens == auto.predicted_tokens == BUDGET // PER_TOKEN_BF16 // 128 * 128   # 8,192
     assert auto.deviation == 0 and auto.flag is None
-    for record in moe_run.cell("auto", 512)["phases"]["generation"]["records"]:
-        assert record["accepted"] and record["token_ids"]   # random weights: tokens, not sense
+    for record in moe_run.cell("auto", 512).phases.generation.records:
+        assert record.accepted and record.token_ids   # random weights: tokens, not sense
     if not _fp8_started(moe_run):
         pytest.skip("this CPU has no FP8 KV cache (AVX2): the auto cell alone was checked")
     fp8 = rows["fp8"]

@@ -39,10 +39,10 @@ def test_without_help_the_run_names_the_options_that_give_a_baseline(fake, defau
 def test_with_the_offload_reference_the_capped_run_decides_on_its_own_card(fake, default_model_dir):
     run = kveval.compare(model=str(default_model_dir), out=fake / "offload", reference="offload", **ARGS)
     assert run.verdict.cells == {"fp8-1024": "PASS"}, [r.message for r in run.verdict.reasons]
-    [entry] = run.manifest["quality_references"].values()
+    [entry] = run.manifest.quality_references.values()
     # 0.5 GiB asked (0.02 GiB lacking x 1.5 + 0.5), capped at SmolLM2's 0.25 GiB of weights (whole 0.25 GiB steps).
-    assert entry["for"] == "auto-1024" and entry["cpu_offload_gb"] == 0.25 and entry["kv_cache_memory_bytes"] is None
-    assert run.manifest["options"]["reference"] == "offload"
+    assert entry.for_ == "auto-1024" and entry.cpu_offload_gb == 0.25 and entry.kv_cache_memory_bytes is None
+    assert run.manifest.options.reference == "offload"
     review = (run.run_dir / "review.md").read_text(encoding="utf-8")
     assert "0.25 GiB of weights offloaded to host memory" in review
     # Quality only: the reference is no capacity figure.

@@ -52,22 +52,22 @@ def harmed(tmp_path_factory, default_model_dir):
 
 
 def _outputs(run, kv):
-    records = run.cell(kv, 1024)["phases"]["generation"]["records"]
-    return {r["prompt_id"]: r["token_ids"] for r in records if r["accepted"]}
+    records = run.cell(kv, 1024).phases.generation.records
+    return {r.prompt_id: r.token_ids for r in records if r.accepted}
 
 
 def test_planting_leaves_auto_bit_identical(harmed, request):
     healthy = request.getfixturevalue("two_auto_cells")  # the default model, unplanted
-    assert healthy.cell("auto", 1024)["started"] and harmed.cell("auto", 1024)["started"]
-    assert harmed.manifest["options"]["kv_cache_memory_bytes"] == healthy.manifest["options"]["kv_cache_memory_bytes"]
+    assert healthy.cell("auto", 1024).started and harmed.cell("auto", 1024).started
+    assert harmed.manifest.options.kv_cache_memory_bytes == healthy.manifest.options.kv_cache_memory_bytes
     assert _outputs(healthy, "auto") == _outputs(harmed, "auto")
     assert len(_outputs(healthy, "auto")) == 2 and all(_outputs(harmed, "auto").values())
 
 
 def test_harmed_model_fails_for_divergence(harmed):
-    if not harmed.cell("fp8", 1024).get("started"):
-        failure = harmed.cell("fp8", 1024)["failure"]
-        assert failure["reason"] == "unsupported_dtype", failure
+    if not harmed.cell("fp8", 1024).started:
+        failure = harmed.cell("fp8", 1024).failure
+        assert failure.reason == "unsupported_dtype", failure
         assert harmed.verdict.status == "INCONCLUSIVE"  # nothing harmed was measured: never FAIL, never PASS
         pytest.skip(f"this CPU cannot run an FP8 KV cache ({failure['message']}); "
                     "the FAIL is shown on the H200 in reports/archive/h200-planted")

@@ -100,15 +100,15 @@ def test_quantized_weights_start_and_hold_the_predicted_pool(served):
     auto = rows["auto"]
     assert auto.started and auto.bytes_per_token == PER_TOKEN_BF16
     assert auto.measured_tokens == auto.predicted_tokens == 640 and auto.deviation == 0
-    assert run.cell("auto", 512)["engine_settings"]["model"] == run.manifest["model"]["path"]
-    for record in run.cell("auto", 512)["phases"]["generation"]["records"]:
-        assert record["accepted"] and len(record["token_ids"]) == 4
+    assert run.cell("auto", 512).engine_settings.model == run.manifest.model.path
+    for record in run.cell("auto", 512).phases.generation.records:
+        assert record.accepted and len(record.token_ids) == 4
     fp8 = run.cell("fp8", 512)
-    if not fp8["started"]:
-        assert fp8["failure"]["reason"] == "unsupported_dtype", fp8["failure"]
+    if not fp8.started:
+        assert fp8.failure.reason == "unsupported_dtype", fp8.failure
         pytest.skip(f"this CPU runs no FP8 KV cache ({fp8['failure']['message']})")
     assert rows["fp8"].measured_tokens == rows["fp8"].predicted_tokens == 1_408 and rows["fp8"].deviation == 0
-    assert all(r["accepted"] and len(r["token_ids"]) == 4 for r in fp8["phases"]["generation"]["records"])
+    assert all(r.accepted and len(r.token_ids) == 4 for r in fp8.phases.generation.records)
 
 
 def test_the_range_pass_loads_the_quantized_checkpoint(served):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import kveval
+from kveval.files import schema
 from tests.integration.conftest import TWO_AUTO_CELLS
 from tests.integration.test_faults_engine import _events, _generated, _processes_mentioning
 from tests.support.quiet import Quiet
@@ -137,9 +138,9 @@ def test_cells_as_ray_tasks_match_a_local_run_and_stop_and_resume_like_one(tmp_p
     for cell in CELLS:
         facts = json.loads((out / "cells" / f"{cell}.json").read_text())
         assert facts["process"]["node"] and "fake engine: " in (out / "cells" / f"{cell}.log").read_text()
-        assert facts["capacity"] == two_auto_cells.cell("auto", int(cell.split("-")[1]))["capacity"]
+        assert facts["capacity"] == schema.dump(two_auto_cells.cell("auto", int(cell.split("-")[1])).capacity)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["options"]["executor"] == "ray" and [c["id"] for c in manifest["cells"]] == list(CELLS)
-    assert manifest["options"]["kv_cache_memory_bytes"] == two_auto_cells.manifest["options"]["kv_cache_memory_bytes"]
+    assert manifest["options"]["kv_cache_memory_bytes"] == two_auto_cells.manifest.options.kv_cache_memory_bytes
     assert _scratch_dirs() <= scratch_before, "a node's scratch copy of the run was left behind"
     assert not _processes_mentioning(str(out)) and not _processes_mentioning("kveval-ray-cell-")

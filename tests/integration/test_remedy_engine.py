@@ -43,14 +43,14 @@ def test_diagnosis_names_exactly_the_planted_layers(run):
 
 
 def test_plain_fp8_fails_and_the_remedy_heals_its_divergence_where_fp8_runs(run):
-    if not run.cell("fp8", 1024)["started"]:
-        assert run.cell("fp8", 1024)["failure"]["reason"] == "unsupported_dtype"
+    if not run.cell("fp8", 1024).started:
+        assert run.cell("fp8", 1024).failure.reason == "unsupported_dtype"
         assert run.verdict.status == "INCONCLUSIVE"
         assert "fp8:keep=3,17-1024" not in run.cells  # nothing failed, so nothing was remedied
         pytest.skip("this CPU cannot run an FP8 KV cache (no AVX-512/AMX): the remedy is shown on the H200")
     assert run.verdict.cells["fp8-1024"] == "FAIL"
     remedied = run.cell("fp8:keep=3,17", 1024)
-    assert remedied["started"] and remedied["engine_settings"]["kv_cache_dtype_skip_layers"] == ["3", "17"]
+    assert remedied.started and remedied.engine_settings.kv_cache_dtype_skip_layers == ["3", "17"]
     remedy = "fp8:keep=3,17-1024"
     divergence = {c.name: c.passed for c in run.verdict.checks if c.cell == remedy
                   and c.name in ("kl_mean", "kl_late_mean", "top1_agreement")}

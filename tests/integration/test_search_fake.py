@@ -52,7 +52,7 @@ def scales_heal(tmp_path_factory, default_model_dir):
 def test_the_search_stops_at_the_first_candidate_that_passes(scales_heal):
     run = scales_heal
     assert run.verdict.cells == {"fp8-1024": FAIL, "fp8:scaled-1024": PASS}, [r.message for r in run.verdict.reasons]
-    assert [c["id"] for c in run.manifest["cells"]] == ["auto-1024", "fp8-1024", "fp8:scaled-1024"]
+    assert [c.id for c in run.manifest.cells] == ["auto-1024", "fp8-1024", "fp8:scaled-1024"]
     length = run.evidence.search.lengths[0]
     assert (length.tried, length.chosen, length.next) == (["fp8", "fp8:scaled"], "fp8:scaled", None)
     candidates = run.evidence.search.candidates
@@ -67,8 +67,8 @@ def test_a_scaled_cell_loads_the_calibrated_copy_and_the_review_deploys_it(scale
     entry = run.evidence.calibration["tensor"]
     assert entry.calibrated_by_kveval and entry.scales.calibrated and entry.record["strategy"] == "tensor"
     assert entry.record["documents"] == ["beekeeping.txt", "glassblowing.txt", "printing_press.txt", "tides.txt"]
-    assert run.cell("fp8:scaled", 1024)["engine_settings"]["model"] == entry.path
-    assert run.cell("fp8", 1024)["engine_settings"]["model"] != entry.path
+    assert run.cell("fp8:scaled", 1024).engine_settings.model == entry.path
+    assert run.cell("fp8", 1024).engine_settings.model != entry.path
     review = (run.run_dir / "review.md").read_text()
     assert f"`vllm serve {entry.path} --kv-cache-dtype fp8 --max-model-len " in review
     assert "## Search" in review and "## Calibrated scales" in review

@@ -18,11 +18,11 @@ def test_throughput_levels_repeat_on_the_real_engine_and_carry_intervals(tmp_pat
                          counts={"short_256": 1, "short_512": 0, "probe": 0, "ctx_1k": 0, "ctx_pct": 0, "over": 0},
                          tasks=["none"], diagnose=False, remedy="off", budget="0", repeat_budget=20,
                          progress=Quiet())
-    phase = run.cell("auto", 512)["phases"]["throughput"]
+    phase = run.cell("auto", 512).phases.throughput
     by_level: dict[int, list[int]] = {}
-    for entry in phase["runs"]:
-        by_level.setdefault(entry["concurrency"], []).append(entry["repeat"])
-    assert sorted(by_level) == phase["levels"]
+    for entry in phase.runs:
+        by_level.setdefault(entry.concurrency, []).append(entry.repeat)
+    assert sorted(by_level) == phase.levels
     for level, repeats in by_level.items():
         assert repeats == list(range(len(repeats))) and len(repeats) >= 2, (level, repeats)   # more than one run
     for row in (r for r in run.evidence.throughput if r.cell == "auto-512"):

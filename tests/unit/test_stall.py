@@ -10,6 +10,7 @@ from kveval.files.rundir import RunDir
 from kveval.files.schema import Stalled
 from kveval.gate import evaluate
 from kveval.inputs.kvspec import KVSpec
+from kveval.files import schema
 from kveval.run.cell_process import CellPlan, run_cell_process
 from kveval.run.death import explain_death
 from tests.support.evidence import typed_evidence
@@ -31,12 +32,12 @@ def test_a_cell_without_progress_is_stopped_as_stalled_and_keeps_its_phases(tmp_
     began = time.monotonic()
     facts = run_cell_process(store, plan, timeout_s=120, on_event=lambda event: None, stall_s=2)
     assert time.monotonic() - began < 60            # stopped by the stall watch, not the cell timeout
-    assert facts["crash"]["cause"] == "stalled"
-    assert facts["crash"]["stalled"]["phase"] == "scoring" and facts["crash"]["stalled"]["done"] == 5
-    assert "no step of its scoring phase finished" in facts["crash"]["message"]
-    assert "after step 5 of 10 (last: doc:6554)" in facts["crash"]["message"]
-    assert facts["phases"]["generation"]["records"] == [{"prompt_id": "p", "accepted": True}]
-    assert facts["process"]["cause"] == "stalled"
+    assert facts.crash.cause == "stalled"
+    assert facts.crash.stalled.phase == "scoring" and facts.crash.stalled.done == 5
+    assert "no step of its scoring phase finished" in facts.crash.message
+    assert "after step 5 of 10 (last: doc:6554)" in facts.crash.message
+    assert [schema.dump(r) for r in facts.phases.generation.records] == [{"prompt_id": "p", "accepted": True}]
+    assert facts.process.cause == "stalled"
     # The cell's threads' stacks are in its log: where the engine hung.
     assert "hang_in_the_scheduler" in store.cell_log_path(plan.id).read_text()
 
@@ -44,7 +45,7 @@ def test_a_cell_without_progress_is_stopped_as_stalled_and_keeps_its_phases(tmp_
 def test_engine_start_is_not_watched_for_stalls():
     death = explain_death(None, timed_out=False, timeout_s=None, stopped_by_user=False, kv_cache_memory_bytes=None,
                           log_tail="", stalled=Stalled(phase="tasks", seconds=601, done=None, total=None, item=None))
-    assert death["cause"] == "stalled" and "tasks phase finished for 601 s, so kveval stopped" in death["message"]
+    assert death.cause == "stalled" and "tasks phase finished for 601 s, so kveval stopped" in death.message
     from kveval.run.cell_process import CellEvent, _ProgressWatch
 
     watch = _ProgressWatch()

@@ -22,6 +22,7 @@ from kveval.inputs.budget import for_platform, parse_budget
 from kveval.inputs.kvspec import KVSpec
 from kveval.inputs.suites import SUITES
 from kveval.run import cells as cells_module
+from kveval.run.cell_process import stored_cell
 from kveval.run import rounds as rounds_module
 from kveval.run.cells import run_plans
 from kveval.run.settings import build_phase_options
@@ -280,9 +281,8 @@ class StandIn:
         facts = _round_record(plan.id.split(".tasks-")[0], plan.kv.text, number,
                               _samples(number, count, wrong=wrong), seconds=20.0)
         facts["cell"] = plan.id
-        write_json_atomic(run_dir.cell_path(plan.id), facts)
         self.ran.append(plan.id)
-        return facts
+        return stored_cell(run_dir, plan.id, facts)
 
 
 def _loop(setup, stand_in, monkeypatch):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from kveval.files import schema
 from kveval.run.cell_process import _child_env, run_cell_process
 from kveval.run.warm_process import WarmProcess, warm_cells_enabled
 from tests.support.cell_processes import (HELD_FAKE_START, ROOT, cell_pid, fake_engine, gone,  # noqa: F401
@@ -122,6 +123,7 @@ def test_a_warm_cell_that_dies_is_recorded_as_a_cold_one_is(tmp_path, monkeypatc
                 threading.Thread(target=kill_once_started, args=(store, "auto-512"), daemon=True).start()
             facts = run_cell_process(store, tiny_plan(store), timeout_s=4 if fault == "timeout" else 120,
                                      on_event=lambda event: None, warm=warm if mode == "warm" else None)
+            facts = schema.dump(facts)   # the record as stored: the checks below read its keys
         assert gone(cell_pid(store, "auto-512"))
         assert facts["process"]["warm"] is (mode == "warm")
         stored[mode] = facts

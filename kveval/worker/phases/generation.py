@@ -7,11 +7,11 @@ refusals, so cells of the same max_model_len get the same batches and their gree
 """
 from __future__ import annotations
 
+from kveval.files import schema
 from kveval.worker import efficiency
-from kveval.worker.engine_results import Generated
 
 
-def run(engine, cell) -> dict:
+def run(engine, cell) -> schema.GenerationPhase:
     prompts = list(cell.prompts)
     total = len(prompts)
     cell.emit(event="step", phase="generation", done=0, total=total, item=f"{total} prompts in one batch")
@@ -25,15 +25,12 @@ def run(engine, cell) -> dict:
         cell.emit(event="step", phase="generation", done=finished, total=total, item="requests finished")
 
     results = engine.generate_batch(requests, on_finished=report)
-    records = [{"prompt_id": p.id, "workload": p.workload, **result} for p, result in zip(prompts, results)]
+    # The engine's plain result, under the prompt it answers: the cell file's record as stored.
+    records = [schema.GenerationRecord(prompt_id=p.id, workload=p.workload, **result) for p, result in zip(prompts, results)]
     cell.emit(event="step", phase="generation", done=total, total=total)
-    accepted = [request for request, result in zip(requests, results) if Generated.model_validate(result).accepted]
-    phase = {
-        "sampling": {"temperature": 0.0, "seed": engine.settings.seed, "one_request_at_a_time": False,
-                     "in_one_batch": total},
-        "records": records,
-    }
+    accepted = [request for request, record in zip(requests, records) if record.accepted]
+    sampling = schema.Sampling(temperature=0.0, seed=engine.settings.seed, one_request_at_a_time=False, in_one_batch=total)
     measured = efficiency.measure(engine, "generate", accepted, cell.options.efficiency_sample if cell.options else 0)
     if measured:
-        phase["efficiency"] = measured
-    return phase
+        return schema.GenerationPhase(sampling=sampling, records=records, efficiency=measured)
+    return schema.GenerationPhase(sampling=sampling, records=records)

@@ -21,21 +21,21 @@ composition): the difference is the noise floor — what "no real change" looks 
 from __future__ import annotations
 
 import time
-
+from dataclasses import dataclass
 from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
 from kveval.defaults import BASELINE_KV
 from kveval.files import schema
-from kveval.files.rundir import read_json
 from kveval.worker import efficiency
 from kveval.worker.engine_results import Scored
+from kveval.worker.phases.context import read_documents
 
 
 class _Read(BaseModel):
-    """The part of a cell's facts this phase reads (schema.CellResult's fields of the same names): an
-    earlier cell's file, or this cell's facts in memory, with the rest (scoring positions...) skipped."""
+    """The part of an earlier cell's file this phase reads (schema.CellResult's fields of the same names),
+    with the rest (scoring positions...) skipped: the file may still be written by a cell that runs."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -68,11 +68,20 @@ class _Generated(_Read):
         return (generation.records if generation else None) or []
 
 
-def _reference_outputs(cell) -> dict[str, list[int]]:
-    """prompt_id -> greedy output token ids of the reference auto cell (maybe this very cell)."""
+def _own_outputs(cell) -> _Generated:
+    """This cell's greedy outputs so far (its generation phase, when it ran before this one)."""
+    generation = cell.finished.get("generation")
+    records = [_Record(prompt_id=r.prompt_id, accepted=r.accepted, token_ids=r.token_ids)
+               for r in (generation.records if generation is not None else None) or []]
+    return _Generated(cell=cell.cell_id, started=True, max_model_len=cell.max_model_len,
+                      phases=_Phases(generation=_Generation(records=records)))
+
+
+def _reference_outputs(cell) -> tuple[str | None, dict[str, list[int]]]:
+    """The reference auto cell (maybe this very cell) and its greedy output token ids by prompt_id."""
     candidates = []
     if cell.kv_spec == BASELINE_KV:
-        candidates.append(_Generated.model_validate(cell.facts))
+        candidates.append(_own_outputs(cell))
     if cell.run_dir is not None:
         for planned in schema.load(schema.Manifest, cell.run_dir.manifest_path).cells:
             if planned.kv_spec != BASELINE_KV:
@@ -84,44 +93,50 @@ def _reference_outputs(cell) -> dict[str, list[int]]:
     ordered = sorted((c for c in candidates if c.started), key=lambda c: c.max_model_len)
     for facts in ordered:
         if facts.records:
-            return {"__cell__": facts.cell, **{r.prompt_id: r.token_ids for r in facts.records
-                                              if r.accepted and r.token_ids}}
-    return {}
+            return facts.cell, {r.prompt_id: r.token_ids for r in facts.records if r.accepted and r.token_ids}
+    return None, {}
 
 
-def _sequences(cell) -> tuple[list[dict], str | None]:
+@dataclass
+class _Sequence:
+    """One sequence to score: positions from `scored_from` on count (schema.ScoredSequence's first fields)."""
+
+    id: str
+    kind: str
+    token_ids: list[int]
+    scored_from: int
+
+
+def _sequences(cell) -> tuple[list[_Sequence], str | None]:
     options = cell.options.scoring
-    reference = _reference_outputs(cell)
-    reference_cell = reference.pop("__cell__", None)
+    reference_cell, reference = _reference_outputs(cell)
     kinds = set(options.continuation_kinds)
     sequences = []
     for prompt in cell.prompts:
         if prompt.kind not in kinds or prompt.id not in reference:
             continue
         ids = list(prompt.token_ids) + list(reference[prompt.id])
-        sequences.append({"id": f"cont:{prompt.id}", "kind": "continuation", "token_ids": ids,
-                          "scored_from": len(prompt.token_ids)})
+        sequences.append(_Sequence(f"cont:{prompt.id}", "continuation", ids, len(prompt.token_ids)))
     documents = None
     if cell.run_dir is not None:
         # A scoring round (run/rounds.py) scores its own new documents; the first look the run's.
         documents = (cell.run_dir.path / options.documents_file if options.documents_file
                      else cell.run_dir.scoring_path)
     if documents is not None and documents.is_file():
-        for document in read_json(documents):
-            sequences.append({"id": document["id"], "kind": "document", "token_ids": document["token_ids"],
-                              "scored_from": 1})
+        for document in read_documents(documents):
+            sequences.append(_Sequence(document.id, "document", document.token_ids, 1))
     # Only what fits: vLLM refuses a prompt of max_model_len tokens or more (still recorded below).
     return sequences, reference_cell
 
 
-def _attach(sequences: list[dict], results: list[dict]) -> list[dict]:
+def _attach(sequences: list[_Sequence], results: list[dict]) -> list[schema.ScoredSequence]:
     stored = []
     for sequence, result in zip(sequences, map(Scored.model_validate, results)):
-        entry = {**sequence, "accepted": result.accepted, "rejection": result.rejection, "error": result.error}
-        if result.accepted:
-            # positions[j] is about token j+1; keep the scored part only.
-            entry["positions"] = result.positions[sequence["scored_from"] - 1:]
-        stored.append(entry)
+        # positions[j] is about token j+1; keep the scored part only.
+        scored = {"positions": result.positions[sequence.scored_from - 1:]} if result.accepted else {}
+        stored.append(schema.ScoredSequence(
+            id=sequence.id, kind=sequence.kind, token_ids=sequence.token_ids, scored_from=sequence.scored_from,
+            accepted=result.accepted, rejection=result.rejection, error=result.error, **scored))
     return stored
 
 
@@ -141,24 +156,23 @@ def _warm_up(engine, token_ids: list[list[int]], top_k: int) -> float | None:
     return round(time.perf_counter() - began, 4)
 
 
-def run(engine, cell) -> dict:
+def run(engine, cell) -> schema.ScoringPhase:
     options = cell.options.scoring
     top_k = options.top_k
     sequences, reference_cell = _sequences(cell)
     cell.emit(event="step", phase="scoring", done=0, total=len(sequences), item=f"{len(sequences)} sequences in one batch")
-    token_ids = [s["token_ids"] for s in sequences]
+    token_ids = [s.token_ids for s in sequences]
     warmup = _warm_up(engine, token_ids, top_k)
-    results = engine.score(token_ids, top_k)
-    phase = {"top_k": top_k, "reference_cell": reference_cell, "sequences": _attach(sequences, results)}
-    if warmup is not None:
-        phase["warmup_seconds"] = warmup
-    accepted = [ids for ids, result in zip(token_ids, results) if Scored.model_validate(result).accepted]
+    scored = _attach(sequences, engine.score(token_ids, top_k))
+    accepted = [ids for ids, sequence in zip(token_ids, scored) if sequence.accepted]
     measured = efficiency.measure(engine, "score", accepted, cell.options.efficiency_sample, top_k=top_k)
-    if measured:
-        phase["efficiency"] = measured
+    noise = None
     if cell.kv_spec == BASELINE_KV and options.noise and sequences:
         cell.emit(event="step", phase="scoring", done=len(sequences), total=len(sequences), item="noise re-score")
         alone = engine.score(token_ids, top_k, batched=False)
-        phase["noise"] = {"method": "same sequences re-scored one request at a time (different batch composition)",
-                          "sequences": _attach(sequences, alone)}
-    return phase
+        noise = schema.ScoringNoise(method="same sequences re-scored one request at a time (different batch composition)",
+                                    sequences=_attach(sequences, alone))
+    # Stored in this order, each only when there is one (as cell files have always had them).
+    optional = {"warmup_seconds": warmup, "efficiency": measured, "noise": noise}
+    return schema.ScoringPhase(top_k=top_k, reference_cell=reference_cell, sequences=scored,
+                               **{name: value for name, value in optional.items() if value is not None})

@@ -131,7 +131,7 @@ def _renumber_requests(requests: list[dict], chosen: list[int]) -> None:
 
 
 def sample_records(task_samples: dict[str, list[dict]], requests: list[dict],
-                   max_model_len: int | None = None) -> list[dict]:
+                   max_model_len: int | None = None) -> list[schema.TaskSample]:
     """One record per (task, doc): the engine's requests for it joined with lm-eval's sample log."""
     by_doc: dict[tuple, list[_Request]] = {}
     for request in map(_Request.model_validate, requests):
@@ -147,26 +147,25 @@ def sample_records(task_samples: dict[str, list[dict]], requests: list[dict],
             score = _number(entry.value(metric)) if accepted and metric else None
             partial = _number(entry.value(PARTIAL_METRIC)) if accepted else None
             expected = entry.expected
-            out.append({
-                "task": task, "doc_id": entry.doc_id,
-                "sample_id": entry.sample_id,
-                "length_fraction": doc.length_fraction, "depth": doc.depth,
-                "target_tokens": doc.target_tokens, "needle_depths": doc.needle_depths,
-                "prompt_tokens": max((r.prompt_tokens for r in asked), default=None),
-                "max_gen_toks": max((r.max_gen_toks for r in asked), default=None),
-                "requests": len(asked),
-                "accepted": accepted,
-                "rejection": next((r.rejection for r in asked if r.rejection), None),
-                "error": error if asked else "lm-eval made no request for this sample",
-                "response": "\n".join(r.response or "" for r in asked),
-                "expected": expected if isinstance(expected, list) else [str(expected)],
-                "metric": metric, "score": score,
-                "correct": None if score is None else score >= 1.0 - 1e-9,
-                "partial": partial,
-                "finish_reason": next((r.finish_reason for r in asked), None),
-                "output_tokens": sum(r.output_tokens or 0 for r in asked) if accepted else None,
-                "seconds": sum(r.seconds or 0.0 for r in asked),
-            })
+            out.append(schema.TaskSample(
+                task=task, doc_id=entry.doc_id, sample_id=entry.sample_id,
+                length_fraction=doc.length_fraction, depth=doc.depth,
+                target_tokens=doc.target_tokens, needle_depths=doc.needle_depths,
+                prompt_tokens=max((r.prompt_tokens for r in asked), default=None),
+                max_gen_toks=max((r.max_gen_toks for r in asked), default=None),
+                requests=len(asked),
+                accepted=accepted,
+                rejection=next((r.rejection for r in asked if r.rejection), None),
+                error=error if asked else "lm-eval made no request for this sample",
+                response="\n".join(r.response or "" for r in asked),
+                expected=expected if isinstance(expected, list) else [str(expected)],
+                metric=metric, score=score,
+                correct=None if score is None else score >= 1.0 - 1e-9,
+                partial=partial,
+                finish_reason=next((r.finish_reason for r in asked), None),
+                output_tokens=sum(r.output_tokens or 0 for r in asked) if accepted else None,
+                seconds=sum(r.seconds or 0.0 for r in asked),
+            ))
     return out
 
 
@@ -195,7 +194,18 @@ def preload() -> None:
     from kveval.worker.lmeval_lm import EngineLM  # noqa: F401
 
 
-def run(engine, cell) -> dict:
+class _Progress:
+    """Which task runs (None: all of kveval's tasks in one call) and how many of its requests were answered."""
+
+    def __init__(self) -> None:
+        self.task: str | None = None
+        self.done = 0
+
+    def start(self, task: str | None) -> None:
+        self.task, self.done = task, 0
+
+
+def run(engine, cell) -> schema.TasksPhase:
     import lm_eval
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -218,21 +228,29 @@ def run(engine, cell) -> dict:
     relative = options.data_dir or plan.data_dirs.get(length)
     data_dir = cell.run_dir.task_data_path(relative) if relative and cell.run_dir else None
     limit = options.limit
-    phase = {"tasks": tasks, "lm_eval_version": getattr(lm_eval, "__version__", None),
-             "data_dir": relative or "", "limit": limit, "lm_eval_results": {}, "task_errors": {}, "samples": []}
+    lm_eval_results: dict[str, Any] = {}
+    task_errors: dict[str, str] = {}
+    samples: list[schema.TaskSample] = []
+
+    def phase(**measured: Any) -> schema.TasksPhase:
+        """The phase's record as it stands (stored after every lm-eval call, returned at the end)."""
+        return schema.TasksPhase(tasks=tasks, lm_eval_version=getattr(lm_eval, "__version__", None),
+                                 data_dir=relative or "", limit=limit, lm_eval_results=lm_eval_results,
+                                 task_errors=task_errors, samples=samples, **measured)
+
     if not tasks:
-        return phase
+        return phase()
 
     # Rendered with the run's chat-template arguments, as the parent rendered the task data (--chat-template-kwargs).
     tokenizer = with_chat_template_kwargs(AutoTokenizer.from_pretrained(cell.model_path or engine.settings.model),
                                           options.chat_template_kwargs)
     totals = {task: _doc_count(data_dir, task) for task in tasks}
-    state = {"task": None, "done": 0}
+    progress = _Progress()
 
     def on_request(record: dict) -> None:
-        state["done"] += 1
-        cell.emit(event="step", phase="tasks", done=state["done"], total=totals.get(state["task"]) or "?",
-                  item=state["task"])
+        progress.done += 1
+        cell.emit(event="step", phase="tasks", done=progress.done, total=totals.get(progress.task) or "?",
+                  item=progress.task)
 
     lm = EngineLM(engine, tokenizer, cell.max_model_len, on_request=on_request)
     # Built-in RULER tasks read their lengths and tokenizer from metadata; kveval's read data_dir.
@@ -247,7 +265,7 @@ def run(engine, cell) -> dict:
         if task in KVEVAL_TASKS and totals.get(task) is None:
             planned = plan.files.get(length, {}).get(task)
             why = skipped or "; ".join(planned.skipped.values() if planned else ())
-            phase["task_errors"][task] = f"no task data for max_model_len {cell.max_model_len}: {why or 'not generated'}"
+            task_errors[task] = f"no task data for max_model_len {cell.max_model_len}: {why or 'not generated'}"
             continue
         runnable.append(task)
 
@@ -260,17 +278,16 @@ def run(engine, cell) -> dict:
     def keep(output: _EvalOutput, chosen: dict[str, list[int]]) -> None:
         for task, positions in chosen.items():   # --limit on kveval's tasks: see _renumber_requests
             _renumber_requests([r for r in lm.records if r.get("task") == task], positions)
-        phase["lm_eval_results"].update(json.loads(json.dumps(output.results or {}, default=str)))
-        phase["samples"].extend(sample_records(output.samples or {}, lm.records, cell.max_model_len))
-        cell.facts["phases"]["tasks"] = phase
-        cell.checkpoint()
+        lm_eval_results.update(json.loads(json.dumps(output.results or {}, default=str)))
+        samples.extend(sample_records(output.samples or {}, lm.records, cell.max_model_len))
+        cell.keep_partial("tasks", phase())
 
     # kveval's own tasks (all with data) go to lm-eval in one call: lm-eval hands every task's requests to
     # the engine as one batch, and sets up once (issue 18). A failure there falls back to one call per
     # task, so one task's failure does not lose the others.
     if len(runnable) > 1 and all(task in KVEVAL_TASKS for task in runnable):
         chosen = {task: spread(totals[task], limit) or list(range(totals[task])) for task in runnable}
-        state.update(task=None, done=0)
+        progress.start(None)
         totals[None] = sum(len(positions) for positions in chosen.values())
         cell.emit(event="step", phase="tasks", done=0, total=totals[None], item="all tasks")
         try:
@@ -283,7 +300,7 @@ def run(engine, cell) -> dict:
             keep(output, chosen)
             runnable = []
     for task in runnable:
-        state.update(task=task, done=0)
+        progress.start(task)
         lm.records = []
         cell.emit(event="step", phase="tasks", done=0, total=totals.get(task) or "?", item=task)
         # --limit on kveval's tasks keeps samples spread over sizes and depths, not the first few.
@@ -291,12 +308,9 @@ def run(engine, cell) -> dict:
         try:
             output = evaluate([task], {task: chosen} if chosen else None)
         except Exception as error:  # noqa: BLE001 - one task's failure must not lose the others
-            phase["task_errors"][task] = f"{type(error).__name__}: {error}"
-            cell.facts["phases"]["tasks"] = phase
-            cell.checkpoint()
+            task_errors[task] = f"{type(error).__name__}: {error}"
+            cell.keep_partial("tasks", phase())
             continue
         keep(output, {task: chosen} if chosen else {})
     measured = efficiency.measure(engine, "generate", lm.accepted_generations, cell.options.efficiency_sample)
-    if measured:
-        phase["efficiency"] = measured
-    return phase
+    return phase(efficiency=measured) if measured else phase()

@@ -11,34 +11,14 @@ within the phase's repeat time; each repeat is its own entry of `runs` (with `re
 """
 from __future__ import annotations
 
-from typing import Optional, Union
-
-from pydantic import BaseModel, ConfigDict
-
-from kveval.files.rundir import read_json
+from kveval.files import schema
+from kveval.worker.phases.context import read_documents
 from kveval.worker.repeats import RepeatPlan
 
 # The sweep's largest level: vLLM's max_num_seqs on a CPU and on small GPUs (more cannot run at once there);
 # a GPU engine's own may be larger (recent vLLM defaults to 1024 on 70 GiB+ GPUs), but levels past 256 cost
 # minutes per repeat.
 MAX_LEVEL = 256
-
-
-class _Capacity(BaseModel):
-    """The part of this cell's `capacity` (engine.capacity(), schema.Capacity) the sweep reads."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    max_concurrency: Optional[Union[int, float]] = None   # int stays int: it is stored as given
-    max_num_seqs: Optional[int] = None
-
-
-class _Facts(BaseModel):
-    """This cell's facts so far, for its capacity (None before the engine reported one)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    capacity: Optional[_Capacity] = None
 
 
 def levels_for(levels: list[int], max_concurrency: float | None, max_num_seqs: int | None = None) -> list[int]:
@@ -59,8 +39,7 @@ def long_prompt(cell, share: float, max_tokens: int) -> list[int] | None:
         return None
     source: list[int] = []
     if cell.run_dir is not None and cell.run_dir.scoring_path.is_file():
-        documents = read_json(cell.run_dir.scoring_path)
-        source = max((d["token_ids"] for d in documents), key=len, default=[])
+        source = max((d.token_ids for d in read_documents(cell.run_dir.scoring_path)), key=len, default=[])
     if len(source) < size:
         source = max((list(p.token_ids) for p in cell.prompts), key=len, default=source)
     while source and len(source) < size:
@@ -68,50 +47,55 @@ def long_prompt(cell, share: float, max_tokens: int) -> list[int] | None:
     return source[:size] if source else None
 
 
-def run(engine, cell) -> dict:
+def run(engine, cell) -> schema.ThroughputPhase:
     options = cell.options.throughput
     max_tokens, share = options.max_tokens, options.prompt_share
-    capacity = _Facts.model_validate(cell.facts).capacity or _Capacity()
-    levels = levels_for(options.levels, capacity.max_concurrency, capacity.max_num_seqs)
+    max_concurrency = cell.capacity.max_concurrency if cell.capacity else None
+    max_num_seqs = cell.capacity.max_num_seqs if cell.capacity else None
+    levels = levels_for(options.levels, max_concurrency, max_num_seqs)
     prompt = long_prompt(cell, share, max_tokens)
-    phase = {"prompt_tokens": len(prompt) if prompt else 0, "max_tokens": max_tokens, "prompt_share": share,
-             "levels": levels, "max_concurrency": capacity.max_concurrency, "runs": [],
-             "max_num_seqs": capacity.max_num_seqs, "repeats": options.repeats, "repeat_max": options.repeat_max,
-             "repeat_target": options.repeat_target, "repeat_budget_s": options.repeat_budget_s}
+    runs: list[schema.ThroughputRun] = []
+
+    def phase() -> schema.ThroughputPhase:
+        return schema.ThroughputPhase(
+            prompt_tokens=len(prompt) if prompt else 0, max_tokens=max_tokens, prompt_share=share, levels=levels,
+            max_concurrency=max_concurrency, runs=runs, max_num_seqs=max_num_seqs, repeats=options.repeats,
+            repeat_max=options.repeat_max, repeat_target=options.repeat_target, repeat_budget_s=options.repeat_budget_s)
+
     if prompt is None:
-        phase["error"] = f"no prompt fits: max_model_len {cell.max_model_len} leaves no room for {max_tokens} tokens"
-        return phase
+        failed = phase()
+        failed.error = f"no prompt fits: max_model_len {cell.max_model_len} leaves no room for {max_tokens} tokens"
+        return failed
     engine.generate_concurrent(prompt, max_tokens, 1)  # warm-up: first-call costs stay out of level 1
     plan = RepeatPlan(guaranteed=1, minimum=options.repeats, maximum=max(1, options.repeat_max),
                       target=options.repeat_target, budget_s=options.repeat_budget_s, items=len(levels))
     for index, level in enumerate(levels):
-        rates: list[float] = []
+        rates: list[float | None] = []
         while plan.more(index, [rates]):
             item = f"concurrency {level}" + (f", repeat {len(rates) + 1}" if rates else "")
             cell.emit(event="step", phase="throughput", done=index, total=len(levels), item=item)
-            outcome = _one_run(engine, prompt, max_tokens, level)
-            phase["runs"].append({"concurrency": level, **outcome, "repeat": len(rates)})
-            if not outcome["accepted"]:
+            measured = _one_run(engine, prompt, max_tokens, level, repeat=len(rates))
+            runs.append(measured)
+            if not measured.accepted:
                 break
-            rates.append(_output_rate(outcome))
+            rates.append(_output_rate(measured))
         cell.checkpoint()   # once per level: a cell file can be tens of MB, repeats come seconds apart
-        if phase["runs"] and not phase["runs"][-1]["accepted"]:
+        if runs and not runs[-1].accepted:
             break  # a refusal or error at one level repeats at every larger one
     cell.emit(event="step", phase="throughput", done=len(levels), total=len(levels))
-    return phase
+    return phase()
 
 
-def _one_run(engine, prompt: list[int], max_tokens: int, level: int) -> dict:
+def _one_run(engine, prompt: list[int], max_tokens: int, level: int, repeat: int) -> schema.ThroughputRun:
     before = engine.preemptions_total()
     outcome = engine.generate_concurrent(prompt, max_tokens, level)
     after = engine.preemptions_total()
     # The engine-wide counter's growth over this run: requests vLLM preempted to make room.
-    outcome["preemptions"] = after - before if before is not None and after is not None else None
-    return outcome
+    preempted = after - before if before is not None and after is not None else None
+    return schema.ThroughputRun(concurrency=level, **outcome, preemptions=preempted, repeat=repeat)
 
 
-def _output_rate(outcome: dict) -> float | None:
+def _output_rate(measured: schema.ThroughputRun) -> float | None:
     """Output tokens/s of one run (what analysis/throughput's rows report)."""
-    wall = outcome.get("wall_seconds")
-    tokens = sum(r.get("output_tokens") or 0 for r in outcome.get("requests") or [])
-    return tokens / wall if wall else None
+    tokens = sum(r.output_tokens or 0 for r in measured.requests or [])
+    return tokens / measured.wall_seconds if measured.wall_seconds else None
