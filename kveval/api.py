@@ -27,7 +27,9 @@ from kveval.inputs.suites import SUITES, get_suite
 from kveval.inputs.task_data import TASK_GROUP, TASKS as TASKS_BY_NAME, write_task_data
 from kveval.inputs.task_selection import task_shape
 from kveval.run import baseline_import
-from kveval.run.options import CompareOptions, normalized, validate_options
+from kveval.run.option_model import (VLLM_SHORTCUTS, CommandLineOption, CompareOptions, checked,
+                                     command_line_options)
+from kveval.run.options import normalized, validate_options
 from kveval.run.remedy import REMEDY_MODES
 
 __all__ = ["CompareOptions", "EXIT_USAGE", "KEEP_ATTENTION_TYPES", "KvevalError", "REMEDY_MODES", "RunInterrupted", "RunResult", "SUITES",
@@ -35,7 +37,7 @@ __all__ = ["CompareOptions", "EXIT_USAGE", "KEEP_ATTENTION_TYPES", "KvevalError"
            "exit_code", "file_schema", "gate", "generate_task_data", "judge", "kveval_home", "lm_eval_tasks_dir", "load_run",
            "report", "resolve_thresholds", "run_in_progress", "EXIT_WORSE", "diff_runs", "diff_markdown",
            "EXIT_FOUND", "REQUIRE", "checked_require", "run_exit_code", "judge_decision", "baseline",
-           "BASELINE_PHASES"]
+           "BASELINE_PHASES", "CommandLineOption", "command_line_options", "VLLM_SHORTCUTS"]
 
 
 @dataclass
@@ -78,8 +80,8 @@ def compare_options(model: str | None = None, kv: Sequence[str] = defaults.KV,
     """The checked settings `compare` runs with (a KvevalError for a bad one). `max_model_len` left
     out: the default lengths, without those over the model's limit."""
     lengths = defaults.MAX_MODEL_LEN if max_model_len is None else max_model_len
-    options = normalized(CompareOptions(model=model, kv=tuple(kv), max_model_len=tuple(int(x) for x in lengths),
-                                        lengths_given=max_model_len is not None, **kwargs))
+    options = normalized(checked(model=model, kv=tuple(kv), max_model_len=tuple(int(x) for x in lengths),
+                                 lengths_given=max_model_len is not None, **kwargs))
     validate_options(options)
     return options
 
@@ -87,7 +89,7 @@ def compare_options(model: str | None = None, kv: Sequence[str] = defaults.KV,
 def compare(model: str | None = None, kv: Sequence[str] = defaults.KV,
             max_model_len: Sequence[int] | None = None, *, progress: Any = None, **kwargs) -> RunResult:
     """Run the (KV configuration x max_model_len) matrix, store every fact, write review.md.
-    Keyword arguments: the fields of kveval.run.options.CompareOptions (see compare_options)."""
+    Keyword arguments: the fields of kveval.run.option_model.CompareOptions (see compare_options)."""
     from kveval.run.compare import run_matrix
     from kveval.run.setup import set_up_run
     from kveval.run.starter import end_starter

@@ -8,7 +8,6 @@ when a compare is interrupted.
 """
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import signal
 import sys
@@ -16,10 +15,11 @@ import sys
 import click
 
 from kveval import __version__
+from kveval.cli.model_options import compare_model_options, gate_options
 from kveval.cli.options import (MultiValueOption, parse_float_list, parse_int_list, parse_json_object,
                                  parse_key_value, split_values)
 from kveval import defaults
-from kveval.api import EXIT_USAGE, REMEDY_MODES, SUITES, Thresholds, run_exit_code
+from kveval.api import EXIT_USAGE, VLLM_SHORTCUTS, command_line_options, run_exit_code
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERRUPTED = 130
@@ -36,19 +36,8 @@ def _spaced(values) -> str:
     return " ".join(str(v) for v in values)
 
 
-def gate_options(command):
-    """--gate-config and --threshold, shared by compare, report and gate."""
-    command = click.option(
-        "--threshold", "thresholds", multiple=True, metavar="KEY=VALUE",
-        help="Override one gate threshold, e.g. --threshold kl_mean_max=0.01 (repeatable). Keys: "
-             + ", ".join(f.name for f in dataclasses.fields(Thresholds)) + ".",
-    )(command)
-    return click.option("--gate-config", default=None, metavar="FILE.yaml",
-                        help="Gate thresholds from a YAML mapping (threshold: value); --threshold wins over it.")(command)
-
-
 def task_shape_options(default_prefix: str):
-    """--task-lengths, --task-depths and --task-samples, shared by compare and tasks generate."""
+    """--task-lengths, --task-depths and --task-samples of `tasks generate` (compare's come from its options model)."""
     def decorate(command):
         command = click.option("--task-samples", type=int, default=None,
                                help=f"Samples per task x size x depth point (default: {default_prefix}1).")(command)
@@ -104,37 +93,16 @@ def cli() -> None:
     """May this model run with an FP8 KV cache? Start real vLLM engines and find out."""
 
 
-# vLLM's own engine options, first class here: passed to every engine, and read by kveval's loaders
-# (tokenizer, config, K/V diagnosis) where they say which files vLLM loads (inputs/model_config.ModelSource).
-VLLM_OPTIONS = {
-    "tensor_parallel_size": ("--tensor-parallel-size", int, "GPUs per engine (tensor parallel)."),
-    "dtype": ("--dtype", str, "The model's compute dtype (e.g. bfloat16, float16; default: the checkpoint's)."),
-    "tokenizer": ("--tokenizer", str, "Another tokenizer (id or directory) for vLLM and kveval's prompts."),
-    "revision": ("--revision", str, "The model revision (branch, tag or commit of a hub id) for vLLM and kveval."),
-    "trust_remote_code": ("--trust-remote-code", bool, "Run the model's own code (vLLM and kveval's loaders)."),
-    "max_num_seqs": ("--max-num-seqs", int, "Requests an engine batches at most."),
-    "attention_backend": ("--attention-backend", str, "vLLM's attention backend (e.g. FLASH_ATTN, TRITON_ATTN)."),
-}
-
-
-def vllm_options(command):
-    for key, (flag, kind, text) in reversed(list(VLLM_OPTIONS.items())):
-        if kind is bool:
-            command = click.option(flag, key, is_flag=True, default=False, help=text)(command)
-        else:
-            command = click.option(flag, key, type=kind, default=None, help=text)(command)
-    return command
-
-
 def _with_vllm_options(options: dict, engine_args: dict) -> dict:
-    """--engine-arg plus the first-class vLLM options; one setting given both ways is a usage error."""
+    """--engine-arg plus the first-class vLLM options (kveval.api.VLLM_SHORTCUTS); one setting given both ways
+    is a usage error."""
     merged = dict(engine_args)
-    for key, (flag, kind, _) in VLLM_OPTIONS.items():
+    for key, shortcut in VLLM_SHORTCUTS.items():
         value = options.pop(key)
         if value in (None, False):
             continue
         if key in merged:
-            raise UsageFailure(f"{flag} and --engine-arg {key}=... both given; give one")
+            raise UsageFailure(f"{shortcut.flags[0]} and --engine-arg {key}=... both given; give one")
         merged[key] = value
     return merged
 
@@ -146,138 +114,43 @@ def _json_object(text: str | None, flag: str) -> dict | None:
         raise UsageFailure(str(error)) from None
 
 
+def _parsed(option, values: tuple[str, ...]):
+    """A multi-value option's text as its field's type: `--max-model-len 2048 8k` -> (2048, 8192)."""
+    if option.value is int:
+        return parse_int_list(values, option.flags[0])
+    if option.value is float:
+        return parse_float_list(values, option.flags[0])
+    return split_values(values)
+
+
 def compare_arguments(given: dict) -> dict:
-    """`kveval compare`'s parsed options as keyword arguments of kveval.api.compare (CompareOptions)."""
+    """`kveval compare`'s (or `baseline`'s) parsed options as keyword arguments of kveval.api.compare
+    (CompareOptions); an option left out is not passed, so the API's default holds."""
     options = dict(given)
-    engine_args = _with_vllm_options(options, parse_key_value(options["engine_args"], "--engine-arg"))
-    full = options.pop("full")
-    if full and options["suite"] not in ("standard", "full"):
-        raise UsageFailure(f"--full and --suite {options['suite']} contradict each other; give one")
-    tasks = options.pop("tasks")
-    options["gpus"] = tuple(options["gpus"]) or None
-    # Not given: the suite's levels (click hands an empty tuple for a multi-value option left out).
-    options["slo"] = split_values(options["slo"]) if options.get("slo") else None
-    options["concurrency"] = parse_int_list(options["concurrency"], "--concurrency") if options.get("concurrency") else None
-    options.update(
-        kv=split_values(options["kv"]),
-        # Left out: None, so the API runs the default lengths that the model can hold.
-        max_model_len=parse_int_list(options["max_model_len"], "--max-model-len") if options["max_model_len"] else None,
-        engine_args=engine_args, phases=split_values(options["phases"]),
-        chat_template_kwargs=_json_object(options["chat_template_kwargs"], "--chat-template-kwargs"),
-        suite="full" if full else options["suite"], tasks=split_values(tasks) if tasks else None,
-        gate_overrides=parse_thresholds(options.pop("thresholds")), command=shlex.join(["kveval", *sys.argv[1:]]),
-        **task_shape_kwargs(options.pop("task_lengths"), options.pop("task_depths"), options.pop("task_samples")),
-    )
-    return options
+    engine_args = _with_vllm_options(options, parse_key_value(options.pop("engine_args"), "--engine-arg"))
+    full, suite = options.pop("full"), options.pop("suite")
+    if full and suite not in ("standard", "full"):
+        raise UsageFailure(f"--full and --suite {suite} contradict each other; give one")
+    arguments = {
+        "engine_args": engine_args, "suite": "full" if full else suite,
+        "chat_template_kwargs": _json_object(options.pop("chat_template_kwargs"), "--chat-template-kwargs"),
+        "command": shlex.join(["kveval", *sys.argv[1:]]),
+    }
+    if "gate_overrides" in options:   # `kveval baseline` has no gate options
+        arguments["gate_overrides"] = parse_thresholds(options.pop("gate_overrides"))
+    for option in command_line_options():   # the rest as their fields' types say
+        if option.cli is None or option.name not in options:   # a shortcut, or parsed above
+            continue
+        value = options[option.name]
+        if not option.many:
+            arguments[option.name] = value
+        elif value:   # click hands an empty tuple for a multi-value option left out
+            arguments[option.name] = _parsed(option, value)
+    return arguments
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--model", default=None, metavar="ID|DIR|FILE.gguf",
-              help="Hugging Face model id, local directory or GGUF file (dequantised once into $KVEVAL_HOME). "
-                   "Default: the embedded SmolLM2-135M-Instruct.")
-@click.option("--kv", "--kv-cache-dtype", "kv", cls=MultiValueOption, default=defaults.KV,
-              show_default=_spaced(defaults.KV),
-              help="KV-cache configurations to compare (vLLM's --kv-cache-dtype values), e.g. --kv fp8 auto (also "
-                   "--kv fp8 --kv auto, --kv fp8,auto); fp8:keep=0,1 keeps layers 0 and 1 in the model dtype "
-                   "(vLLM's --kv-cache-dtype-skip-layers 0 1); fp8:scaled / fp8:scaled=head use per-tensor / per-head "
-                   "K/V scales calibrated once with llm-compressor (combinable: fp8:scaled,keep=0).")
-@click.option("--max-model-len", "max_model_len", cls=MultiValueOption, default=(),
-              show_default=_spaced(defaults.MAX_MODEL_LEN) + ", without those over the model's limit",
-              help="max_model_len values, e.g. --max-model-len 2048 8192 32768.")
-@click.option("--out", default=None, metavar="DIR", help="Run directory. Default: runs/<model>-<time>.")
-@click.option("--kv-cache-memory", "--kv-cache-memory-bytes", "kv_cache_memory", default=None, metavar="SIZE",
-              help="KV-cache budget per engine (vLLM's --kv-cache-memory-bytes), e.g. 150MiB or 157286400, to "
-                   "emulate a smaller GPU.")
-@click.option("--gpu-memory-utilization", type=float, default=None, help="Passed to vLLM.")
-@click.option("--enforce-eager/--no-enforce-eager", default=False, show_default=True, help="Passed to vLLM.")
-@vllm_options
-@click.option("--engine-arg", "engine_args", cls=MultiValueOption, split_commas=False, default=(), metavar="KEY=VALUE",
-              help="Any other vllm.LLM argument, e.g. --engine-arg dtype=float32 (repeatable; JSON values).")
-@click.option("--seed", type=int, default=defaults.SEED, show_default=True,
-              help="Seed of every random choice kveval makes (scoring documents, task samples, probe order); "
-                   "generation is greedy, so the same seed gives the same inputs in every cell.")
-@click.option("--prompts", type=click.Path(dir_okay=False), default=None, metavar="FILE.jsonl",
-              help='Your own prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]}.')
-@click.option("--chat-template-kwargs", "chat_template_kwargs", default=None, metavar="JSON",
-              help="Arguments of every chat-template rendering (vLLM's chat_template_kwargs), as a JSON object, "
-                   "e.g. '{\"enable_thinking\": false}' so a thinking template answers the tasks outside <think>.")
-@click.option("--suite", type=click.Choice(list(SUITES)), default=defaults.SUITE, show_default=True,
-              help="standard: field-study shape; quick: one prompt per workload, short answers, few task samples "
-                   "(CPU demo); full: standard with 5 samples per task point (GPU runs).")
-@click.option("--full", is_flag=True, help="Same as --suite full.")
-@click.option("--tasks", "--task", "tasks", cls=MultiValueOption, default=None, metavar="NAME...",
-              help="Long-context tasks per cell: kveval's passkey niah_single niah_multikey niah_multivalue vt cwe "
-                   "(default: all six), 'none' to skip, or any lm-eval task name whose data is local.")
-@click.option("--limit", "task_limit", type=int, default=None,
-              help="At most this many samples per task (kveval's tasks keep them spread over sizes and depths).")
-@task_shape_options("suite's, e.g. ")
-@click.option("--speed-runs", type=int, default=None, help="Measured speed runs per workload (default: suite's).")
-@click.option("--speed-warmup", type=int, default=None, help="Warm-up runs before them (default: suite's).")
-@click.option("--concurrency", cls=MultiValueOption, default=None, metavar="N...",
-              help="Throughput sweep: requests submitted at once per level (default: suite's, e.g. 1 4 16 64; "
-                   "each cell also runs its own maximum concurrency).")
-@click.option("--repeat-target", type=float, default=None, metavar="SHARE",
-              help="Repeat each throughput level and speed workload until the 95 % interval of its median is within "
-                   "this share of it (default 0.05: ±5 %), within --repeat-budget.")
-@click.option("--repeat-budget", type=float, default=None, metavar="SECONDS",
-              help="Seconds per cell and speed phase (speed, throughput) for those repeats (default: suite's, 60 and "
-                   "180; quick 30 and 60); 0: the first run of each level only.")
-@click.option("--prefer", type=click.Choice(list(defaults.PREFERENCES)), default=defaults.PREFER, show_default=True,
-              help="Which passing configuration to deploy: the one holding the most KV (capacity), the best output "
-                   "tok/s against auto (throughput) or the least TTFT against auto (latency).")
-@click.option("--slo", cls=MultiValueOption, default=None, metavar="METRIC_pNN=VALUE...",
-              help="Service-level objectives in vLLM bench's terms, e.g. --slo ttft_p99=2s tpot_p99=100ms: the deploy "
-                   "answer is the passing configuration with the most goodput (requests/s at the highest concurrency "
-                   "level meeting every objective).")
-@click.option("--cell-timeout", type=float, default=defaults.CELL_TIMEOUT_S, show_default=True,
-              help="Seconds before a cell is stopped.")
-@click.option("--stall-timeout", type=float, default=defaults.STALL_TIMEOUT_S, show_default=True,
-              help="Seconds a started cell may go without finishing a step before it is stopped as stalled (an engine "
-                   "that hangs is reported as a defect of that configuration, not as FP8 damage).")
-@click.option("--phases", cls=MultiValueOption, default=defaults.PHASES,
-              show_default=_spaced(defaults.PHASES), help="Phases to run in each cell, in order.")
-@click.option("--remedy", type=click.Choice(list(REMEDY_MODES)), default=defaults.REMEDY, show_default=True,
-              help="auto: when an FP8 cell FAILs, run it again with the layers whose K/V leave the FP8 range kept in "
-                   "the model dtype; always: try that after every started FP8 cell; off: never.")
-@click.option("--search", is_flag=True,
-              help="Find the KV configuration with the most capacity that passes: try fp8, then fp8:scaled (per-tensor "
-                   "scales calibrated with llm-compressor), fp8:scaled=head, the diagnosed layers kept in the model "
-                   "dtype (fewest first) and combinations, each judged by the same gate, until one PASSes at each "
-                   "--max-model-len (also --kv search).")
-@click.option("--budget", default=None, metavar="N|TIME|N,TIME",
-              help="Evidence until decided: while a tested cell is INCONCLUSIVE because its task accuracy, its "
-                   "degeneration or its divergence is not yet decided, run rounds of new task samples, new probes "
-                   "and/or new scored documents (up to 48 per cell) for it and its auto baseline, up to N paired "
-                   "samples per cell (also the sequential design's N_max) and/or TIME of round time (90s, 10m, "
-                   "1h), whichever comes first; 0 or off: no rounds. Default: 600,20m on a CPU, 1200,20m on a GPU "
-                   "(a time alone keeps that cap).")
-@click.option("--diagnose/--no-diagnose", default=defaults.DIAGNOSE, show_default=True,
-              help="Measure each layer's K/V range with transformers (once per run) against the FP8 range.")
-@click.option("--retry-failed", is_flag=True,
-              help="Resuming into the same --out: also redo cells that did not start for a reason of their "
-                   "configuration (by default only unfinished, crashed and transiently failed cells are redone).")
-@click.option("--gpus", cls=MultiValueOption, default=(), metavar="IDS|all",
-              help="Run independent cells at once, one per GPU (e.g. --gpus 0,1 or --gpus all); a cell with "
-                   "--engine-arg tensor_parallel_size=N takes N. Default: one cell at a time.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: each cell's process on this machine; ray: each cell a Ray task on a Ray cluster, with "
-                   "its GPUs (needs pip install 'kveval[ray]'; results land in --out here).")
-@click.option("--ray-address", metavar="ADDRESS", default=None,
-              help="--executor ray: the cluster to join (e.g. ray://head:10001 or auto). Default: $RAY_ADDRESS, "
-                   "else a Ray started on this machine for the run.")
-@click.option("--baseline-from", "baseline_from", type=click.Path(file_okay=False), default=None, metavar="RUN_DIR",
-              help="Take the auto cells of an earlier run (`kveval baseline`, made where auto fits: a larger GPU, a "
-                   "CPU) as the baseline and start only the other cells; refused, before any engine, unless both "
-                   "runs have the same weights, tokenizer, chat template, prompts, documents, task samples, seed and "
-                   "sampling settings, and an auto cell at each --max-model-len.")
-@click.option("--reference", type=click.Choice(["auto", "offload", "off"]), default="auto", show_default=True,
-              help="Where auto cannot hold a length FP8 holds: auto starts a quality-only auto cell there on an "
-                   "emulated budget (--kv-cache-memory, a CPU); offload starts it on this card's own memory share "
-                   "with weights moved to host memory (vLLM's cpu_offload_gb: slow); off starts none.")
-@click.option("--fresh", is_flag=True,
-              help="--out holds a run with other settings (or a damaged one): move it aside to OUT.replaced-<time> "
-                   "and start anew.")
-@gate_options
+@compare_model_options()
 def compare(**given) -> None:
     """Compare KV-cache dtypes across max_model_len values, one vLLM engine per cell.
 
@@ -301,12 +174,8 @@ def compare(**given) -> None:
     _finish(result)
 
 
-# `kveval baseline`: compare's options less those a baseline run sets itself (issue 39).
-_NOT_FOR_BASELINE = {"kv", "phases", "remedy", "search", "diagnose", "baseline_from", "reference", "prefer", "slo", "concurrency",
-                     "repeat_target", "repeat_budget", "speed_runs", "speed_warmup", "budget", "thresholds",
-                     "gate_config"}
-
-
+@cli.command(context_settings=CONTEXT)
+@compare_model_options(lambda option: option.baseline)   # less what a baseline run sets itself (issue 39)
 def baseline(**given) -> None:
     """Make a portable baseline run: the auto cells only, generation, scoring and tasks, for a later
     `kveval compare --kv fp8 --baseline-from RUN_DIR` where auto cannot start at these lengths (FP8's
@@ -316,11 +185,8 @@ def baseline(**given) -> None:
     Prints the run directory; exits 0 when every auto cell started, 3 when one did not, 2 on a usage error."""
     from kveval.api import KvevalError, RunInterrupted, baseline as run_baseline, baseline_gaps
 
-    arguments = compare_arguments({"kv": (), "phases": (), "thresholds": (), **given})   # what compare_arguments reads
-    for name in _NOT_FOR_BASELINE | {"gate_overrides"}:
-        arguments.pop(name, None)
     try:
-        result = run_baseline(**arguments)
+        result = run_baseline(**compare_arguments(given))
     except RunInterrupted as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(EXIT_INTERRUPTED)
@@ -336,14 +202,10 @@ def baseline(**given) -> None:
     sys.exit(0)
 
 
-cli.add_command(click.Command("baseline", callback=baseline, help=baseline.__doc__, context_settings=CONTEXT,
-                              params=[param for param in compare.params if param.name not in _NOT_FOR_BASELINE]))
-
-
-def _recompute(run_dir, gate_config, thresholds):
+def _recompute(run_dir, gate_config, gate_overrides):
     from kveval.api import KvevalError, report as run_report, run_in_progress
 
-    overrides = parse_thresholds(thresholds)
+    overrides = parse_thresholds(gate_overrides)
     writer = run_in_progress(run_dir)
     if writer:
         click.echo(f"Note: a run is still writing {run_dir} ({writer}); this verdict covers the cells finished "
@@ -357,13 +219,13 @@ def _recompute(run_dir, gate_config, thresholds):
 @cli.command(context_settings=CONTEXT)
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @gate_options
-def report(run_dir, gate_config, thresholds) -> None:
+def report(run_dir, gate_config, gate_overrides) -> None:
     """Recompute RUN_DIR's verdict, results.json, tables/, review.md and review.html from the stored results
     (no engine).
 
     Prints the review's path (its HTML page's on stderr); exits as `compare` does: 0 deployable as asked, 4 a configuration kveval tested
     passes where the asked one does not, 1 nothing FP8 deployable, 3 undecided, 2 usage error."""
-    _finish(_recompute(run_dir, gate_config, thresholds))
+    _finish(_recompute(run_dir, gate_config, gate_overrides))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -377,7 +239,7 @@ def report(run_dir, gate_config, thresholds) -> None:
                    "tested FP8 configuration passes (a remedy or --search candidate, or the asked one capped at a "
                    "shorter --max-model-len): code 4 becomes 0; deploy the review's deploy line, whose "
                    "--max-model-len cap may be under the longest length tested.")
-def gate(run_dir, gate_config, thresholds, as_json, require) -> None:
+def gate(run_dir, gate_config, gate_overrides, as_json, require) -> None:
     """Judge a stored run (no engine): print the verdict and its reasons, exit with its code.
 
     0 deployable as asked, 4 what was asked does not pass but a configuration kveval tested does (0 with
@@ -397,7 +259,7 @@ def gate(run_dir, gate_config, thresholds, as_json, require) -> None:
 
         try:
             verdict, deployment, decision = judge_decision(run_dir, gate_config=gate_config,
-                                                           gate_overrides=parse_thresholds(thresholds))
+                                                           gate_overrides=parse_thresholds(gate_overrides))
         except KvevalError as error:
             raise UsageFailure(str(error)) from None
         code = run_exit_code(decision, require)
@@ -405,7 +267,7 @@ def gate(run_dir, gate_config, thresholds, as_json, require) -> None:
                                "deployment": deployment.model_dump(mode="json", exclude_unset=True),
                                "decision": decision.model_dump(mode="json")}, indent=1))
         sys.exit(code)
-    result = _recompute(run_dir, gate_config, thresholds)
+    result = _recompute(run_dir, gate_config, gate_overrides)
     code = run_exit_code(result.decision, require)
     _echo_verdict(result.verdict, result.decision)
     click.echo(f"exit code {code} (--require {require})")

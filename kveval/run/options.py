@@ -1,77 +1,17 @@
-"""The settings of one `kveval compare` run, with their defaults (kveval.defaults) and their checks."""
+"""The checks of one `kveval compare` run's settings (CompareOptions, declared in run/option_model.py), and
+the run in kveval's own spelling (normalized)."""
 from __future__ import annotations
 
 import dataclasses
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Sequence
 
 from kveval import defaults
 from kveval.errors import KvevalError
 from kveval.inputs.budget import parse_budget
 from kveval.inputs.kvspec import KVSpec, KVSpecError, parse_kv
 from kveval.inputs.slo import SloError, parse_slo
+from kveval.run.option_model import EXECUTORS, CompareOptions
 from kveval.run.reference import REFERENCE_MODES
 from kveval.run.remedy import REMEDY_MODES
-
-
-@dataclass
-class CompareOptions:
-    model: str | None = None
-    kv: Sequence[str] = defaults.KV
-    max_model_len: Sequence[int] = defaults.MAX_MODEL_LEN
-    out: str | Path | None = None
-    kv_cache_memory: str | int | None = None
-    gpu_memory_utilization: float | None = None
-    enforce_eager: bool = False
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    seed: int = defaults.SEED
-    prompts: str | Path | None = None
-    chat_template_kwargs: dict[str, Any] | None = None  # arguments of every chat rendering (vLLM's name)
-    suite: str = defaults.SUITE
-    counts: dict[str, int] | None = None
-    speed_runs: int | None = None
-    speed_warmup: int | None = None
-    speed_max_tokens: int | None = None
-    phases: Sequence[str] = defaults.PHASES
-    cell_timeout: float | None = defaults.CELL_TIMEOUT_S
-    stall_timeout: float | None = defaults.STALL_TIMEOUT_S  # no progress for this long: the cell is stalled
-    command: str | None = None
-    gate_config: str | Path | None = None
-    gate_overrides: dict[str, Any] = field(default_factory=dict)
-    tasks: Sequence[str] | None = None          # None: kveval's six; ["none"]: skip; else names
-    task_limit: int | None = None               # samples per task at most (spread over sizes, depths)
-    task_lengths: Sequence[float] | None = None  # prompt sizes as shares of max_model_len (suite's)
-    task_depths: Sequence[float] | None = None   # needle depths (suite's)
-    task_samples: int | None = None             # samples per (task, size, depth) point (suite's)
-    diagnose: bool = defaults.DIAGNOSE          # per-layer K/V range pass through transformers (FP8 runs)
-    concurrency: Sequence[int] | None = None    # throughput sweep levels (suite's when None)
-    remedy: str = defaults.REMEDY               # auto: on an FP8 FAIL; always: after every FP8 cell; off
-    lengths_given: bool = True                  # False: the default lengths, trimmed to the model's limit
-    retry_failed: bool = False                  # resume: redo every cell that did not start, not only transient ones
-    gpus: Sequence[str] | None = None           # device indices (or ["all"]): cells at once, one per device
-    fresh: bool = False                         # --out holds another run: move it aside and start over
-    executor: str = "local"                     # local: cell processes on this machine; ray: Ray tasks
-    ray_address: str | None = None              # --executor ray: the cluster (None: $RAY_ADDRESS, else local)
-    budget: str | int | None = None             # task rounds until decided: samples per cell and/or time (inputs/budget.py)
-    baseline_added: bool = False                # --kv named no `auto`: normalized() added it (the run says so)
-    merged_kv: tuple[tuple[str, str], ...] = ()  # (dropped, kept): two --kv spellings of one vLLM cache, run once
-    search: bool = False                        # --search (or --kv search): run/search.py's ladder until one passes
-    # Issue 41: speed repeats, and how the deploy answer weighs capacity against its cost.
-    repeat_target: float | None = None          # relative half-width of a median's 95 % interval (suite's when None)
-    repeat_budget: float | None = None          # seconds of repeats per cell and speed phase (suite's when None)
-    prefer: str = defaults.PREFER               # capacity | throughput | latency (analysis/deploy_choice.py)
-    slo: Sequence[str] | None = None            # e.g. ("ttft_p99=2s",): inputs/slo.py
-    # Issue 39: the `auto` cells of an earlier run (another GPU, a CPU) as the baseline; only FP8 cells start.
-    baseline_from: str | Path | None = None
-    reference: str = "auto"                     # run/reference.py: auto (emulated budgets), offload, off
-
-    @property
-    def kv_specs(self) -> tuple[KVSpec, ...]:
-        """The --kv values as configurations: the one place the user's KV specs are read (after
-        validate_options, which refuses any that do not parse)."""
-        return tuple(parse_kv(text) for text in self.kv)
 
 
 # Engine settings kveval sets per cell (or for every cell, for the measurement to mean what it says).
@@ -90,34 +30,6 @@ CONTROLLED_ENGINE_ARGS = {
     "disable_log_stats": "nothing: kveval needs per-request stats for TTFT and decode speed",
     "enable_prefix_caching": "nothing: repeated speed runs must not be served from the prefix cache",
 }
-
-
-EXECUTORS = ("local", "ray")
-
-
-# apply_chat_template's own arguments, which kveval sets itself (workloads.chat._apply_template): a chat-template
-# argument is a variable the template reads, such as enable_thinking.
-RENDERING_ARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template")
-
-
-def check_chat_template_kwargs(kwargs: Any) -> None:
-    """--chat-template-kwargs: a mapping of names (strings) to JSON values, none of them one kveval sets itself."""
-    if kwargs is None:
-        return
-    if not isinstance(kwargs, dict):
-        raise KvevalError(f"--chat-template-kwargs must be a JSON object (e.g. {{\"enable_thinking\": false}}), "
-                          f"not {type(kwargs).__name__}")
-    for key in kwargs:
-        if not isinstance(key, str) or not key:
-            raise KvevalError(f"--chat-template-kwargs: key {key!r} is not a name; keys are the template's "
-                              "variable names, as strings (e.g. enable_thinking)")
-        if key in RENDERING_ARGS:
-            raise KvevalError(f"--chat-template-kwargs: {key} is set by kveval itself when it renders a prompt; "
-                              "give only the template's own variables (e.g. enable_thinking)")
-    try:
-        json.dumps(kwargs, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise KvevalError(f"--chat-template-kwargs: the values must be JSON ({error})") from None
 
 
 SEARCH_WORD = "search"   # --kv search: the same as --search
@@ -142,11 +54,9 @@ def normalized(options: CompareOptions) -> CompareOptions:
         add = bool(kv) and not any(parse_kv(text).dtype == "auto" for text in kv)
     except KVSpecError:
         add = False
-    template_kwargs = options.chat_template_kwargs
-    if isinstance(template_kwargs, Mapping):   # {} is none given; another mapping is a dict like a parsed one
-        template_kwargs = dict(template_kwargs) or None
     return dataclasses.replace(options, kv=kv + (("auto",) if add else ()), baseline_added=add, search=search,
-                               chat_template_kwargs=template_kwargs, merged_kv=options.merged_kv + merged)
+                               chat_template_kwargs=options.chat_template_kwargs or None,   # {} is none given
+                               merged_kv=options.merged_kv + merged)
 
 
 def _one_per_cache(kv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -185,7 +95,6 @@ def validate_options(options: CompareOptions) -> None:
             raise KvevalError(f"--search tries its own ladder of KV configurations (fp8, fp8:scaled, fp8:scaled=head, "
                               f"kept layers, combinations); --kv {' '.join(other)} is not how it starts: leave --kv "
                               "out or give --kv fp8 auto")
-    check_chat_template_kwargs(options.chat_template_kwargs)
     if options.remedy not in REMEDY_MODES:
         raise KvevalError(f"--remedy {options.remedy!r}: choose one of {', '.join(REMEDY_MODES)}")
     if not options.max_model_len:

@@ -111,12 +111,12 @@ def test_run_imports_nothing_from_worker_and_knows_every_phase_by_name():
 
 
 def test_kv_specs_are_read_in_two_places():
-    # The user's --kv is parsed once (run/options), stored spec texts in one reader (analysis/cell_records);
-    # everything else is handed a KVSpec.
+    # The user's --kv is parsed once (run/options, and the options model's kv_specs), stored spec texts in one
+    # reader (analysis/cell_records); everything else is handed a KVSpec.
     callers = sorted(name for name, path in MODULES.items() if name != "kveval.inputs.kvspec" and any(
         isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "parse_kv"
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
-    assert callers == ["kveval.analysis.cell_records", "kveval.run.options"]
+    assert callers == ["kveval.analysis.cell_records", "kveval.run.option_model", "kveval.run.options"]
 
 
 def test_the_cli_goes_through_the_api():
