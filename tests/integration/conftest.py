@@ -46,3 +46,16 @@ def fp8_auto_matrix(tmp_path_factory, default_model_dir):
         budget="0",  # one look: task rounds are unit-tested (test_task_rounds) and were run by hand (make demo)
         repeat_budget=0,  # one timed run per level, as speed_runs=1: repeats are tested in test_speed_repeats (CI time)
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_kv_range_pass_per_input(tmp_path_factory):
+    """The fake-engine runs that diagnose the same planted model on the same documents share one real K/V
+    range pass (tests/support/kv_ranges_memo.py: ~70 s of CPU each on 2 cores); the first runs it."""
+    from kveval.run import setup
+    from tests.support.kv_ranges_memo import memoized
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(setup, "run_diagnosis", memoized(tmp_path_factory.getbasetemp().parent / "kv-ranges-memo"))
+    yield
+    patch.undo()
