@@ -40,7 +40,7 @@ def test_vllm_starts_the_calibrated_copy_with_an_fp8_cache(run):
     facts = run.cell("fp8:scaled", 1024)
     if not facts.started:
         assert facts.failure.reason == "unsupported_dtype", facts.failure
-        pytest.skip(f"this CPU runs no FP8 KV cache ({facts['failure']['message']})")
+        pytest.skip(f"this CPU runs no FP8 KV cache ({facts.failure.message})")
     entry = run.evidence.calibration["tensor"]
     assert facts.engine_settings.model == entry.path and facts.engine_settings.kv_cache_dtype == "fp8"
     auto_pool = run.cell("auto", 1024).capacity.kv_pool_tokens

@@ -47,7 +47,7 @@ def test_every_planned_cell_is_stored(run):
     assert set(run.cells) == set(PLANNED + reference)
     for facts in run.cells.values():
         assert facts.complete is True
-        assert (run.run_dir / "cells" / f"{facts['cell']}.log").stat().st_size > 0
+        assert (run.run_dir / "cells" / f"{facts.cell}.log").stat().st_size > 0
 
 
 def test_auto_fails_at_2048_for_kv_capacity(run):

@@ -69,7 +69,7 @@ def test_harmed_model_fails_for_divergence(harmed):
         failure = harmed.cell("fp8", 1024).failure
         assert failure.reason == "unsupported_dtype", failure
         assert harmed.verdict.status == "INCONCLUSIVE"  # nothing harmed was measured: never FAIL, never PASS
-        pytest.skip(f"this CPU cannot run an FP8 KV cache ({failure['message']}); "
+        pytest.skip(f"this CPU cannot run an FP8 KV cache ({failure.message}); "
                     "the FAIL is shown on the H200 in reports/archive/h200-planted")
     assert harmed.verdict.status == "FAIL"
     failed = [r.message for r in harmed.verdict.reasons if r.level == "FAIL"]

@@ -93,7 +93,7 @@ def served(request, copies, prompts, tmp_path_factory):
 
 def test_quantized_weights_start_and_hold_the_predicted_pool(served):
     kind, run = served
-    assert run.manifest["model"]["weights_quantization"] == KINDS[kind]
+    assert run.manifest.model.weights_quantization == KINDS[kind]
     review = run.review_path.read_text(encoding="utf-8")
     assert f"weights quantized: {KINDS[kind]}, served as they are" in review
     rows = {row.kv_spec: row for row in run.evidence.capacity_model}
@@ -106,7 +106,7 @@ def test_quantized_weights_start_and_hold_the_predicted_pool(served):
     fp8 = run.cell("fp8", 512)
     if not fp8.started:
         assert fp8.failure.reason == "unsupported_dtype", fp8.failure
-        pytest.skip(f"this CPU runs no FP8 KV cache ({fp8['failure']['message']})")
+        pytest.skip(f"this CPU runs no FP8 KV cache ({fp8.failure.message})")
     assert rows["fp8"].measured_tokens == rows["fp8"].predicted_tokens == 1_408 and rows["fp8"].deviation == 0
     assert all(r.accepted and len(r.token_ids) == 4 for r in fp8.phases.generation.records)
 
