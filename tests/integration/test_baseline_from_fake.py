@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 import kveval
 from kveval.cli.commands import cli
+from tests.support.fake_engine_env import fake_engine_dir
 from tests.support.quiet import Quiet
 
 COUNTS = {"short_256": 2, "short_512": 0, "probe": 100, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
@@ -22,12 +23,7 @@ H200 = "NVIDIA H200, 143771 MiB, 570.00"
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
-    patch = pytest.MonkeyPatch()
-    patch.setenv("KVEVAL_ENGINE", "fake")
-    patch.delenv("KVEVAL_FAKE_DAMAGE", raising=False)
-    patch.setenv("KVEVAL_NO_PLOTS", "1")
-    yield tmp_path_factory.mktemp("baseline-from")
-    patch.undo()
+    yield from fake_engine_dir(tmp_path_factory, "baseline-from")
 
 
 @pytest.fixture(scope="module")

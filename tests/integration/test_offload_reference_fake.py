@@ -11,6 +11,7 @@ import pytest
 
 import kveval
 from kveval.errors import KvevalError
+from tests.support.fake_engine_env import fake_engine_dir
 from tests.support.quiet import Quiet
 
 COUNTS = {"short_256": 2, "short_512": 0, "probe": 100, "ctx_1k": 0, "ctx_pct": 0, "over": 1}
@@ -20,12 +21,7 @@ ARGS = dict(kv=["fp8", "auto"], max_model_len=[1024], gpu_memory_utilization=0.0
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
-    patch = pytest.MonkeyPatch()
-    patch.setenv("KVEVAL_ENGINE", "fake")
-    patch.delenv("KVEVAL_FAKE_DAMAGE", raising=False)
-    patch.setenv("KVEVAL_NO_PLOTS", "1")
-    yield tmp_path_factory.mktemp("offload-reference")
-    patch.undo()
+    yield from fake_engine_dir(tmp_path_factory, "offload-reference")
 
 
 def test_without_help_the_run_names_the_options_that_give_a_baseline(fake, default_model_dir):
